@@ -1,0 +1,421 @@
+"""Process management shared by the benchmarks: brokers, proxies, CPU accounting, workers.
+
+Everything here targets loopback only. A *stack* is one path from a client to a fresh in-memory
+Tansu broker: directly, through kipside, through `tansu proxy`, or through haproxy in plain TCP
+mode (the floor for proxy overhead). `open_stack()` starts it and tears it down again; while it
+runs, `Stack.cpu_seconds()` reports the CPU time used so far by the broker and by the proxy so a
+benchmark can take the difference around one measurement.
+
+Workloads run in a separate Python process (`bench/_workload.py`, see `run_worker()`) so the
+benchmark's own process does not compete with the client for CPU or the GIL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from proxy.devbroker import free_port, tansu_path, wait_for_port  # noqa: E402
+
+HOST = "127.0.0.1"
+TANSU_NODE_ID = 111
+HAPROXY = "/usr/sbin/haproxy"
+KIPSIDE_READY = "kipside: ready"
+WORKLOAD = Path(__file__).resolve().parent / "_workload.py"
+
+PATHS: tuple[str, ...] = ("direct", "kipside", "tansu-proxy", "haproxy")
+
+
+class HarnessError(RuntimeError):
+    """A process of the benchmark could not be started or misbehaved."""
+
+
+def kipside_bin() -> Path:
+    """The `kipside` console script next to the running interpreter (the project's venv)."""
+    candidate = Path(sys.executable).parent / "kipside"
+    if candidate.exists():
+        return candidate
+    found = shutil.which("kipside")
+    if found is None:
+        raise HarnessError("the kipside console script is not installed in this environment")
+    return Path(found)
+
+
+# --------------------------------------------------------------------------- processes
+
+
+@dataclass
+class Managed:
+    """A started process with a name, its log file and CPU accounting."""
+
+    name: str
+    popen: subprocess.Popen[Any]
+    log: Path | None = None
+    _ps: psutil.Process | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        try:
+            self._ps = psutil.Process(self.popen.pid)
+        except psutil.Error:
+            self._ps = None
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU seconds of the process and of its live and reaped children."""
+        if self._ps is None:
+            return 0.0
+        try:
+            with self._ps.oneshot():
+                times = self._ps.cpu_times()
+                total = times.user + times.system + times.children_user + times.children_system
+                children = self._ps.children(recursive=True)
+        except psutil.Error:
+            return 0.0
+        for child in children:
+            with contextlib.suppress(psutil.Error):
+                ct = child.cpu_times()
+                total += ct.user + ct.system
+        return total
+
+    def rss_bytes(self) -> int:
+        if self._ps is None:
+            return 0
+        try:
+            return int(self._ps.memory_info().rss)
+        except psutil.Error:
+            return 0
+
+    def check_alive(self) -> None:
+        code = self.popen.poll()
+        if code is not None:
+            raise HarnessError(f"{self.name} exited with code {code}{self.log_tail()}")
+
+    def log_tail(self, lines: int = 20) -> str:
+        if self.log is None or not self.log.exists():
+            return ""
+        text = self.log.read_text(errors="replace").splitlines()[-lines:]
+        return ("\n--- " + self.name + " log tail ---\n" + "\n".join(text)) if text else ""
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self.popen.poll() is not None:
+            return
+        self.popen.terminate()
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait(timeout)
+
+
+def _spawn(
+    name: str,
+    args: Sequence[str],
+    logdir: Path,
+    *,
+    stdout_pipe: bool = False,
+) -> Managed:
+    log = logdir / f"{name}.log"
+    with log.open("wb") as logf:
+        popen: subprocess.Popen[Any] = subprocess.Popen(
+            list(args),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE if stdout_pipe else logf,
+            stderr=logf,
+            text=stdout_pipe,
+        )
+    return Managed(name, popen, log)
+
+
+def start_tansu(
+    logdir: Path, *, port: int = 0, advertised_port: int | None = None, name: str = "tansu"
+) -> tuple[Managed, int]:
+    """An in-memory Tansu on HOST:port; it advertises `advertised_port` (default: its own)."""
+    port = port or free_port(HOST)
+    advertised = advertised_port or port
+    proc = _spawn(
+        name,
+        [
+            str(tansu_path()),
+            "broker",
+            "--listener-url",
+            f"tcp://{HOST}:{port}",
+            "--advertised-listener-url",
+            f"tcp://{HOST}:{advertised}",
+            "--storage-engine",
+            "memory://tansu/",
+            "--silent",
+        ],
+        logdir,
+    )
+    _await_port(proc, port)
+    return proc, port
+
+
+def start_tansu_proxy(logdir: Path, origin_port: int) -> tuple[Managed, int]:
+    """Tansu's own Rust Kafka proxy in front of HOST:origin_port."""
+    port = free_port(HOST)
+    proc = _spawn(
+        "tansu-proxy",
+        [
+            str(tansu_path()),
+            "proxy",
+            "--listener-url",
+            f"tcp://{HOST}:{port}",
+            "--advertised-listener-url",
+            f"tcp://{HOST}:{port}",
+            "--origin-url",
+            f"tcp://{HOST}:{origin_port}",
+        ],
+        logdir,
+    )
+    _await_port(proc, port)
+    return proc, port
+
+
+HAPROXY_CONFIG = """\
+global
+    maxconn 4096
+
+defaults
+    mode tcp
+    timeout connect 5s
+    timeout client 1h
+    timeout server 1h
+
+frontend kafka
+    bind {host}:{listen}
+    default_backend broker
+
+backend broker
+    server tansu {host}:{backend}
+"""
+
+
+def start_haproxy(logdir: Path, listen_port: int, backend_port: int) -> tuple[Managed, int]:
+    """haproxy as a plain TCP relay HOST:listen_port -> HOST:backend_port (no Kafka awareness)."""
+    cfg = logdir / "haproxy.cfg"
+    cfg.write_text(HAPROXY_CONFIG.format(host=HOST, listen=listen_port, backend=backend_port))
+    proc = _spawn("haproxy", [HAPROXY, "-db", "-f", str(cfg)], logdir)
+    _await_port(proc, listen_port)
+    return proc, listen_port
+
+
+def start_kipside(
+    logdir: Path, upstream_port: int, *, extra_args: Sequence[str] = (), timeout: float = 20.0
+) -> tuple[Managed, int]:
+    """`kipside serve` in front of HOST:upstream_port; returns once it prints `kipside: ready`.
+
+    Tansu's only node (111) gets the local listener node_port_base + 111.
+    """
+    listen = free_port(HOST)
+    node_port = free_port(HOST)
+    args = [
+        str(kipside_bin()),
+        "serve",
+        "--upstream",
+        f"{HOST}:{upstream_port}",
+        "--listen",
+        f"{HOST}:{listen}",
+        "--node-port-base",
+        str(node_port - TANSU_NODE_ID),
+        *extra_args,
+    ]
+    proc = _spawn("kipside", args, logdir, stdout_pipe=True)
+    lines: queue.Queue[str | None] = queue.Queue()
+    stdout_log = logdir / "kipside.stdout"
+
+    def drain() -> None:
+        assert proc.popen.stdout is not None
+        with stdout_log.open("w") as out:
+            for line in proc.popen.stdout:
+                out.write(line)
+                out.flush()
+                lines.put(line.rstrip("\n"))
+        lines.put(None)
+
+    threading.Thread(target=drain, name="kipside-stdout", daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            proc.stop()
+            raise HarnessError(
+                f"kipside did not print {KIPSIDE_READY!r} within {timeout} s: "
+                f"{' '.join(args)}{proc.log_tail()}"
+            )
+        try:
+            line = lines.get(timeout=min(remaining, 0.5))
+        except queue.Empty:
+            continue
+        if line is None:
+            proc.popen.wait(5)
+            raise HarnessError(
+                f"kipside exited (code {proc.popen.returncode}) before it was ready: "
+                f"{' '.join(args)}{proc.log_tail()}"
+            )
+        if line.strip() == KIPSIDE_READY:
+            break
+    wait_for_port(HOST, listen, timeout=5)
+    return proc, listen
+
+
+def _await_port(proc: Managed, port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        proc.check_alive()
+        try:
+            wait_for_port(HOST, port, timeout=0.2)
+            return
+        except Exception as exc:  # DevBrokerError: not yet listening
+            if time.monotonic() > deadline:
+                proc.stop()
+                raise HarnessError(
+                    f"{proc.name} is not listening on {port}{proc.log_tail()}"
+                ) from exc
+
+
+def kipside_available() -> tuple[bool, str]:
+    """Whether `kipside serve --help` works yet, and the error text when it does not."""
+    try:
+        exe = kipside_bin()
+    except HarnessError as exc:
+        return False, str(exc)
+    try:
+        done = subprocess.run(
+            [str(exe), "serve", "--help"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, str(exc)
+    if done.returncode != 0:
+        err = (done.stderr or done.stdout).strip().splitlines()
+        return False, err[-1] if err else f"exit code {done.returncode}"
+    return True, ""
+
+
+# --------------------------------------------------------------------------- stacks
+
+
+@dataclass
+class Stack:
+    """One client path to a fresh broker: what to bootstrap from and which processes to watch."""
+
+    path: str
+    bootstrap: str
+    broker: Managed
+    broker_port: int
+    proxy: Managed | None
+    logdir: Path
+
+    def cpu_seconds(self) -> tuple[float, float]:
+        """(proxy, broker) CPU seconds so far; the proxy's is 0 for the direct path."""
+        proxy = self.proxy.cpu_seconds() if self.proxy is not None else 0.0
+        return proxy, self.broker.cpu_seconds()
+
+    def check_alive(self) -> None:
+        self.broker.check_alive()
+        if self.proxy is not None:
+            self.proxy.check_alive()
+
+
+@contextlib.contextmanager
+def open_stack(path: str, *, logdir: Path | None = None) -> Iterator[Stack]:
+    """Start a fresh Tansu and, for the proxied paths, the proxy in front of it."""
+    if path not in PATHS:
+        raise ValueError(f"unknown path {path!r}; choose from {', '.join(PATHS)}")
+    with contextlib.ExitStack() as stack:
+        if logdir is None:
+            logdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kipbench-")))
+        started: list[Managed] = []
+        stack.callback(lambda: [p.stop() for p in reversed(started)])
+        proxy: Managed | None = None
+        if path == "haproxy":
+            # haproxy cannot rewrite metadata: make Tansu advertise the haproxy port so the
+            # client's every connection goes through it.
+            listen = free_port(HOST)
+            broker, broker_port = start_tansu(logdir, advertised_port=listen)
+            started.append(broker)
+            proxy, bootstrap_port = start_haproxy(logdir, listen, broker_port)
+            started.append(proxy)
+        else:
+            broker, broker_port = start_tansu(logdir)
+            started.append(broker)
+            bootstrap_port = broker_port
+            if path == "kipside":
+                proxy, bootstrap_port = start_kipside(logdir, broker_port)
+                started.append(proxy)
+            elif path == "tansu-proxy":
+                proxy, bootstrap_port = start_tansu_proxy(logdir, broker_port)
+                started.append(proxy)
+        yield Stack(path, f"{HOST}:{bootstrap_port}", broker, broker_port, proxy, logdir)
+
+
+# --------------------------------------------------------------------------- workers
+
+
+@dataclass
+class WorkerResult:
+    """What a worker printed (its JSON result) plus the CPU the stack spent meanwhile."""
+
+    data: dict[str, Any]
+    proxy_cpu_s: float
+    broker_cpu_s: float
+    wall_s: float
+
+
+def run_worker(
+    stack: Stack | None, command: str, args: dict[str, Any], *, timeout: float = 300.0
+) -> WorkerResult:
+    """Run `_workload.py COMMAND` with JSON args in a fresh interpreter; return its JSON result.
+
+    With a stack, the CPU seconds of its proxy and broker over the worker's lifetime are
+    attached (the interpreter's start-up is idle time for them, so it costs nothing).
+    """
+    before = stack.cpu_seconds() if stack is not None else (0.0, 0.0)
+    started = time.perf_counter()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    try:
+        done = subprocess.run(
+            [sys.executable, str(WORKLOAD), command, json.dumps(args)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise HarnessError(f"worker {command} timed out after {timeout} s") from exc
+    wall = time.perf_counter() - started
+    after = stack.cpu_seconds() if stack is not None else (0.0, 0.0)
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-15:])
+        extra = ""
+        if stack is not None:
+            with contextlib.suppress(HarnessError):
+                stack.check_alive()
+            extra = stack.proxy.log_tail() if stack.proxy is not None else ""
+        raise HarnessError(f"worker {command} failed (code {done.returncode}):\n{tail}{extra}")
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        raise HarnessError(f"worker {command} printed no result:\n{done.stdout}\n{done.stderr}")
+    data: dict[str, Any] = json.loads(lines[-1])
+    return WorkerResult(data, after[0] - before[0], after[1] - before[1], wall)

@@ -1,0 +1,123 @@
+"""Split a Kafka byte stream into size-prefixed frames, sans-I/O.
+
+Feed bytes in with `receive_data`, take whole frames out with `next_frame`. A frame is returned
+with its 4-byte size prefix so a proxy can forward it as one write. Anything buffered is capped:
+a frame larger than `max_frame_bytes` is refused before its body is read. The first bytes of a
+connection are checked for TLS and HTTP so a misconfigured client gets a useful error instead of
+"frame too large". Never does I/O, never imports trio.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Final
+
+from .errors import FrameError, LocalProtocolError, NotKafkaError
+
+DEFAULT_MAX_FRAME_BYTES: Final = 100 * 1024 * 1024
+_SIZE = struct.Struct(">i")
+_HTTP_METHODS: Final = (
+    b"GET ",
+    b"POST",
+    b"PUT ",
+    b"HEAD",
+    b"DELE",
+    b"OPTI",
+    b"PATC",
+    b"CONN",
+    b"TRAC",
+    b"PRI ",
+)
+
+
+def sniff_foreign_protocol(head: bytes) -> str | None:
+    """Name the protocol if the first bytes of a stream are TLS or HTTP rather than Kafka."""
+    if len(head) >= 3 and head[0] == 0x16 and head[1] == 0x03 and head[2] <= 0x04:
+        return "a TLS ClientHello"
+    if head[:4] in _HTTP_METHODS:
+        line = head.split(b"\r\n", 1)[0][:60]
+        return f"an HTTP request ({line.decode('latin-1')!r})"
+    return None
+
+
+class FrameDecoder:
+    """Accumulates bytes of one direction of one connection and yields complete frames."""
+
+    __slots__ = ("_buf", "_first", "_max", "_min", "_pos")
+
+    def __init__(self, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, min_frame_bytes: int = 4):
+        if max_frame_bytes < min_frame_bytes:
+            raise LocalProtocolError("max_frame_bytes must be at least min_frame_bytes")
+        self._buf = bytearray()
+        self._pos = 0
+        self._max = max_frame_bytes
+        self._min = min_frame_bytes
+        self._first = True
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as a frame."""
+        return len(self._buf) - self._pos
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        if self._pos and self._pos == len(self._buf):
+            self._buf.clear()
+            self._pos = 0
+        self._buf += data
+
+    def next_frame(self) -> bytes | None:
+        """The next whole frame (size prefix included), or None until more bytes arrive.
+
+        Raises FrameError (or NotKafkaError) when the stream can't be Kafka; the connection
+        must then be closed.
+        """
+        buf = self._buf
+        pos = self._pos
+        available = len(buf) - pos
+        if available < 4:
+            if self._first and available:
+                self._check_foreign(bytes(buf[pos:]), partial=True)
+            return None
+        (size,) = _SIZE.unpack_from(buf, pos)
+        if self._first:
+            if not self._min <= size <= self._max:
+                self._check_foreign(bytes(buf[pos : pos + 64]), partial=False)
+            self._first = False
+        if size < self._min:
+            raise FrameError(
+                f"frame size {size} is below the {self._min}-byte minimum of a Kafka message; "
+                "the peer is not speaking Kafka or the stream is corrupt"
+            )
+        if size > self._max:
+            raise FrameError(
+                f"frame size {size} exceeds the {self._max}-byte cap (limits.max_frame_bytes); "
+                "raise the cap in the rule file if such large messages are intended"
+            )
+        end = pos + 4 + size
+        if len(buf) < end:
+            return None
+        frame = bytes(buf[pos:end])
+        if end == len(buf):
+            buf.clear()
+            self._pos = 0
+        elif end > 1 << 20:
+            del buf[:end]
+            self._pos = 0
+        else:
+            self._pos = end
+        return frame
+
+    def _check_foreign(self, head: bytes, *, partial: bool) -> None:
+        what = sniff_foreign_protocol(head)
+        if what is not None:
+            raise NotKafkaError(
+                f"received {what} on a plaintext Kafka port; point the client at kipside "
+                "with security.protocol=PLAINTEXT, or use the admin port for HTTP"
+            )
+        if partial:
+            return
+
+
+def encode_frame(payload: bytes | bytearray | memoryview) -> bytes:
+    """Prefix a payload with its size."""
+    return _SIZE.pack(len(payload)) + bytes(payload)

@@ -1,0 +1,92 @@
+"""The one adapter between kipside and kio's generated message classes.
+
+kipside decodes only the messages a feature must read or rewrite; everything else stays bytes.
+kio's failure modes are folded into DecodeError here, so no caller ever sees them raw: an unknown
+tagged field raises a bare KeyError inside kio, versions Kafka 4.0 removed are simply absent
+(UnknownEntity), and truncated input surfaces as ValueError/IndexError/struct errors. Callers then
+decide to pass the bytes through or fail clearly. Never does I/O.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from functools import cache
+from pkgutil import resolve_name
+from typing import Any
+
+from kio.schema.index import PayloadEntityType, api_key_map, schema_name_map
+from kio.serial import entity_reader, entity_writer
+from kio.static.constants import EntityType
+
+from .apis import api_name
+from .errors import DecodeError
+
+# kio's entities are generated dataclasses without a common nominal base that mypy can use
+# for attribute access, so they are typed as Any at this boundary only.
+Message = Any
+
+
+@cache
+def _message_class(api_key: int, api_version: int, kind: PayloadEntityType) -> Any:
+    name = api_key_map.get(api_key)
+    if name is None:
+        raise DecodeError(f"kipside has no schema for api key {api_key}")
+    try:
+        path = schema_name_map[name][api_version][kind]
+    except KeyError:
+        raise DecodeError(
+            f"kipside has no schema for {api_name(api_key)} v{api_version} {kind.name}"
+        ) from None
+    return resolve_name(path)
+
+
+def known_versions(api_key: int) -> tuple[int, int] | None:
+    """The (min, max) versions kio can decode for an API, or None."""
+    name = api_key_map.get(api_key)
+    if name is None:
+        return None
+    versions = schema_name_map[name]
+    return min(versions), max(versions)
+
+
+def _decode(
+    api_key: int, api_version: int, kind: PayloadEntityType, buf: bytes, offset: int
+) -> Message:
+    cls = _message_class(api_key, api_version, kind)
+    try:
+        message, size = entity_reader(cls)(buf, offset)
+    except (KeyError, ValueError, IndexError, TypeError, struct.error, UnicodeDecodeError) as exc:
+        raise DecodeError(
+            f"cannot decode {api_name(api_key)} v{api_version} {kind.name}: {exc!r}"
+        ) from exc
+    if offset + size != len(buf):
+        raise DecodeError(
+            f"{api_name(api_key)} v{api_version} {kind.name} has {len(buf) - offset - size} "
+            "trailing bytes"
+        )
+    return message
+
+
+def decode_response(api_key: int, api_version: int, frame: bytes, body_offset: int) -> Message:
+    """Decode a response body that starts at body_offset and runs to the end of frame."""
+    return _decode(api_key, api_version, EntityType.response, frame, body_offset)
+
+
+def decode_request(api_key: int, api_version: int, frame: bytes, body_offset: int) -> Message:
+    return _decode(api_key, api_version, EntityType.request, frame, body_offset)
+
+
+def encode_message(message: Message) -> bytes:
+    """Encode a kio message body (no header, no size prefix)."""
+    out = io.BytesIO()
+    entity_writer(type(message))(out, message)
+    return out.getvalue()
+
+
+def response_class(api_key: int, api_version: int) -> Any:
+    return _message_class(api_key, api_version, EntityType.response)
+
+
+def request_class(api_key: int, api_version: int) -> Any:
+    return _message_class(api_key, api_version, EntityType.request)

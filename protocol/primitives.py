@@ -1,0 +1,117 @@
+"""Kafka's primitive encodings that kipside reads by hand on its hot paths.
+
+Only what headers and hand-parsed messages need: fixed-width ints, unsigned varints, legacy and
+compact strings, tagged-field sections. Everything else is read through protocol.messages (kio).
+Raises DecodeError on truncated or malformed input; never does I/O.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from typing import Final
+
+from .errors import DecodeError
+
+INT8: Final = struct.Struct(">b")
+INT16: Final = struct.Struct(">h")
+INT32: Final = struct.Struct(">i")
+INT64: Final = struct.Struct(">q")
+UINT32: Final = struct.Struct(">I")
+
+
+def read_uvarint(buf: bytes | bytearray | memoryview, offset: int) -> tuple[int, int]:
+    """Read an unsigned varint; return (value, offset after it)."""
+    value = 0
+    shift = 0
+    end = len(buf)
+    while True:
+        if offset >= end:
+            raise DecodeError("truncated unsigned varint")
+        byte = buf[offset]
+        offset += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, offset
+        shift += 7
+        if shift > 28:
+            raise DecodeError("unsigned varint longer than 5 bytes")
+
+
+def write_uvarint(value: int) -> bytes:
+    if value < 0:
+        raise ValueError("unsigned varint cannot be negative")
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def read_int16(buf: bytes | bytearray | memoryview, offset: int) -> tuple[int, int]:
+    if offset + 2 > len(buf):
+        raise DecodeError("truncated int16")
+    return INT16.unpack_from(buf, offset)[0], offset + 2
+
+
+def read_int32(buf: bytes | bytearray | memoryview, offset: int) -> tuple[int, int]:
+    if offset + 4 > len(buf):
+        raise DecodeError("truncated int32")
+    return INT32.unpack_from(buf, offset)[0], offset + 4
+
+
+def read_nullable_string(
+    buf: bytes | bytearray | memoryview, offset: int
+) -> tuple[str | None, int]:
+    """A legacy (int16-length) nullable string."""
+    length, offset = read_int16(buf, offset)
+    if length < 0:
+        return None, offset
+    end = offset + length
+    if end > len(buf):
+        raise DecodeError("truncated string")
+    return bytes(buf[offset:end]).decode("utf-8", errors="replace"), end
+
+
+def read_compact_nullable_string(
+    buf: bytes | bytearray | memoryview, offset: int
+) -> tuple[str | None, int]:
+    length, offset = read_uvarint(buf, offset)
+    if length == 0:
+        return None, offset
+    end = offset + length - 1
+    if end > len(buf):
+        raise DecodeError("truncated compact string")
+    return bytes(buf[offset:end]).decode("utf-8", errors="replace"), end
+
+
+def iter_tagged_fields(
+    buf: bytes | bytearray | memoryview, offset: int
+) -> Iterator[tuple[int, int, int]]:
+    """Yield (tag, start, end) for each field of a tagged-field section starting at offset.
+
+    Unknown tags are skipped by size, as the protocol requires. The offset after the section is
+    the `end` of the last field (or the offset after the count when there are none); use
+    `skip_tagged_fields` when only that is needed.
+    """
+    count, offset = read_uvarint(buf, offset)
+    for _ in range(count):
+        tag, offset = read_uvarint(buf, offset)
+        size, offset = read_uvarint(buf, offset)
+        end = offset + size
+        if end > len(buf):
+            raise DecodeError(f"tagged field {tag} runs past the end of the message")
+        yield tag, offset, end
+        offset = end
+
+
+def skip_tagged_fields(buf: bytes | bytearray | memoryview, offset: int) -> int:
+    count, offset = read_uvarint(buf, offset)
+    for _ in range(count):
+        _tag, offset = read_uvarint(buf, offset)
+        size, offset = read_uvarint(buf, offset)
+        offset += size
+        if offset > len(buf):
+            raise DecodeError("tagged field runs past the end of the message")
+    return offset

@@ -1,0 +1,309 @@
+"""Zero-copy views of Kafka magic-v2 RecordBatch headers.
+
+This module reads and re-heads the fixed 61-byte header that precedes every
+magic-v2 record batch in Produce requests and Fetch responses, so the proxy can
+route, account for and re-produce batches without understanding their contents.
+
+It must never decompress or decode the records that follow the header: the
+batch body is opaque payload, carried as a memoryview slice of the caller's
+buffer. It is sans-I/O: it must never import trio or anything from ``proxy``.
+
+A view holds a buffer export on the caller's object; a ``bytearray`` cannot be
+resized while any view (or any slice taken from ``raw``) is alive.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Final
+
+import crc32c
+
+__all__ = [
+    "HEADER_SIZE",
+    "LOG_OVERHEAD",
+    "MIN_BATCH_LENGTH",
+    "Compression",
+    "RecordBatchError",
+    "RecordBatchView",
+    "TimestampType",
+    "as_plain_producer",
+    "iter_batches",
+]
+
+
+class RecordBatchError(ValueError):
+    """The peer sent a malformed record batch; the message says what and where."""
+
+
+class Compression(IntEnum):
+    NONE = 0
+    GZIP = 1
+    SNAPPY = 2
+    LZ4 = 3
+    ZSTD = 4
+
+
+class TimestampType(IntEnum):
+    CREATE_TIME = 0
+    LOG_APPEND_TIME = 1
+
+
+# baseOffset, batchLength, partitionLeaderEpoch, magic, crc, attributes,
+# lastOffsetDelta, baseTimestamp, maxTimestamp, producerId, producerEpoch,
+# baseSequence, recordsCount.
+_HEADER: Final = struct.Struct(">qiibIhiqqqhii")
+# The CRC-covered part of the header that as_plain_producer rewrites wholesale.
+_CRC_COVERED_HEADER: Final = struct.Struct(">hiqqqhii")
+_INT32: Final = struct.Struct(">i")
+_UINT32: Final = struct.Struct(">I")
+
+HEADER_SIZE: Final = _HEADER.size
+# batchLength does not count baseOffset or itself.
+LOG_OVERHEAD: Final = 12
+MIN_BATCH_LENGTH: Final = HEADER_SIZE - LOG_OVERHEAD
+
+_BATCH_LENGTH_OFFSET: Final = 8
+_MAGIC_OFFSET: Final = 16
+_CRC_OFFSET: Final = 17
+_ATTRIBUTES_OFFSET: Final = 21
+# Legacy message sets put magic at the same position, so one byte is enough to
+# tell the formats apart before trusting anything else in the header.
+_MAGIC_VISIBLE: Final = _MAGIC_OFFSET + 1
+
+_CODEC_MASK: Final = 0x07
+_TIMESTAMP_TYPE_BIT: Final = 0x08
+_TRANSACTIONAL_BIT: Final = 0x10
+_CONTROL_BIT: Final = 0x20
+_DELETE_HORIZON_BIT: Final = 0x40
+
+_HeaderTuple = tuple[int, int, int, int, int, int, int, int, int, int, int, int, int]
+
+
+def _byte_view(buffer: bytes | bytearray | memoryview) -> memoryview:
+    view = memoryview(buffer)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    return view
+
+
+@dataclass(frozen=True, slots=True)
+class RecordBatchView:
+    """One complete magic-v2 record batch, viewed in place.
+
+    Build it with :meth:`from_buffer`; the dataclass constructor skips validation.
+    """
+
+    raw: memoryview
+    """The whole batch, header included: exactly ``size`` bytes."""
+    _header: _HeaderTuple = field(repr=False, compare=False)
+
+    @classmethod
+    def from_buffer(
+        cls, buffer: bytes | bytearray | memoryview, offset: int = 0
+    ) -> RecordBatchView:
+        """Validate and view the batch starting at ``offset`` in ``buffer``.
+
+        Error messages give byte positions relative to the start of ``buffer``.
+        """
+        view = _byte_view(buffer)
+        available = len(view) - offset
+        if offset < 0 or available < 0:
+            raise RecordBatchError(
+                f"record batch offset {offset} is outside the {len(view)}-byte buffer"
+            )
+        if available < _MAGIC_VISIBLE:
+            raise RecordBatchError(
+                f"truncated record batch header at byte {offset}: "
+                f"need {HEADER_SIZE} bytes, only {available} available"
+            )
+        magic = view[offset + _MAGIC_OFFSET]
+        if magic != 2:
+            raise RecordBatchError(
+                f"unsupported magic {magic} at byte {offset + _MAGIC_OFFSET}: only magic 2 "
+                "record batches are supported (magic 0 and 1 are legacy message sets)"
+            )
+        batch_length: int = _INT32.unpack_from(view, offset + _BATCH_LENGTH_OFFSET)[0]
+        if batch_length < MIN_BATCH_LENGTH:
+            raise RecordBatchError(
+                f"invalid batchLength {batch_length} at byte {offset + _BATCH_LENGTH_OFFSET}: "
+                f"a magic 2 batch needs at least {MIN_BATCH_LENGTH}"
+            )
+        if available < HEADER_SIZE:
+            raise RecordBatchError(
+                f"truncated record batch header at byte {offset}: "
+                f"need {HEADER_SIZE} bytes, only {available} available"
+            )
+        size = LOG_OVERHEAD + batch_length
+        if available < size:
+            raise RecordBatchError(
+                f"batchLength {batch_length} at byte {offset + _BATCH_LENGTH_OFFSET} runs past "
+                f"the end of the buffer: batch needs {size} bytes, only {available} available"
+            )
+        header: _HeaderTuple = _HEADER.unpack_from(view, offset)
+        codec = header[5] & _CODEC_MASK
+        if codec > Compression.ZSTD:
+            # Checked here so the compression property can never fail later.
+            raise RecordBatchError(
+                f"unknown compression codec {codec} in attributes 0x{header[5] & 0xFFFF:04x} "
+                f"at byte {offset + _ATTRIBUTES_OFFSET}"
+            )
+        return cls(view[offset : offset + size], header)
+
+    @property
+    def base_offset(self) -> int:
+        return self._header[0]
+
+    @property
+    def batch_length(self) -> int:
+        return self._header[1]
+
+    @property
+    def partition_leader_epoch(self) -> int:
+        return self._header[2]
+
+    @property
+    def magic(self) -> int:
+        return self._header[3]
+
+    @property
+    def crc(self) -> int:
+        return self._header[4]
+
+    @property
+    def attributes(self) -> int:
+        return self._header[5]
+
+    @property
+    def compression(self) -> Compression:
+        return Compression(self._header[5] & _CODEC_MASK)
+
+    @property
+    def timestamp_type(self) -> TimestampType:
+        return TimestampType(1 if self._header[5] & _TIMESTAMP_TYPE_BIT else 0)
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self._header[5] & _TRANSACTIONAL_BIT)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self._header[5] & _CONTROL_BIT)
+
+    @property
+    def has_delete_horizon(self) -> bool:
+        return bool(self._header[5] & _DELETE_HORIZON_BIT)
+
+    @property
+    def last_offset_delta(self) -> int:
+        return self._header[6]
+
+    @property
+    def base_timestamp(self) -> int:
+        return self._header[7]
+
+    @property
+    def max_timestamp(self) -> int:
+        return self._header[8]
+
+    @property
+    def producer_id(self) -> int:
+        return self._header[9]
+
+    @property
+    def producer_epoch(self) -> int:
+        return self._header[10]
+
+    @property
+    def base_sequence(self) -> int:
+        return self._header[11]
+
+    @property
+    def records_count(self) -> int:
+        return self._header[12]
+
+    @property
+    def size(self) -> int:
+        """Total bytes of the batch, header included."""
+        return len(self.raw)
+
+    @property
+    def records(self) -> memoryview:
+        """The (possibly compressed) records section, undecoded."""
+        return self.raw[HEADER_SIZE:]
+
+    def compute_crc(self) -> int:
+        """CRC-32C of attributes through the end of the batch, as the wire CRC should be."""
+        return crc32c.crc32c(self.raw[_ATTRIBUTES_OFFSET:])
+
+    def crc_valid(self) -> bool:
+        return self.compute_crc() == self.crc
+
+
+def _is_partial_tail(view: memoryview, pos: int) -> bool:
+    """True when the bytes at ``pos`` look like a batch that was cut short.
+
+    Bytes that are present but wrong (bad magic, impossible batchLength) are not a
+    tail cut; they are left for from_buffer to reject.
+    """
+    available = len(view) - pos
+    if available < LOG_OVERHEAD:
+        return True
+    batch_length: int = _INT32.unpack_from(view, pos + _BATCH_LENGTH_OFFSET)[0]
+    if batch_length < MIN_BATCH_LENGTH:
+        return False
+    if available >= _MAGIC_VISIBLE and view[pos + _MAGIC_OFFSET] != 2:
+        return False
+    return available < LOG_OVERHEAD + batch_length
+
+
+def iter_batches(
+    records: bytes | bytearray | memoryview, *, allow_partial_tail: bool = False
+) -> Iterator[RecordBatchView]:
+    """Yield a view of each batch in a records blob, front to back.
+
+    Fetch responses may end with a batch the broker cut at the fetch size limit;
+    pass ``allow_partial_tail=True`` to stop quietly there instead of raising.
+    Produce requests have no such excuse, hence the strict default.
+    """
+    view = _byte_view(records)
+    end = len(view)
+    pos = 0
+    while pos < end:
+        if allow_partial_tail and _is_partial_tail(view, pos):
+            return
+        batch = RecordBatchView.from_buffer(view, pos)
+        yield batch
+        pos += batch.size
+
+
+def as_plain_producer(batch: RecordBatchView) -> bytes:
+    """Copy ``batch`` re-headed as if sent by a plain (non-idempotent) producer.
+
+    producerId, producerEpoch and baseSequence become -1, the transactional bit is
+    cleared and the CRC is recomputed; compression and the records bytes are kept.
+    baseOffset and partitionLeaderEpoch are left as they are: the broker assigns both.
+    """
+    if batch.is_control:
+        raise RecordBatchError(
+            f"refusing to re-produce a control batch (attributes 0x{batch.attributes & 0xFFFF:04x} "
+            f"at byte {_ATTRIBUTES_OFFSET} of the batch): only brokers may write control records"
+        )
+    covered_header = _CRC_COVERED_HEADER.pack(
+        batch.attributes & ~_TRANSACTIONAL_BIT,
+        batch.last_offset_delta,
+        batch.base_timestamp,
+        batch.max_timestamp,
+        -1,
+        -1,
+        -1,
+        batch.records_count,
+    )
+    body = batch.records
+    # Chaining the CRC avoids concatenating the records just to checksum them.
+    crc = crc32c.crc32c(body, crc32c.crc32c(covered_header))
+    raw = batch.raw
+    return b"".join((raw[:_CRC_OFFSET], _UINT32.pack(crc), covered_header, body))

@@ -1,0 +1,165 @@
+"""The `kipside` command line: serve, dev, and rules check.
+
+Parses arguments into a ServerConfig and hands over to proxy.server; `dev` also starts the
+embedded Tansu broker. Errors a user can act on are printed as one line and exit with status 2;
+nothing here knows the Kafka protocol.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+
+from rules import RuleError, RuleSet, default_rules, load_rules
+
+from .nodes import Address
+from .server import ServerConfig, run
+
+
+class UsageError(ValueError):
+    pass
+
+
+def parse_address(text: str, *, what: str, default_port: int | None = None) -> Address:
+    host, sep, port_text = text.rpartition(":")
+    if not sep:
+        host, port_text = text, ""
+    host = host.strip("[]")
+    if not host:
+        raise UsageError(f"{what} {text!r} has no host; expected HOST:PORT, e.g. 127.0.0.1:9092")
+    if not port_text:
+        if default_port is None:
+            raise UsageError(f"{what} {text!r} has no port; expected HOST:PORT")
+        return Address(host, default_port)
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise UsageError(f"{what} {text!r}: port {port_text!r} is not a number") from None
+    if not 0 <= port <= 65535:
+        raise UsageError(f"{what} {text!r}: port {port} is outside 0..65535")
+    return Address(host, port)
+
+
+def _load_rules(path: str | None) -> RuleSet:
+    return default_rules() if path is None else load_rules(path)
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def _add_proxy_options(parser: argparse.ArgumentParser, *, listen_default: str | None) -> None:
+    parser.add_argument(
+        "--listen",
+        default=listen_default,
+        required=listen_default is None,
+        help="HOST:PORT for the bootstrap listener clients use as bootstrap.servers",
+    )
+    parser.add_argument(
+        "--advertise",
+        metavar="HOST",
+        help="host name handed to clients in broker addresses (default: the --listen host)",
+    )
+    parser.add_argument(
+        "--node-port-base",
+        type=int,
+        metavar="PORT",
+        help="node N listens on PORT+N (default: the bootstrap port + 1)",
+    )
+    parser.add_argument("--rules", metavar="FILE", help="YAML rule file (see docs/rules.md)")
+    parser.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="on SIGTERM/SIGINT, how long in-flight requests may take to finish",
+    )
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kipside", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="proxy clients to upstream Kafka brokers")
+    serve.add_argument(
+        "--upstream",
+        required=True,
+        help="comma-separated HOST:PORT bootstrap brokers, e.g. kafka-1:9092,kafka-2:9092",
+    )
+    _add_proxy_options(serve, listen_default=None)
+
+    dev = sub.add_parser("dev", help="start the embedded Tansu broker with kipside in front")
+    _add_proxy_options(dev, listen_default="127.0.0.1:9092")
+    dev.add_argument(
+        "--broker-port", type=int, default=0, help="port for Tansu itself (default: any free)"
+    )
+
+    rules = sub.add_parser("rules", help="work with rule files")
+    rules_sub = rules.add_subparsers(dest="rules_command", required=True)
+    check = rules_sub.add_parser("check", help="validate a rule file, print the effective rules")
+    check.add_argument("file")
+    return parser
+
+
+def _config(args: argparse.Namespace, upstreams: list[Address]) -> ServerConfig:
+    return ServerConfig(
+        upstreams=upstreams,
+        listen=parse_address(args.listen, what="--listen"),
+        advertise_host=args.advertise,
+        node_port_base=args.node_port_base,
+        rules=_load_rules(args.rules),
+        shutdown_grace_seconds=args.shutdown_grace,
+    )
+
+
+def _dev(args: argparse.Namespace) -> int:
+    from .devbroker import start_tansu
+
+    proc, broker_port = start_tansu("127.0.0.1", args.broker_port)
+    print(f"kipside: embedded Tansu broker on 127.0.0.1:{broker_port} (in-memory)", flush=True)
+    try:
+        config = _config(args, [Address("127.0.0.1", broker_port)])
+        print(f"kipside: give clients bootstrap.servers={args.listen}", flush=True)
+        return run(config)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except Exception:
+            proc.kill()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _setup_logging(getattr(args, "log_level", "info"))
+    try:
+        if args.command == "serve":
+            upstreams = [
+                parse_address(part.strip(), what="--upstream", default_port=9092)
+                for part in args.upstream.split(",")
+                if part.strip()
+            ]
+            if not upstreams:
+                raise UsageError("--upstream needs at least one HOST:PORT")
+            return run(_config(args, upstreams))
+        if args.command == "dev":
+            return _dev(args)
+        ruleset = load_rules(args.file)
+        print(json.dumps(ruleset.describe(), indent=2, sort_keys=True))
+        print(f"kipside: {args.file}: OK (version {ruleset.version})", file=sys.stderr)
+        return 0
+    except (UsageError, RuleError) as exc:
+        print(f"kipside: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""The kipside server: listeners, upstream discovery, sessions and graceful shutdown.
+
+At start kipside asks the upstream bootstrap brokers for their nodes (a Metadata request), opens
+the bootstrap listener and one listener per node at a deterministic port, prints them, and then
+serves. Nodes learned later from responses get their listener at once, before the response that
+names them reaches the client. On SIGTERM/SIGINT it stops accepting, lets each session finish the
+requests it already forwarded, and closes what is left at the shutdown deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+import trio
+
+from protocol.apis import ApiKey
+from protocol.framing import FrameDecoder
+from protocol.headers import build_frame, encode_request_header, parse_response_header
+from protocol.messages import decode_response
+from protocol.primitives import INT32
+from rules import RuleSet, default_rules
+
+from .addresses import AddressRewriter
+from .nodes import Address, NodeMap
+from .session import Session
+from .versions import VersionPolicy
+
+log = logging.getLogger("kipside.server")
+
+
+@dataclass(slots=True)
+class ServerConfig:
+    upstreams: Sequence[Address]
+    listen: Address
+    advertise_host: str | None = None
+    node_port_base: int | None = None
+    rules: RuleSet = field(default_factory=default_rules)
+    shutdown_grace_seconds: float = 5.0
+    discovery_timeout_seconds: float = 30.0
+
+
+class StartupError(RuntimeError):
+    """kipside could not start; the message says what to change."""
+
+
+def _bind(host: str, port: int) -> trio.SocketListener:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    sock.listen(socket.SOMAXCONN)
+    return trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+
+
+async def discover_nodes(
+    upstreams: Sequence[Address], timeout: float
+) -> list[tuple[int, str, int]]:
+    """Ask the first bootstrap broker that answers for its nodes: [(node_id, host, port)]."""
+    request = build_frame(encode_request_header(ApiKey.METADATA, 1, 1, "kipside"), INT32.pack(0))
+    problems: list[str] = []
+    with trio.move_on_after(timeout):
+        while True:
+            for upstream in upstreams:
+                try:
+                    with trio.fail_after(5):
+                        return await _metadata_once(upstream, request)
+                except (OSError, trio.TooSlowError, trio.BrokenResourceError, ValueError) as exc:
+                    problem = f"{upstream}: {exc or 'timed out'}"
+                    if problem not in problems:
+                        log.warning("upstream bootstrap %s, retrying", problem)
+                        problems.append(problem)
+            await trio.sleep(0.5)
+    raise StartupError(
+        f"no upstream broker answered within {timeout:g} s ({'; '.join(problems)}); "
+        "check --upstream and that the brokers are running"
+    )
+
+
+async def _metadata_once(upstream: Address, request: bytes) -> list[tuple[int, str, int]]:
+    stream = await trio.open_tcp_stream(upstream.host, upstream.port)
+    async with stream:
+        await stream.send_all(request)
+        decoder = FrameDecoder(min_frame_bytes=4)
+        while (frame := decoder.next_frame()) is None:
+            data = await stream.receive_some(65536)
+            if not data:
+                raise ValueError("closed the connection during discovery")
+            decoder.receive_data(data)
+    header = parse_response_header(frame, ApiKey.METADATA, 1)
+    message = decode_response(ApiKey.METADATA, 1, frame, header.body_offset)
+    return [(int(b.node_id), str(b.host), int(b.port)) for b in message.brokers]
+
+
+class Server:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.rules = config.rules
+        self.nodes = NodeMap(
+            advertise_host=config.advertise_host or config.listen.host,
+            node_port_base=config.node_port_base,
+            on_new_node=self._on_new_node,
+        )
+        self.rewriter = AddressRewriter(self.nodes)
+        self.versions = VersionPolicy()
+        self.sessions: set[Session] = set()
+        self.bootstrap_address: Address | None = None
+        self._listener_nursery: trio.Nursery | None = None
+        self._session_nursery: trio.Nursery | None = None
+        self._node_listeners: dict[int, trio.SocketListener] = {}
+        self._rotation = 0
+        self.ready = trio.Event()
+
+    # Listeners -------------------------------------------------------------------------
+
+    def _on_new_node(self, node_id: int) -> None:
+        if node_id in self._node_listeners or self._listener_nursery is None:
+            return
+        port = self.nodes.wanted_port(node_id)
+        try:
+            listener = _bind(self.config.listen.host, port)
+        except StartupError as exc:
+            # The response naming this node still carries the deterministic port; clients
+            # that dial it get refused and retry through the bootstrap listener.
+            log.error("node %d: %s", node_id, exc)
+            return
+        self._start_node_listener(node_id, listener)
+
+    def _start_node_listener(self, node_id: int, listener: trio.SocketListener) -> None:
+        assert self._listener_nursery is not None
+        bound = listener.socket.getsockname()[1]
+        self._node_listeners[node_id] = listener
+        self.nodes.bound(node_id, bound)
+        upstream = self.nodes.upstream(node_id)
+        print(
+            f"kipside: node {node_id} listening on {self.config.listen.host}:{bound} "
+            f"-> upstream {upstream}",
+            flush=True,
+        )
+
+        async def for_node(stream: trio.SocketStream) -> None:
+            target = self.nodes.upstream(node_id)
+            if target is None:  # cannot happen: the listener exists because the node is known
+                await trio.aclose_forcefully(stream)
+                return
+            await self._run_session(stream, [target])
+
+        self._listener_nursery.start_soon(self._serve_listener, listener, for_node)
+
+    async def _serve_listener(
+        self,
+        listener: trio.SocketListener,
+        handler: Callable[[trio.SocketStream], Awaitable[None]],
+    ) -> None:
+        assert self._session_nursery is not None
+        await trio.serve_listeners(handler, [listener], handler_nursery=self._session_nursery)
+
+    async def _bootstrap_session(self, stream: trio.SocketStream) -> None:
+        upstreams = list(self.config.upstreams)
+        self._rotation = (self._rotation + 1) % len(upstreams)
+        await self._run_session(stream, upstreams[self._rotation :] + upstreams[: self._rotation])
+
+    async def _run_session(self, stream: trio.SocketStream, targets: list[Address]) -> None:
+        session = Session(
+            stream,
+            targets,
+            rewriter=self.rewriter,
+            versions=self.versions,
+            max_frame_bytes=self.rules.limits.max_frame_bytes,
+        )
+        self.sessions.add(session)
+        try:
+            await session.run()
+        finally:
+            self.sessions.discard(session)
+
+    # Lifecycle -------------------------------------------------------------------------
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        found = await discover_nodes(self.config.upstreams, self.config.discovery_timeout_seconds)
+        bootstrap = _bind(self.config.listen.host, self.config.listen.port)
+        bootstrap_port = bootstrap.socket.getsockname()[1]
+        self.bootstrap_address = Address(self.config.listen.host, bootstrap_port)
+        if self.nodes.node_port_base is None:
+            self.nodes.node_port_base = bootstrap_port + 1
+        async with trio.open_nursery() as session_nursery:
+            self._session_nursery = session_nursery
+            async with trio.open_nursery() as listener_nursery:
+                self._listener_nursery = listener_nursery
+                for node_id, host, port in found:
+                    self.nodes.learn(node_id, host, port)
+                listener_nursery.start_soon(
+                    self._serve_listener, bootstrap, self._bootstrap_session
+                )
+                print(f"kipside: bootstrap listening on {self.bootstrap_address}", flush=True)
+                print("kipside: ready", flush=True)
+                self.ready.set()
+                task_status.started()
+                await self._wait_for_shutdown_signal()
+                log.info("shutting down: no new connections; draining %d", len(self.sessions))
+                listener_nursery.cancel_scope.cancel()
+            for session in list(self.sessions):
+                session.drain()
+            with trio.move_on_after(self.config.shutdown_grace_seconds):
+                while self.sessions:
+                    await trio.sleep(0.01)
+            if self.sessions:
+                log.warning(
+                    "shutdown deadline (%g s) reached; closing %d connections",
+                    self.config.shutdown_grace_seconds,
+                    len(self.sessions),
+                )
+            session_nursery.cancel_scope.cancel()
+        log.info("stopped")
+
+    async def _wait_for_shutdown_signal(self) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log.info("received %s", signal.Signals(signum).name)
+                return
+
+
+def run(config: ServerConfig) -> int:
+    try:
+        trio.run(Server(config).serve)
+    except StartupError as exc:
+        print(f"kipside: error: {exc}", file=sys.stderr)
+        return 2
+    return 0

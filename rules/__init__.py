@@ -1,0 +1,41 @@
+"""kipside's rule files: a pure, validated model of the operator's YAML configuration.
+
+``load_rules(path)`` reads and validates one rule file, ``parse_rules(text, source)`` does
+the same for text already in memory, and ``default_rules()`` is what an empty file means.
+The result is an immutable :class:`RuleSet`; anything wrong with a file is raised as one
+:class:`RuleError` listing every problem as ``FILE:LINE: KEY: MESSAGE``. The schema is
+documented in docs/rules.md, and rules/examples/kipside.yaml uses every section.
+
+This package must never import trio, ``proxy`` or ``protocol``, never do I/O other than
+reading the rule file it is asked to load, and never use an unsafe YAML loader: the proxy
+depends on the rules, not the other way round, and a rule file is data, not code.
+"""
+
+from rules.errors import RuleError, RuleProblem
+from rules.loader import default_rules, load_rules, parse_rules
+from rules.model import (
+    CoalescingRule,
+    CoalescingRules,
+    HoldBegin,
+    Limits,
+    RuleSet,
+    Tracing,
+    TransactionOutput,
+    TransactionRule,
+)
+
+__all__ = [
+    "CoalescingRule",
+    "CoalescingRules",
+    "HoldBegin",
+    "Limits",
+    "RuleError",
+    "RuleProblem",
+    "RuleSet",
+    "Tracing",
+    "TransactionOutput",
+    "TransactionRule",
+    "default_rules",
+    "load_rules",
+    "parse_rules",
+]

@@ -1,0 +1,377 @@
+"""The end-to-end harness: a real broker (Tansu), kipside in front of it, real clients.
+
+Fixtures:
+  tansu       session: the in-memory Tansu broker (node id 111), killed at session end.
+  kipside     session: `kipside serve` in front of tansu, stopped with SIGTERM at session end
+              (it must exit 0 within 10 s). Skips the test when KIPSIDE_TEST_DIRECT=1.
+  target      function: the endpoint clients dial: kipside by default, Tansu itself when
+              KIPSIDE_TEST_DIRECT=1 (to tell a broker limitation from a proxy bug).
+  bootstrap   function: target.bootstrap.
+  new_topic   function: a factory creating a topic whose name is unique to the test.
+
+No test may hang: every network step in the tests has its own deadline, and `_hard_deadline`
+is a backstop that dumps every thread's stack, kills the broker and kipside and exits if one
+test runs longer than KIPSIDE_TEST_HARD_LIMIT seconds (default 180).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import itertools
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from proxy.devbroker import free_port, start_tansu
+
+REPO = Path(__file__).resolve().parent.parent
+KIPSIDE_BIN = REPO / ".venv" / "bin" / "kipside"
+TANSU_NODE_ID = 111
+READY_TIMEOUT = 15.0
+STOP_TIMEOUT = 10.0
+HARD_LIMIT = float(os.environ.get("KIPSIDE_TEST_HARD_LIMIT", "180"))
+DIRECT = os.environ.get("KIPSIDE_TEST_DIRECT", "") not in ("", "0")
+
+# Every child process the harness starts, so the hard-deadline watchdog can kill them.
+_CHILDREN: list[subprocess.Popen[bytes]] = []
+
+
+def _kill_children() -> None:
+    for proc in _CHILDREN:
+        if proc.poll() is None:
+            proc.kill()
+
+
+# --------------------------------------------------------------------------- broker
+
+
+@dataclass(frozen=True)
+class Broker:
+    host: str
+    port: int
+    pid: int
+    proc: subprocess.Popen[bytes] = field(repr=False, compare=False)
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@pytest.fixture(scope="session")
+def tansu() -> Iterator[Broker]:
+    proc, port = start_tansu("127.0.0.1")
+    _CHILDREN.append(proc)
+    try:
+        yield Broker(host="127.0.0.1", port=port, pid=proc.pid, proc=proc)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+# --------------------------------------------------------------------------- kipside
+
+_NODE_LINE = re.compile(
+    r"^kipside: node (\d+) listening on ([\d.]+):(\d+) -> upstream ([\w.\-]+):(\d+)$"
+)
+_BOOTSTRAP_LINE = re.compile(r"^kipside: bootstrap listening on ([\d.]+):(\d+)$")
+
+
+class KipsideError(RuntimeError):
+    """kipside did not start or did not stop as its CLI contract says."""
+
+
+@dataclass
+class Kipside:
+    """A running `kipside serve` process."""
+
+    proc: subprocess.Popen[bytes]
+    host: str
+    port: int
+    node_ports: dict[int, int]
+    upstream: str
+    log_path: Path
+    stdout_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def ports(self) -> set[int]:
+        """Every port kipside listens on (bootstrap and per-node)."""
+        return {self.port, *self.node_ports.values()}
+
+    def log(self) -> str:
+        """Everything kipside wrote to stderr so far."""
+        return self.log_path.read_text(errors="replace")
+
+    def log_mark(self) -> int:
+        """A position in the log; pass it to log_since() to see only what came after."""
+        return self.log_path.stat().st_size
+
+    def log_since(self, mark: int) -> str:
+        with self.log_path.open("rb") as f:
+            f.seek(mark)
+            return f.read().decode(errors="replace")
+
+    def wait_for_log(
+        self, predicate: Callable[[str], bool], mark: int = 0, timeout: float = 5.0
+    ) -> list[str]:
+        """Wait until some log line after `mark` satisfies predicate; return those lines."""
+        deadline = time.monotonic() + timeout
+        while True:
+            lines = [ln for ln in self.log_since(mark).splitlines() if predicate(ln)]
+            if lines:
+                return lines
+            if time.monotonic() > deadline:
+                return []
+            time.sleep(0.05)
+
+    def assert_alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise KipsideError(
+                f"kipside exited with code {self.proc.returncode}; log tail:\n" + _tail(self.log())
+            )
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> int:
+        """SIGTERM, wait up to `timeout` s; return the exit code (kills it if it hangs)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired as exc:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+                raise KipsideError(
+                    f"kipside did not exit within {timeout} s of SIGTERM; log tail:\n"
+                    + _tail(self.log())
+                ) from exc
+        return self.proc.returncode
+
+
+def _tail(text: str, lines: int = 40) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def start_kipside(
+    upstream: Broker, workdir: Path, rules: Path | None = None, timeout: float = READY_TIMEOUT
+) -> Kipside:
+    """Start `kipside serve` in front of `upstream` and wait for its `kipside: ready` line."""
+    if not KIPSIDE_BIN.exists():
+        raise KipsideError(f"{KIPSIDE_BIN} is missing: pip install -e . in the venv")
+    workdir.mkdir(parents=True, exist_ok=True)
+    listen = free_port()
+    node_port = free_port()
+    base = node_port - TANSU_NODE_ID
+    args = [
+        str(KIPSIDE_BIN),
+        "serve",
+        "--upstream",
+        upstream.bootstrap,
+        "--listen",
+        f"127.0.0.1:{listen}",
+        "--node-port-base",
+        str(base),
+    ]
+    if rules is not None:
+        args += ["--rules", str(rules)]
+    log_path = workdir / "kipside.stderr.log"
+    stdout_path = workdir / "kipside.stdout.log"
+    with log_path.open("wb") as err, stdout_path.open("wb") as out:
+        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+    _CHILDREN.append(proc)
+
+    deadline = time.monotonic() + timeout
+    while True:
+        out_text = stdout_path.read_text(errors="replace")
+        if "kipside: ready" in out_text.splitlines():
+            break
+        if proc.poll() is not None or time.monotonic() > deadline:
+            why = (
+                f"exited with code {proc.returncode}"
+                if proc.poll() is not None
+                else f"not ready after {timeout} s"
+            )
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=5)
+            raise KipsideError(
+                f"kipside {why}: {' '.join(args)}\nstdout:\n{_tail(out_text)}\n"
+                f"stderr:\n{_tail(log_path.read_text(errors='replace'))}"
+            )
+        time.sleep(0.02)
+
+    node_ports: dict[int, int] = {}
+    bootstrap: tuple[str, int] | None = None
+    for line in out_text.splitlines():
+        if m := _NODE_LINE.match(line):
+            node_ports[int(m.group(1))] = int(m.group(3))
+            assert f"{m.group(4)}:{m.group(5)}" == upstream.bootstrap, line
+        elif m := _BOOTSTRAP_LINE.match(line):
+            bootstrap = (m.group(1), int(m.group(2)))
+    ks = Kipside(
+        proc=proc,
+        host="127.0.0.1",
+        port=listen,
+        node_ports=node_ports,
+        upstream=upstream.bootstrap,
+        log_path=log_path,
+        stdout_path=stdout_path,
+    )
+    problems = []
+    if bootstrap != ("127.0.0.1", listen):
+        problems.append(f"bootstrap line says {bootstrap}, expected 127.0.0.1:{listen}")
+    if node_ports != {TANSU_NODE_ID: node_port}:
+        problems.append(f"node lines say {node_ports}, expected {{111: {node_port}}}")
+    if problems:
+        ks.stop()
+        raise KipsideError("; ".join(problems) + f"\nstdout:\n{out_text}")
+    return ks
+
+
+@pytest.fixture(scope="session")
+def kipside(tansu: Broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kipside]:
+    if DIRECT:
+        pytest.skip("KIPSIDE_TEST_DIRECT=1: clients talk to Tansu directly, no kipside")
+    ks = start_kipside(tansu, tmp_path_factory.mktemp("kipside"))
+    try:
+        yield ks
+    finally:
+        code = ks.stop()
+        keep = os.environ.get("KIPSIDE_TEST_KEEP_LOG")
+        if keep:
+            shutil.copy(ks.log_path, keep)
+        assert code == 0, f"kipside exited with {code} after SIGTERM; log tail:\n{_tail(ks.log())}"
+
+
+# --------------------------------------------------------------------------- what clients dial
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the clients under test connect to."""
+
+    bootstrap: str
+    via_kipside: bool
+    broker: Broker
+    kipside: Kipside | None
+
+
+@pytest.fixture
+def target(request: pytest.FixtureRequest, tansu: Broker) -> Target:
+    if DIRECT:
+        return Target(bootstrap=tansu.bootstrap, via_kipside=False, broker=tansu, kipside=None)
+    ks: Kipside = request.getfixturevalue("kipside")
+    ks.assert_alive()
+    return Target(bootstrap=ks.bootstrap, via_kipside=True, broker=tansu, kipside=ks)
+
+
+@pytest.fixture
+def bootstrap(target: Target) -> str:
+    return target.bootstrap
+
+
+# --------------------------------------------------------------------------- topics
+
+_topic_seq = itertools.count()
+
+
+def unique_name(prefix: str, request: pytest.FixtureRequest | None = None) -> str:
+    """A Kafka-legal name unique to this test run (test name + counter + random suffix)."""
+    base = request.node.name if request is not None else "x"
+    base = re.sub(r"[^A-Za-z0-9._-]+", "-", base).strip("-.")[:120]
+    return f"{prefix}-{base}-{next(_topic_seq)}-{uuid.uuid4().hex[:8]}"
+
+
+def create_topics(bootstrap: str, names: list[str], partitions: int, timeout: float = 10.0) -> None:
+    """Create topics with confluent-kafka's AdminClient and wait until metadata shows them."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient(
+        {"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000, "client.id": "kipside-tests"}
+    )
+    futures = admin.create_topics(
+        [NewTopic(n, num_partitions=partitions, replication_factor=1) for n in names],
+        operation_timeout=timeout,
+        request_timeout=timeout,
+    )
+    for name, fut in futures.items():
+        try:
+            fut.result(timeout=timeout)
+        except Exception as exc:
+            raise RuntimeError(f"creating topic {name} via {bootstrap} failed: {exc!r}") from exc
+    deadline = time.monotonic() + timeout
+    while True:
+        md = admin.list_topics(timeout=timeout)
+        if all(n in md.topics and len(md.topics[n].partitions) == partitions for n in names):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"topics {names} not in metadata via {bootstrap} after {timeout} s")
+        time.sleep(0.05)
+
+
+NewTopicFactory = Callable[..., str]
+
+
+@pytest.fixture
+def new_topic(request: pytest.FixtureRequest, bootstrap: str) -> NewTopicFactory:
+    """new_topic(partitions=3, prefix="t") creates a topic named after the test; returns it.
+
+    Topics are created through `bootstrap` (kipside by default) so that the test process
+    never opens a connection to the broker itself (the socket-table test relies on that).
+    """
+
+    def make(partitions: int = 3, prefix: str = "t") -> str:
+        name = unique_name(prefix, request)
+        create_topics(bootstrap, [name], partitions)
+        return name
+
+    return make
+
+
+# --------------------------------------------------------------------------- hard deadline
+
+
+def _watchdog_fire(nodeid: str) -> None:
+    sys.stderr.write(
+        f"\n\n*** {nodeid} ran longer than {HARD_LIMIT} s: a network step has no deadline. "
+        "Stacks of all threads follow; killing broker and kipside, then exiting. ***\n"
+    )
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    sys.stderr.flush()
+    _kill_children()
+    os._exit(3)
+
+
+@pytest.fixture(autouse=True)
+def _hard_deadline(request: pytest.FixtureRequest) -> Iterator[None]:
+    timer = threading.Timer(HARD_LIMIT, _watchdog_fire, args=(request.node.nodeid,))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _kill_children()

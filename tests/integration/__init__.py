@@ -1,0 +1,1 @@
+"""Integration tests: real clients, the real broker (Tansu), kipside in between."""

@@ -1,0 +1,686 @@
+"""Real clients through kipside to the real broker (Tansu): each test asserts a real outcome.
+
+Run: .venv/bin/pytest tests/integration -q -p no:cacheprovider -x
+KIPSIDE_TEST_DIRECT=1 points the same tests at Tansu itself (kipside-only tests skip), which is
+how a broker limitation is told apart from a proxy bug.
+
+Known broker (Tansu 0.6.0) limitations, seen without kipside (/work/shared/environment.md):
+kafka-python's group consume returns nothing, aiokafka's transactions fail on InitProducerId v0.
+So groups are tested with confluent-kafka and aiokafka, transactions with confluent-kafka and
+kafka-python.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import confluent_kafka as ck
+import psutil
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+from conftest import Kipside, NewTopicFactory, Target, unique_name
+
+from .clients import (
+    Msg,
+    aio_common,
+    aio_consume_assigned,
+    aio_produce,
+    assert_exactly_once_in_order,
+    call_with_deadline,
+    ck_config,
+    ck_consume_assigned,
+    ck_consumer,
+    ck_msg,
+    ck_produce,
+    kp_common,
+    kp_consume_assigned,
+    kp_produce,
+    kp_producer,
+    kp_send,
+    make_messages,
+    run_async,
+)
+
+pytestmark = pytest.mark.integration
+
+CLIENTS = ["confluent-kafka", "kafka-python", "aiokafka"]
+COMPRESSIONS = ["none", "gzip", "snappy", "lz4", "zstd"]
+N_MESSAGES = 400
+PARTITIONS = 3
+
+
+# --------------------------------------------------------------------------- produce / consume
+
+
+@pytest.mark.parametrize("idempotent", [False, True], ids=["plain", "idempotent"])
+@pytest.mark.parametrize("compression", COMPRESSIONS)
+@pytest.mark.parametrize("client", CLIENTS)
+def test_produce_consume_exactly_once(
+    client: str, compression: str, idempotent: bool, bootstrap: str, new_topic: NewTopicFactory
+) -> None:
+    """N messages produced by one client are consumed back by the same client library exactly
+    once: same count, same key/value/headers, same order per partition, and the log holds
+    exactly N records (no duplicate was written)."""
+    topic = new_topic(PARTITIONS)
+    sent = make_messages(N_MESSAGES, PARTITIONS, tag=f"{client}-{compression}")
+    codec = None if compression == "none" else compression
+    if client == "confluent-kafka":
+        ck_produce(
+            bootstrap,
+            topic,
+            sent,
+            **{"compression.type": compression, "enable.idempotence": idempotent, "acks": "all"},
+        )
+        got, marks = ck_consume_assigned(bootstrap, topic, PARTITIONS, len(sent))
+    elif client == "kafka-python":
+        kp_produce(bootstrap, topic, sent, compression_type=codec, enable_idempotence=idempotent)
+        got, marks = kp_consume_assigned(bootstrap, topic, PARTITIONS, len(sent))
+    else:
+
+        async def roundtrip() -> tuple[list[Msg], dict[int, tuple[int, int]]]:
+            await aio_produce(
+                bootstrap, topic, sent, compression_type=codec, enable_idempotence=idempotent
+            )
+            return await aio_consume_assigned(bootstrap, topic, PARTITIONS, len(sent))
+
+        got, marks = run_async(roundtrip())
+    assert_exactly_once_in_order(sent, got, marks)
+
+
+# --------------------------------------------------------------------------- kcat
+
+
+def _kcat(args: list[str], stdin: str | None = None, timeout: float = 30.0) -> str:
+    proc = subprocess.run(
+        ["kcat", "-X", "socket.timeout.ms=5000", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert proc.returncode == 0, f"kcat {args} exited {proc.returncode}: {proc.stderr[-2000:]}"
+    return proc.stdout
+
+
+def test_kcat_produce_consume(target: Target, new_topic: NewTopicFactory) -> None:
+    """kcat -P then kcat -C -e -o beginning: every line once, in order per partition; kcat -L
+    lists only addresses the client may dial (kipside's, when going through kipside)."""
+    topic = new_topic(PARTITIONS)
+    n = 300
+    lines = [f"key{i}:kcat-{i:05d}" for i in range(n)]
+    _kcat(["-b", target.bootstrap, "-P", "-t", topic, "-K:"], stdin="\n".join(lines) + "\n")
+    out = _kcat(
+        ["-b", target.bootstrap, "-C", "-t", topic, "-e", "-o", "beginning", "-q",
+         "-f", "%p\t%k\t%s\n"]
+    )  # fmt: skip
+    rows = [ln.split("\t") for ln in out.splitlines() if ln]
+    values = sorted(r[2] for r in rows)
+    assert len(rows) == n, f"kcat consumed {len(rows)} of {n}"
+    assert values == sorted(f"kcat-{i:05d}" for i in range(n))
+    for r in rows:
+        assert r[1] == "key" + str(int(r[2].split("-")[1])), r
+    per_part: dict[str, list[int]] = {}
+    for p, _k, v in rows:
+        per_part.setdefault(p, []).append(int(v.split("-")[1]))
+    for p, seq in per_part.items():
+        assert seq == sorted(seq), f"partition {p} out of order"
+
+    listing = _kcat(["-b", target.bootstrap, "-L", "-t", topic])
+    brokers = re.findall(r"broker (\d+) at ([\d.]+):(\d+)", listing)
+    assert brokers, listing
+    allowed = target.kipside.ports if target.kipside else {target.broker.port}
+    for _node, _host, port in brokers:
+        assert int(port) in allowed, f"kcat -L shows broker port {port}; allowed {allowed}"
+
+
+# --------------------------------------------------------------------------- consumer groups
+
+
+def _high_watermarks(bootstrap: str, topic: str, partitions: int, expect: int) -> dict[int, int]:
+    """High watermarks as Fetch reports them (Tansu's ListOffsets(latest) is wrong)."""
+    _, marks = ck_consume_assigned(bootstrap, topic, partitions, expect)
+    return {p: hi for p, (_lo, hi) in marks.items()}
+
+
+def _admin_committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
+    from confluent_kafka import ConsumerGroupTopicPartitions
+
+    admin = AdminClient(ck_config(bootstrap))
+    fut = admin.list_consumer_group_offsets(
+        [ConsumerGroupTopicPartitions(group)], request_timeout=10
+    )[group]
+    res = fut.result(timeout=15)
+    return {tp.partition: tp.offset for tp in res.topic_partitions if tp.topic == topic}
+
+
+def test_confluent_group_rebalance(bootstrap: str, new_topic: NewTopicFactory) -> None:
+    """Member A consumes alone; member B joins; both get partitions; every message is consumed
+    exactly once across the members; committed offsets equal the end offsets."""
+    parts = 4
+    topic = new_topic(parts)
+    group = unique_name("g")
+    first = make_messages(200, parts, tag="first")
+    second = make_messages(200, parts, tag="second")
+    ck_produce(bootstrap, topic, first)
+    consumed: list[Msg] = []
+    by_member: dict[str, list[Msg]] = {"A": [], "B": []}
+    commit_errors: list[str] = []
+
+    def member(name: str) -> ck.Consumer:
+        c = ck_consumer(
+            bootstrap, group, **{"partition.assignment.strategy": "range", "client.id": name}
+        )
+
+        def on_revoke(consumer: ck.Consumer, _partitions: list[ck.TopicPartition]) -> None:
+            try:  # hand over exactly where we stopped
+                consumer.commit(asynchronous=False)
+            except ck.KafkaException as exc:
+                if exc.args[0].code() != ck.KafkaError._NO_OFFSET:
+                    commit_errors.append(str(exc))
+
+        c.subscribe([topic], on_revoke=on_revoke)
+        return c
+
+    def poll(name: str, c: ck.Consumer) -> None:
+        m = c.poll(0.1)
+        if m is None:
+            return
+        assert not m.error(), f"{name}: {m.error()}"
+        consumed.append(ck_msg(m))
+        by_member[name].append(ck_msg(m))
+
+    a = member("A")
+    b: ck.Consumer | None = None
+    try:
+        deadline = time.monotonic() + 30
+        while len(consumed) < len(first):
+            assert time.monotonic() < deadline, f"A alone got {len(consumed)}/{len(first)}"
+            poll("A", a)
+        a.commit(asynchronous=False)
+        assert {tp.partition for tp in a.assignment()} == set(range(parts))
+
+        b = member("B")
+        deadline = time.monotonic() + 30
+        while True:
+            pa = {tp.partition for tp in a.assignment()}
+            pb = {tp.partition for tp in b.assignment()}
+            if pa and pb and not pa & pb and pa | pb == set(range(parts)):
+                break
+            assert time.monotonic() < deadline, f"no rebalance: A has {pa}, B has {pb}"
+            poll("A", a)
+            poll("B", b)
+
+        ck_produce(bootstrap, topic, second)
+        total = len(first) + len(second)
+        deadline = time.monotonic() + 30
+        while len(consumed) < total:
+            assert time.monotonic() < deadline, f"members got {len(consumed)}/{total}"
+            poll("A", a)
+            poll("B", b)
+        for _ in range(5):  # anything extra (a duplicate) would show up here
+            poll("A", a)
+            poll("B", b)
+        a.commit(asynchronous=False)
+        b.commit(asynchronous=False)
+
+        assert not commit_errors, commit_errors
+        assert by_member["B"], "member B consumed nothing after the rebalance"
+        assert any(m.value.startswith(b"second") for m in by_member["A"]), "A idle after join"
+        assert_exactly_once_in_order(first + second, consumed)
+
+        ends = _high_watermarks(bootstrap, topic, parts, len(first) + len(second))
+        assert ends == {p: 100 for p in range(parts)}
+        assert _admin_committed(bootstrap, group, topic) == ends
+        committed = {
+            tp.partition: tp.offset
+            for c in (a, b)
+            for tp in c.committed(list(c.assignment()), timeout=10)
+        }
+        assert committed == ends
+    finally:
+        call_with_deadline(a.close, 15, "consumer A close")
+        if b is not None:
+            call_with_deadline(b.close, 15, "consumer B close")
+
+
+def test_aiokafka_group_rebalance(bootstrap: str, new_topic: NewTopicFactory) -> None:
+    """The same rebalance scenario with aiokafka (its own group protocol implementation)."""
+    from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+
+    parts = 4
+    topic = new_topic(parts)
+    group = unique_name("g")
+    first = make_messages(200, parts, tag="first")
+    second = make_messages(200, parts, tag="second")
+    consumed: list[Msg] = []
+    by_member: dict[str, list[Msg]] = {"A": [], "B": []}
+
+    class CommitOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.consumer: AIOKafkaConsumer | None = None
+
+        async def on_partitions_revoked(self, revoked: Any) -> None:
+            if revoked and self.consumer is not None:
+                await self.consumer.commit()
+
+        async def on_partitions_assigned(self, assigned: Any) -> None:
+            pass
+
+    async def start_member(name: str) -> AIOKafkaConsumer:
+        c = AIOKafkaConsumer(
+            **{**aio_common(bootstrap), "client_id": name},
+            group_id=group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            session_timeout_ms=6000,
+            heartbeat_interval_ms=500,
+            rebalance_timeout_ms=10000,
+            fetch_max_wait_ms=100,
+        )
+        await c.start()
+        listener = CommitOnRevoke()
+        listener.consumer = c
+        c.subscribe([topic], listener=listener)
+        return c
+
+    async def poll(name: str, c: AIOKafkaConsumer) -> None:
+        for recs in (await c.getmany(timeout_ms=100)).values():
+            for r in recs:
+                m = Msg(r.partition, r.key, r.value, tuple((k, bytes(v)) for k, v in r.headers))
+                consumed.append(m)
+                by_member[name].append(m)
+
+    async def scenario() -> None:
+        await aio_produce(bootstrap, topic, first)
+        a = await start_member("A")
+        b: AIOKafkaConsumer | None = None
+        try:
+            deadline = time.monotonic() + 30
+            while len(consumed) < len(first):
+                assert time.monotonic() < deadline, f"A alone got {len(consumed)}/{len(first)}"
+                await poll("A", a)
+            await a.commit()
+            assert {tp.partition for tp in a.assignment()} == set(range(parts))
+
+            b = await start_member("B")
+            deadline = time.monotonic() + 30
+            while True:
+                pa = {tp.partition for tp in a.assignment()}
+                pb = {tp.partition for tp in b.assignment()}
+                if pa and pb and not pa & pb and pa | pb == set(range(parts)):
+                    break
+                assert time.monotonic() < deadline, f"no rebalance: A has {pa}, B has {pb}"
+                await asyncio.gather(poll("A", a), poll("B", b))
+
+            await aio_produce(bootstrap, topic, second)
+            total = len(first) + len(second)
+            deadline = time.monotonic() + 30
+            while len(consumed) < total:
+                assert time.monotonic() < deadline, f"members got {len(consumed)}/{total}"
+                await asyncio.gather(poll("A", a), poll("B", b))
+            for _ in range(3):
+                await asyncio.gather(poll("A", a), poll("B", b))
+            await a.commit()
+            await b.commit()
+
+            assert by_member["B"], "member B consumed nothing after the rebalance"
+            assert any(m.value.startswith(b"second") for m in by_member["A"]), "A idle"
+            assert_exactly_once_in_order(first + second, consumed)
+            ends = {tp.partition: c.highwater(tp) for c in (a, b) for tp in c.assignment()}
+            assert ends == {p: 100 for p in range(parts)}
+            committed = {}
+            for c in (a, b):
+                for tp in c.assignment():
+                    committed[tp.partition] = await c.committed(tp)
+            assert committed == ends
+        finally:
+            await a.stop()
+            if b is not None:
+                await b.stop()
+
+    run_async(scenario(), timeout=90)
+    ends = _high_watermarks(bootstrap, topic, parts, len(first) + len(second))
+    assert _admin_committed(bootstrap, group, topic) == ends
+
+
+# --------------------------------------------------------------------------- transactions
+
+
+def test_confluent_transactions(bootstrap: str, new_topic: NewTopicFactory) -> None:
+    """Commit, abort, commit: read_committed sees exactly the committed messages in order;
+    read_uncommitted also sees the aborted ones (so the abort really wrote data)."""
+    topic = new_topic(PARTITIONS)
+    committed1 = make_messages(60, PARTITIONS, tag="commit1")
+    aborted = make_messages(60, PARTITIONS, tag="abort")
+    committed2 = make_messages(60, PARTITIONS, tag="commit2")
+    p = ck.Producer(
+        ck_config(
+            bootstrap,
+            **{
+                "transactional.id": unique_name("tx"),
+                "transaction.timeout.ms": 10000,
+                "linger.ms": 5,
+                "message.timeout.ms": 9000,
+            },
+        )
+    )
+    p.init_transactions(15)
+    p.begin_transaction()
+    ck_produce(bootstrap, topic, committed1, producer=p)
+    p.commit_transaction(15)
+    p.begin_transaction()
+    ck_produce(bootstrap, topic, aborted, producer=p)
+    p.abort_transaction(15)
+    p.begin_transaction()
+    ck_produce(bootstrap, topic, committed2, producer=p)
+    p.commit_transaction(15)
+
+    want = committed1 + committed2
+    got, _ = ck_consume_assigned(bootstrap, topic, PARTITIONS, len(want), "read_committed")
+    assert_exactly_once_in_order(want, got)
+    everything = committed1 + aborted + committed2
+    got_all, _ = ck_consume_assigned(bootstrap, topic, PARTITIONS, len(everything))
+    assert_exactly_once_in_order(everything, got_all)
+
+
+def test_kafka_python_transactions(bootstrap: str, new_topic: NewTopicFactory) -> None:
+    """kafka-python (AddPartitionsToTxn up to v3) commits one transaction and aborts another;
+    read_committed consumers (kafka-python and confluent-kafka) see exactly the committed."""
+    topic = new_topic(PARTITIONS)
+    committed1 = make_messages(60, PARTITIONS, tag="commit1")
+    aborted = make_messages(60, PARTITIONS, tag="abort")
+    committed2 = make_messages(60, PARTITIONS, tag="commit2")
+    producer = kp_producer(
+        bootstrap, transactional_id=unique_name("tx"), transaction_timeout_ms=10000
+    )
+    try:
+        call_with_deadline(producer.init_transactions, 15, "init_transactions")
+        for batch, commit in ((committed1, True), (aborted, False), (committed2, True)):
+            producer.begin_transaction()
+            futures = kp_send(producer, topic, batch)
+            producer.flush(timeout=15)
+            for f in futures:
+                f.get(timeout=1)
+            end = producer.commit_transaction if commit else producer.abort_transaction
+            call_with_deadline(end, 15, end.__name__)
+    finally:
+        producer.close(timeout=5)
+
+    want = committed1 + committed2
+    got, _ = kp_consume_assigned(bootstrap, topic, PARTITIONS, len(want), "read_committed")
+    assert_exactly_once_in_order(want, got)
+    got_ck, _ = ck_consume_assigned(bootstrap, topic, PARTITIONS, len(want), "read_committed")
+    assert_exactly_once_in_order(want, got_ck)
+
+
+# --------------------------------------------------------------------------- admin
+
+
+def _allowed_ports(target: Target) -> set[int]:
+    return target.kipside.ports if target.kipside else {target.broker.port}
+
+
+def test_confluent_admin_create_list(target: Target, request: pytest.FixtureRequest) -> None:
+    admin = AdminClient(ck_config(target.bootstrap))
+    names = {unique_name("adm2", request): 2, unique_name("adm5", request): 5}
+    futures = admin.create_topics(
+        [NewTopic(n, num_partitions=p, replication_factor=1) for n, p in names.items()],
+        operation_timeout=10,
+        request_timeout=10,
+    )
+    for fut in futures.values():
+        fut.result(timeout=15)
+    md = admin.list_topics(timeout=10)
+    for name, count in names.items():
+        assert name in md.topics, f"{name} missing from {sorted(md.topics)}"
+        assert len(md.topics[name].partitions) == count
+        assert md.topics[name].error is None
+    assert md.brokers, "no brokers in metadata"
+    for b in md.brokers.values():
+        assert (b.host, b.port) in {("127.0.0.1", p) for p in _allowed_ports(target)}, b
+    # creating an existing topic is an error the client must see (not swallowed)
+    dup = admin.create_topics([NewTopic(next(iter(names)), 2, 1)], request_timeout=10)
+    with pytest.raises(ck.KafkaException) as exc_info:
+        next(iter(dup.values())).result(timeout=15)
+    assert exc_info.value.args[0].code() == ck.KafkaError.TOPIC_ALREADY_EXISTS
+    cluster = admin.describe_cluster(request_timeout=10).result(timeout=15)
+    for node in cluster.nodes:
+        assert node.port in _allowed_ports(target), node
+
+
+def test_kafka_python_admin_create_list(target: Target, request: pytest.FixtureRequest) -> None:
+    from kafka.admin import KafkaAdminClient
+
+    admin = KafkaAdminClient(**kp_common(target.bootstrap))
+    try:
+        names = {unique_name("kadm1", request): 1, unique_name("kadm4", request): 4}
+        admin.create_topics(
+            {n: {"num_partitions": p, "replication_factor": 1} for n, p in names.items()},
+            timeout_ms=10000,
+        )
+        listed = set(admin.list_topics())
+        assert set(names) <= listed, f"{set(names) - listed} missing from {sorted(listed)}"
+        described = {t["name"]: t for t in admin.describe_topics(list(names))}
+        for name, count in names.items():
+            assert len(described[name]["partitions"]) == count, described[name]
+        cluster = admin.describe_cluster()
+        assert cluster["brokers"], cluster
+        for b in cluster["brokers"]:
+            assert b["port"] in _allowed_ports(target), b
+    finally:
+        admin.close()
+
+
+# --------------------------------------------------------------------------- socket table
+
+
+def _remote_tcp(pid: int) -> list[tuple[str, int]]:
+    return [
+        (c.raddr.ip, c.raddr.port)
+        for c in psutil.Process(pid).net_connections(kind="tcp")
+        if c.raddr and c.status == psutil.CONN_ESTABLISHED
+    ]
+
+
+def _assert_only_kipside(conns: list[tuple[str, int]], kipside: Kipside, who: str) -> None:
+    local = [c for c in conns if c[0] in ("127.0.0.1", "::ffff:127.0.0.1")]
+    assert local, f"{who} has no TCP connection to 127.0.0.1 at all: {conns}"
+    upstream = int(kipside.upstream.rsplit(":", 1)[1])
+    direct = [c for c in conns if c[1] == upstream]
+    assert not direct, f"{who} dialled the broker directly: {direct}"
+    strays = [c for c in local if c[1] not in kipside.ports]
+    assert not strays, f"{who} connected to non-kipside ports {strays}; kipside: {kipside.ports}"
+    assert any(c[1] in kipside.node_ports.values() for c in local), (
+        f"{who} never reached a per-node listener {kipside.node_ports}: {local}"
+    )
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_socket_table_subprocess(
+    client: str, kipside: Kipside, bootstrap: str, new_topic: NewTopicFactory
+) -> None:
+    """A client in a child process, connected and consuming: every one of its TCP connections
+    goes to kipside's bootstrap or node ports, none to the broker."""
+    topic = new_topic(2)
+    script = Path(__file__).with_name("socket_client.py")
+    proc = subprocess.Popen(
+        [sys.executable, str(script), client, bootstrap, topic, unique_name("g"), "2"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        line = call_with_deadline(proc.stdout.readline, 45, f"{client} child READY line")
+        assert line.startswith(b"READY"), (line, proc.stderr.read() if proc.stderr else b"")
+        assert line.split()[1] == b"20", f"child consumed {line!r}"
+        _assert_only_kipside(_remote_tcp(proc.pid), kipside, f"{client} child process")
+    finally:
+        if proc.stdin:
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def test_socket_table_in_process(
+    kipside: Kipside, bootstrap: str, new_topic: NewTopicFactory
+) -> None:
+    """Same check on this (pytest) process while kafka-python and confluent-kafka clients are
+    connected. Topics are created through kipside, so no harness socket goes to the broker."""
+    topic = new_topic(2)
+    msgs = make_messages(20, 2)
+    producer = kp_producer(bootstrap)
+    consumer = ck_consumer(bootstrap, unique_name("g"))
+    try:
+        futures = kp_send(producer, topic, msgs)
+        producer.flush(timeout=15)
+        for f in futures:
+            f.get(timeout=1)
+        consumer.subscribe([topic])
+        got = 0
+        deadline = time.monotonic() + 30
+        while got < len(msgs):
+            assert time.monotonic() < deadline, f"consumed {got}/{len(msgs)}"
+            m = consumer.poll(0.1)
+            if m is not None and not m.error():
+                got += 1
+        _assert_only_kipside(_remote_tcp(psutil.Process().pid), kipside, "the pytest process")
+    finally:
+        producer.close(timeout=5)
+        call_with_deadline(consumer.close, 15, "consumer close")
+
+
+# --------------------------------------------------------------------------- not Kafka at all
+
+
+def _tls_client_hello() -> bytes:
+    """The exact bytes a TLS client sends first (a real ClientHello from Python's ssl)."""
+    ctx = ssl.create_default_context()
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ctx.wrap_bio(incoming, outgoing, server_hostname="kipside.test")
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    hello = outgoing.read()
+    assert hello[0] == 0x16, hello[:8]  # handshake record
+    return hello
+
+
+NOT_KAFKA: dict[str, tuple[bytes, re.Pattern[str]]] = {
+    "garbage": (
+        bytes.fromhex("deadbeef") + bytes(range(7, 250, 3)),  # negative frame size, then noise
+        re.compile(r"garbage|invalid|malformed|not (a )?kafka|unexpected|bad|frame|size", re.I),
+    ),
+    "tls": (_tls_client_hello(), re.compile(r"\bTLS\b|\bSSL\b", re.I)),
+    "http": (
+        b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: curl/8.0\r\n\r\n",
+        re.compile(r"\bHTTP\b", re.I),
+    ),
+}
+
+
+def _send_and_expect_close(host: str, port: int, payload: bytes, timeout: float = 5.0) -> bytes:
+    """Send payload on a fresh connection; return what came back before kipside closed it."""
+    with socket.create_connection((host, port), timeout=timeout) as s:
+        s.sendall(payload)
+        received = b""
+        deadline = time.monotonic() + timeout
+        while True:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"kipside kept the connection open after {payload[:16]!r}")
+            try:
+                chunk = s.recv(65536)
+            except ConnectionResetError:
+                return received
+            except TimeoutError as exc:
+                raise AssertionError(
+                    f"kipside kept the connection open {timeout} s after {payload[:16]!r}"
+                ) from exc
+            if not chunk:
+                return received
+            received += chunk
+
+
+class BackgroundProducer(threading.Thread):
+    """A confluent-kafka producer sending continuously until stopped."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
+        super().__init__(name="background-producer", daemon=True)
+        self.topic, self.partitions = topic, partitions
+        self.producer = ck.Producer(ck_config(bootstrap, **{"linger.ms": 2}))
+        self.stop_event = threading.Event()
+        self.sent: list[Msg] = []
+        self.delivered = 0
+        self.errors: list[str] = []
+        self.undelivered = -1
+
+    def on_delivery(self, err: Any, _msg: Any) -> None:
+        if err is None:
+            self.delivered += 1
+        else:
+            self.errors.append(str(err))
+
+    def run(self) -> None:
+        i = 0
+        while not self.stop_event.is_set():
+            m = Msg(i % self.partitions, None, f"bg-{i:06d}".encode())
+            self.producer.produce(
+                self.topic, m.value, partition=m.partition, on_delivery=self.on_delivery
+            )
+            self.sent.append(m)
+            self.producer.poll(0.002)
+            i += 1
+        self.undelivered = self.producer.flush(15)
+
+
+@pytest.mark.parametrize("kind", list(NOT_KAFKA))
+def test_not_kafka_bytes_are_rejected(
+    kind: str, kipside: Kipside, bootstrap: str, new_topic: NewTopicFactory
+) -> None:
+    """Garbage / a TLS ClientHello / an HTTP request on the bootstrap and on a node port: the
+    connection is closed, the log says what arrived (TLS / HTTP), and a confluent-kafka client
+    producing at the same time is unaffected."""
+    payload, says = NOT_KAFKA[kind]
+    topic = new_topic(2)
+    bg = BackgroundProducer(bootstrap, topic, 2)
+    bg.start()
+    try:
+        deadline = time.monotonic() + 15
+        while bg.delivered < 50:
+            assert time.monotonic() < deadline, f"background producer stuck: {bg.errors[:3]}"
+            time.sleep(0.02)
+        node_port = next(iter(kipside.node_ports.values()))
+        for port in (kipside.port, node_port):
+            mark = kipside.log_mark()
+            _send_and_expect_close(kipside.host, port, payload)
+            lines = kipside.wait_for_log(lambda ln: bool(says.search(ln)), mark, timeout=5)
+            assert lines, (
+                f"no log line matching {says.pattern!r} after {kind} on port {port}; new log:\n"
+                + kipside.log_since(mark)
+            )
+            assert "Traceback" not in kipside.log_since(mark), kipside.log_since(mark)
+        kipside.assert_alive()
+        before = bg.delivered
+        deadline = time.monotonic() + 10
+        while bg.delivered < before + 50:  # still producing after the rejected connections
+            assert time.monotonic() < deadline, f"producer stalled: {bg.errors[:3]}"
+            time.sleep(0.02)
+    finally:
+        bg.stop_event.set()
+        bg.join(30)
+    assert not bg.is_alive(), "background producer did not finish flushing"
+    assert bg.undelivered == 0 and not bg.errors, (bg.undelivered, bg.errors[:3])
+    got, marks = ck_consume_assigned(bootstrap, bg.topic, 2, len(bg.sent))
+    assert_exactly_once_in_order(bg.sent, got, marks)
