@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import queue
+import resource
 import shutil
 import subprocess
 import sys
@@ -116,6 +117,18 @@ class Managed:
             return ""
         text = self.log.read_text(errors="replace").splitlines()[-lines:]
         return ("\n--- " + self.name + " log tail ---\n" + "\n".join(text)) if text else ""
+
+    def log_problems(
+        self, words: tuple[str, ...] = ("ERROR", "CRITICAL", "WARNING", "Traceback", "panicked")
+    ) -> list[str]:
+        """Lines of the process's log (stderr) that mention any of `words`."""
+        if self.log is None or not self.log.exists():
+            return []
+        return [
+            line
+            for line in self.log.read_text(errors="replace").splitlines()
+            if any(w in line for w in words)
+        ]
 
     def stop(self, timeout: float = 5.0) -> None:
         if self.popen.poll() is not None:
@@ -347,7 +360,12 @@ def open_stack(path: str, *, logdir: Path | None = None) -> Iterator[Stack]:
         if logdir is None:
             logdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kipbench-")))
         started: list[Managed] = []
-        stack.callback(lambda: [p.stop() for p in reversed(started)])
+
+        def stop_all() -> None:
+            for proc in reversed(started):
+                proc.stop()
+
+        stack.callback(stop_all)
         proxy: Managed | None = None
         if path == "haproxy":
             # haproxy cannot rewrite metadata: make Tansu advertise the haproxy port so the
@@ -370,6 +388,38 @@ def open_stack(path: str, *, logdir: Path | None = None) -> Iterator[Stack]:
         yield Stack(path, f"{HOST}:{bootstrap_port}", broker, broker_port, proxy, logdir)
 
 
+# --------------------------------------------------------------------------- CPU noise
+
+
+def machine_busy_seconds() -> float:
+    """User + system CPU seconds of the whole machine since boot (all CPUs)."""
+    t = psutil.cpu_times()
+    return float(t.user + t.nice + t.system)
+
+
+def _own_cpu_seconds() -> float:
+    """CPU of this process plus its reaped children (the workers)."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def wait_until_quiet(
+    max_busy_cores: float = 0.3, timeout: float = 10.0, sample: float = 0.5
+) -> float:
+    """Wait (up to `timeout` s) until the machine's CPU use drops below `max_busy_cores`.
+
+    Returns the busy cores of the last sample, so a caller can record that it gave up.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        b0, t0 = machine_busy_seconds(), time.monotonic()
+        time.sleep(sample)
+        busy = (machine_busy_seconds() - b0) / (time.monotonic() - t0)
+        if busy < max_busy_cores or time.monotonic() > deadline:
+            return busy
+
+
 # --------------------------------------------------------------------------- workers
 
 
@@ -381,6 +431,8 @@ class WorkerResult:
     proxy_cpu_s: float
     broker_cpu_s: float
     wall_s: float
+    other_cpu_s: float = 0.0
+    """CPU the rest of the machine used meanwhile (not this benchmark's processes): noise."""
 
 
 def run_worker(
@@ -392,6 +444,8 @@ def run_worker(
     attached (the interpreter's start-up is idle time for them, so it costs nothing).
     """
     before = stack.cpu_seconds() if stack is not None else (0.0, 0.0)
+    own_before = _own_cpu_seconds()
+    busy_before = machine_busy_seconds()
     started = time.perf_counter()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     try:
@@ -406,6 +460,8 @@ def run_worker(
         raise HarnessError(f"worker {command} timed out after {timeout} s") from exc
     wall = time.perf_counter() - started
     after = stack.cpu_seconds() if stack is not None else (0.0, 0.0)
+    busy = machine_busy_seconds() - busy_before
+    ours = _own_cpu_seconds() - own_before + sum(after) - sum(before)
     if done.returncode != 0:
         tail = "\n".join(done.stderr.strip().splitlines()[-15:])
         extra = ""
@@ -418,4 +474,6 @@ def run_worker(
     if not lines:
         raise HarnessError(f"worker {command} printed no result:\n{done.stdout}\n{done.stderr}")
     data: dict[str, Any] = json.loads(lines[-1])
-    return WorkerResult(data, after[0] - before[0], after[1] - before[1], wall)
+    return WorkerResult(
+        data, after[0] - before[0], after[1] - before[1], wall, max(0.0, busy - ours)
+    )

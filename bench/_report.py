@@ -176,6 +176,7 @@ class Panel:
     reference: float | None = None
     reference_label: str = ""
     colors: list[str] = field(default_factory=list)
+    missing: str = "n/a"
 
 
 PATH_COLORS = {
@@ -202,7 +203,7 @@ def bar_chart(png: Path, panels: Sequence[Panel], title: str, *, cols: int = 2) 
         bars = ax.bar(xs, heights, color=colors, width=0.65)
         top = max([*heights, panel.reference or 0.0, 1e-9])
         for bar, value in zip(bars, panel.values, strict=True):
-            text = panel.fmt.format(value) if value is not None else "n/a"
+            text = panel.fmt.format(value) if value is not None else panel.missing
             ax.annotate(
                 text,
                 (bar.get_x() + bar.get_width() / 2, bar.get_height()),
@@ -213,20 +214,19 @@ def bar_chart(png: Path, panels: Sequence[Panel], title: str, *, cols: int = 2) 
                 fontsize=9,
             )
         if panel.reference is not None:
-            ax.axhline(panel.reference, color="black", linestyle="--", linewidth=1)
-            ax.annotate(
-                panel.reference_label,
-                (len(panel.labels) - 0.5, panel.reference),
-                xytext=(0, 3),
-                textcoords="offset points",
-                ha="right",
-                va="bottom",
-                fontsize=8,
+            ax.axhline(
+                panel.reference,
+                color="black",
+                linestyle="--",
+                linewidth=1,
+                label=panel.reference_label or None,
             )
+            if panel.reference_label:
+                ax.legend(loc="upper right", fontsize=8, frameon=False)
         ax.set_xticks(list(xs), panel.labels)
         ax.set_title(panel.title, fontsize=11)
         ax.set_ylabel(panel.ylabel)
-        ax.set_ylim(0, top * 1.18)
+        ax.set_ylim(0, top * 1.32)
         ax.spines[["top", "right"]].set_visible(False)
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)

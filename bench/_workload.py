@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 
 def _percentiles(values: list[float], points: tuple[float, ...]) -> dict[str, float]:
@@ -202,7 +202,7 @@ def consume(a: dict[str, Any]) -> dict[str, Any]:
             if err is not None:
                 raise KafkaException(err)
             count += 1
-            nbytes += len(msg.value())
+            nbytes += len(msg.value() or b"")
     t1 = time.perf_counter()
     c.close()
     elapsed = t1 - t0

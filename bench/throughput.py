@@ -21,6 +21,7 @@ of docs/performance.md together with docs/img/throughput.png.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -32,7 +33,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import PATHS, HarnessError, Stack, kipside_available, open_stack, run_worker
+from _harness import (
+    PATHS,
+    HarnessError,
+    Stack,
+    kipside_available,
+    open_stack,
+    run_worker,
+    wait_until_quiet,
+)
 from _report import (
     IMG_DIR,
     Panel,
@@ -59,6 +68,8 @@ PROBE_TOPIC = "bench-probe"
 CONSUMER_CONFIG: dict[str, Any] = {"fetch.queue.backoff.ms": 5}
 
 LATENCY_BUDGET_MS = 0.5
+# A run during which the rest of the machine kept more than this many cores busy is flagged.
+NOISE_CORES = 0.2
 THROUGHPUT_RATIO = 0.9
 
 
@@ -71,6 +82,7 @@ class Run:
     metrics: dict[str, float] = field(default_factory=dict)
     capped: bool = False
     error: str | None = None
+    log_problems: list[str] = field(default_factory=list)
 
 
 METRICS: dict[str, str] = {
@@ -90,6 +102,7 @@ METRICS: dict[str, str] = {
     "client_cpu_cons": "client CPU s (consume)",
     "proxy_us_msg": "proxy CPU us/msg",
     "messages": "messages",
+    "noise_cores": "other processes' CPU (cores) during the runs",
 }
 
 
@@ -97,12 +110,17 @@ def measure(path: str, rep: int, args: argparse.Namespace, logroot: Path) -> Run
     run = Run(path, rep)
     logdir = logroot / f"{path}-{rep}"
     logdir.mkdir()
+    wait_until_quiet(timeout=args.quiet_wait)
+    stack: Stack | None = None
     try:
         with open_stack(path, logdir=logdir) as stack:
             _measure_on(stack, run, args)
             stack.check_alive()
     except HarnessError as exc:
         run.error = str(exc)
+    if stack is not None and stack.proxy is not None:
+        # Warnings and errors the proxy logged, shutdown included.
+        run.log_problems = stack.proxy.log_problems()
     return run
 
 
@@ -153,6 +171,8 @@ def _measure_on(stack: Stack, run: Run, args: argparse.Namespace) -> None:
     )
     run.capped = bool(prod.data["time_capped"] or cons.data["time_capped"])
     proxy_cpu = prod.proxy_cpu_s + cons.proxy_cpu_s
+    measured = (probe, prod, cons)
+    noise = sum(w.other_cpu_s for w in measured) / sum(w.wall_s for w in measured)
     run.metrics = {
         "prod_msgs": prod.data["msgs_per_s"],
         "prod_mb": prod.data["mb_per_s"],
@@ -170,6 +190,7 @@ def _measure_on(stack: Stack, run: Run, args: argparse.Namespace) -> None:
         "client_cpu_cons": cons.data["client_cpu_s"],
         "proxy_us_msg": proxy_cpu / (produced + cons.data["messages"]) * 1e6,
         "messages": float(produced),
+        "noise_cores": noise,
     }
 
 
@@ -276,6 +297,7 @@ RUN_HEADERS = [
     "consume msgs/s",
     "proxy CPU s",
     "Tansu CPU s",
+    "other load (cores)",
 ]
 
 
@@ -284,7 +306,7 @@ def run_rows(runs: list[Run]) -> list[list[str]]:
     for r in sorted(runs, key=lambda r: (r.rep, r.path)):
         if r.error is not None:
             first = r.error.strip().splitlines()[0][:80]
-            rows.append([str(r.rep), r.path, f"error: {first}", "", "", "", "", ""])
+            rows.append([str(r.rep), r.path, f"error: {first}", "", "", "", "", "", ""])
             continue
         m = r.metrics
         rows.append(
@@ -297,6 +319,7 @@ def run_rows(runs: list[Run]) -> list[list[str]]:
                 _k(m["cons_msgs"]),
                 f"{m['proxy_cpu_prod'] + m['proxy_cpu_cons']:.2f}",
                 f"{m['broker_cpu_prod'] + m['broker_cpu_cons']:.2f}",
+                f"{m['noise_cores']:.2f}" + (" (noisy)" if m["noise_cores"] > NOISE_CORES else ""),
             ]
         )
     return rows
@@ -385,6 +408,7 @@ def chart(med: dict[str, dict[str, float]], paths: list[str], png: Path, reps: i
             shown,
             [med[p]["proxy_us_msg"] if p != "direct" else None for p in shown],
             fmt="{:.2f}",
+            missing="no proxy",
         ),
     ]
     bar_chart(png, panels, f"kipside throughput benchmark (median of {reps} runs, loopback)")
@@ -400,6 +424,7 @@ def section(
     png: Path,
     started: str,
     wall: float,
+    load: float,
 ) -> str:
     facts = facts_markdown(command_line(), started, machine_info(), versions())
     lines = [
@@ -412,7 +437,7 @@ def section(
         "",
         facts.rstrip(),
         f"- Repetitions: {args.repeats} per path, interleaved; median reported. "
-        f"Wall time {wall:.0f} s.",
+        f"Wall time {wall:.0f} s; 1-minute load average {load:.2f} when it started.",
         "",
         "Workloads:",
         f"- **probe**: {args.probe_messages} records at {args.probe_rate} msgs/s, linger.ms=0, "
@@ -448,6 +473,16 @@ def section(
     for r in failed:
         first = r.error.strip().splitlines()[0] if r.error else ""
         lines.append(f"- `{r.path}` rep {r.rep} failed: `{first[:200]}`")
+    for r in runs:
+        for problem in r.log_problems[:5]:
+            lines.append(f"- `{r.path}` rep {r.rep} logged: `{problem[:200]}`")
+    noisy = [r for r in runs if r.error is None and r.metrics["noise_cores"] > NOISE_CORES]
+    if noisy:
+        lines.append(
+            f"- **{len(noisy)} of {len(runs)} run(s) shared the machine with other load** "
+            f"(> {NOISE_CORES} cores busy outside this benchmark, see 'other load' under "
+            "'Every run'): their numbers are depressed; re-run on an idle machine."
+        )
     capped = [r for r in runs if r.capped]
     if capped:
         lines.append(
@@ -470,7 +505,7 @@ def section(
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--messages", type=int, default=1_000_000, help="records per producer run")
+    ap.add_argument("--messages", type=int, default=2_000_000, help="records per producer run")
     ap.add_argument(
         "--seconds", type=float, default=8.0, help="cap on each producer and consumer run"
     )
@@ -482,6 +517,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--paths",
         default=",".join(PATHS),
         help=f"comma-separated subset of {','.join(PATHS)}",
+    )
+    ap.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=5.0,
+        help="before each run, wait up to this many seconds for the machine to be idle",
     )
     ap.add_argument("--no-doc", action="store_true", help="print only; leave docs/ alone")
     ap.add_argument("--png", type=Path, default=IMG_DIR / "throughput.png")
@@ -496,7 +537,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = utc_now()
-    t0 = time.monotonic()
+    load = os.getloadavg()[0]
+    t_start = time.monotonic()
     paths: list[str] = list(args.paths)
     skipped: dict[str, str] = {}
     if "kipside" in paths:
@@ -510,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
         for rep in range(1, args.repeats + 1):
             shift = (rep - 1) % len(measured)
             for path in measured[shift:] + measured[:shift]:
-                t = time.monotonic()
+                t_run = time.monotonic()
                 run = measure(path, rep, args, Path(tmp))
                 runs.append(run)
                 if run.error is not None:
@@ -520,10 +562,11 @@ def main(argv: list[str] | None = None) -> int:
                     print(
                         f"[rep {rep}] {path:12s} produce {_k(m['prod_msgs'])}/s "
                         f"consume {_k(m['cons_msgs'])}/s probe p50 {m['probe_p50']:.3f} ms "
-                        f"({time.monotonic() - t:.1f} s)",
+                        f"other load {m['noise_cores']:.2f} cores "
+                        f"({time.monotonic() - t_run:.1f} s)",
                         file=sys.stderr,
                     )
-    wall = time.monotonic() - t0
+    wall = time.monotonic() - t_start
     med = medians(runs)
     targets = evaluate_targets(med)
 
@@ -534,10 +577,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{t.status.upper():>12}  {t.name}: {t.detail}")
     for path, why in skipped.items():
         print(f"{'SKIPPED':>12}  {path}: {why}")
+    noisy = [r for r in runs if r.error is None and r.metrics["noise_cores"] > NOISE_CORES]
+    if noisy:
+        print(f"{'NOISY':>12}  {len(noisy)} run(s) shared the machine with other load")
+    for r in runs:
+        for problem in r.log_problems:
+            print(f"{'LOGGED':>12}  {r.path} rep {r.rep}: {problem}")
 
     if not args.no_doc:
         chart(med, paths, args.png, args.repeats)
-        body = section(args, runs, med, paths, targets, skipped, args.png, started, wall)
+        body = section(args, runs, med, paths, targets, skipped, args.png, started, wall, load)
         doc = write_section(SECTION, body)
         print(f"\nwrote {doc} and {args.png}")
     return 0

@@ -17,6 +17,7 @@ from typing import Any
 
 from kio.schema.index import PayloadEntityType, api_key_map, schema_name_map
 from kio.serial import entity_reader, entity_writer
+from kio.serial.errors import SerialError
 from kio.static.constants import EntityType
 
 from .apis import api_name
@@ -56,7 +57,15 @@ def _decode(
     cls = _message_class(api_key, api_version, kind)
     try:
         message, size = entity_reader(cls)(buf, offset)
-    except (KeyError, ValueError, IndexError, TypeError, struct.error, UnicodeDecodeError) as exc:
+    except (
+        SerialError,
+        KeyError,
+        ValueError,
+        IndexError,
+        TypeError,
+        struct.error,
+        UnicodeDecodeError,
+    ) as exc:
         raise DecodeError(
             f"cannot decode {api_name(api_key)} v{api_version} {kind.name}: {exc!r}"
         ) from exc

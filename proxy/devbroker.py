@@ -51,7 +51,9 @@ def wait_for_port(host: str, port: int, timeout: float = 10.0) -> None:
                 return
         except OSError:
             if time.monotonic() > deadline:
-                raise DevBrokerError(f"nothing is listening on {host}:{port} after {timeout} s")
+                raise DevBrokerError(
+                    f"nothing is listening on {host}:{port} after {timeout} s"
+                ) from None
             time.sleep(0.02)
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import trio
 
 from protocol.apis import ApiKey
+from protocol.errors import ProtocolError
 from protocol.framing import FrameDecoder
 from protocol.headers import build_frame, encode_request_header, parse_response_header
 from protocol.messages import decode_response
@@ -61,27 +62,24 @@ def _bind(host: str, port: int) -> trio.SocketListener:
 
 
 async def discover_nodes(
-    upstreams: Sequence[Address], timeout: float
+    upstreams: Sequence[Address], problems: list[str]
 ) -> list[tuple[int, str, int]]:
-    """Ask the first bootstrap broker that answers for its nodes: [(node_id, host, port)]."""
+    """Ask the first bootstrap broker that answers for its nodes: [(node_id, host, port)].
+
+    Retries until cancelled; each distinct failure is logged once and added to `problems`.
+    """
     request = build_frame(encode_request_header(ApiKey.METADATA, 1, 1, "kipside"), INT32.pack(0))
-    problems: list[str] = []
-    with trio.move_on_after(timeout):
-        while True:
-            for upstream in upstreams:
-                try:
-                    with trio.fail_after(5):
-                        return await _metadata_once(upstream, request)
-                except (OSError, trio.TooSlowError, trio.BrokenResourceError, ValueError) as exc:
-                    problem = f"{upstream}: {exc or 'timed out'}"
-                    if problem not in problems:
-                        log.warning("upstream bootstrap %s, retrying", problem)
-                        problems.append(problem)
-            await trio.sleep(0.5)
-    raise StartupError(
-        f"no upstream broker answered within {timeout:g} s ({'; '.join(problems)}); "
-        "check --upstream and that the brokers are running"
-    )
+    while True:
+        for upstream in upstreams:
+            try:
+                with trio.fail_after(5):
+                    return await _metadata_once(upstream, request)
+            except (OSError, trio.TooSlowError, trio.BrokenResourceError, ProtocolError) as exc:
+                problem = f"{upstream}: {exc or 'timed out'}"
+                if problem not in problems:
+                    log.warning("upstream bootstrap %s; retrying", problem)
+                    problems.append(problem)
+        await trio.sleep(0.5)
 
 
 async def _metadata_once(upstream: Address, request: bytes) -> list[tuple[int, str, int]]:
@@ -92,7 +90,7 @@ async def _metadata_once(upstream: Address, request: bytes) -> list[tuple[int, s
         while (frame := decoder.next_frame()) is None:
             data = await stream.receive_some(65536)
             if not data:
-                raise ValueError("closed the connection during discovery")
+                raise ProtocolError("closed the connection during discovery")
             decoder.receive_data(data)
     header = parse_response_header(frame, ApiKey.METADATA, 1)
     message = decode_response(ApiKey.METADATA, 1, frame, header.body_offset)
@@ -116,6 +114,7 @@ class Server:
         self._session_nursery: trio.Nursery | None = None
         self._node_listeners: dict[int, trio.SocketListener] = {}
         self._rotation = 0
+        self._session_ended = trio.Event()
         self.ready = trio.Event()
 
     # Listeners -------------------------------------------------------------------------
@@ -180,11 +179,20 @@ class Server:
             await session.run()
         finally:
             self.sessions.discard(session)
+            self._session_ended.set()
 
     # Lifecycle -------------------------------------------------------------------------
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        found = await discover_nodes(self.config.upstreams, self.config.discovery_timeout_seconds)
+        problems: list[str] = []
+        found: list[tuple[int, str, int]] | None = None
+        with trio.move_on_after(self.config.discovery_timeout_seconds):
+            found = await discover_nodes(self.config.upstreams, problems)
+        if found is None:
+            raise StartupError(
+                f"no upstream broker answered within {self.config.discovery_timeout_seconds:g} s "
+                f"({'; '.join(problems)}); check --upstream and that the brokers are running"
+            )
         bootstrap = _bind(self.config.listen.host, self.config.listen.port)
         bootstrap_port = bootstrap.socket.getsockname()[1]
         self.bootstrap_address = Address(self.config.listen.host, bootstrap_port)
@@ -210,7 +218,8 @@ class Server:
                 session.drain()
             with trio.move_on_after(self.config.shutdown_grace_seconds):
                 while self.sessions:
-                    await trio.sleep(0.01)
+                    self._session_ended = trio.Event()
+                    await self._session_ended.wait()
             if self.sessions:
                 log.warning(
                     "shutdown deadline (%g s) reached; closing %d connections",

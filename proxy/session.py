@@ -1,21 +1,22 @@
-"""One client connection and its own upstream connection (1:1), forwarding in order.
+"""One client connection: read its requests, route each, answer in request order.
 
-A session reads request frames from the client, forwards them upstream, and writes responses
-back in request order, rewriting the few that must change (ApiVersions, addresses). Three tasks:
-the client reader (owns writes upstream), the upstream reader, and the response writer (owns
-writes to the client), so each stream has exactly one writer. Ordering comes from a FIFO of
-"slots", one per request that expects a response; a slot is either answered upstream or
-already answered locally.
+Three kinds of route exist for a request: answered locally (e.g. an ApiVersions newer than
+kipside knows), forwarded on the client's own upstream connection (opened lazily, closed with the
+client), or handed to a shared route supplied by the server (multiplexed lanes, the produce
+coalescer). Whatever the route, the client owes nothing to ordering: each request that expects a
+response gets a slot in a FIFO, and the writer task sends slots back strictly in that order, so
+one slow answer holds the later ones exactly as a broker connection would.
 
-A session never outlives either of its connections: when one side goes away the other is closed,
-so the client sees a disconnect and retries as it would with a broker. One session's failure
-never touches another's.
+A session never outlives its client connection, and a lost dedicated upstream connection closes
+the client connection, so the client sees a disconnect and retries as with a broker. One
+session's failure never touches another's.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import trio
@@ -23,23 +24,17 @@ import trio
 from protocol.apis import ApiKey, api_name
 from protocol.errors import DecodeError, FrameError, ProtocolError
 from protocol.framing import FrameDecoder
-from protocol.headers import (
-    RequestHeader,
-    parse_request_header,
-    parse_response_header,
-    response_correlation_id,
-)
+from protocol.headers import RequestHeader, parse_request_header, parse_response_header
 from protocol.primitives import INT16, read_uvarint
 
 from .addresses import AddressRewriter, carries_addresses
 from .nodes import Address
+from .upstream import Pending, UpstreamConnection, UpstreamFailed, write_whole
 from .versions import MAX_API_VERSIONS_VERSION, VersionPolicy
 
 log = logging.getLogger("kipside.session")
 
 READ_SIZE = 256 * 1024
-# A write to a peer that stops reading must not keep a shielded task alive forever.
-WRITE_GRACE_SECONDS = 10.0
 
 
 @dataclass(slots=True)
@@ -49,7 +44,9 @@ class Slot:
     api_key: int
     api_version: int
     correlation_id: int
-    local_response: bytes | None = None
+    pending: Pending
+    # Raw upstream responses still need kipside's rewrites; locally built ones don't.
+    raw: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,10 +56,14 @@ class _Marker:
     reason: str
 
 
-# The upstream connection ended: nothing after this point can be answered.
+# The client's own upstream connection ended: nothing after this point can be answered.
 UPSTREAM_GONE = _Marker("upstream gone")
 # The session is draining for shutdown: no requests were read after this point.
 DRAINED = _Marker("drained")
+
+# A shared route takes (session, frame, header) and returns the answer to wait for, or None if
+# it does not take this request (the session then forwards it on its own connection).
+SharedRoute = Callable[["Session", bytes, RequestHeader], Awaitable[Pending | None]]
 
 
 def produce_acks(frame: bytes, header: RequestHeader) -> int:
@@ -80,15 +81,6 @@ def produce_acks(frame: bytes, header: RequestHeader) -> int:
     return int(INT16.unpack_from(frame, offset)[0])
 
 
-async def _write(stream: trio.abc.SendStream, data: bytes) -> None:
-    # Shielded so a cancel never leaves half a frame on the wire; bounded so a peer that
-    # stopped reading can't hold shutdown hostage.
-    with trio.move_on_after(WRITE_GRACE_SECONDS, shield=True) as scope:
-        await stream.send_all(data)
-    if scope.cancelled_caught:
-        raise trio.BrokenResourceError("peer did not accept the write in time")
-
-
 class Session:
     def __init__(
         self,
@@ -98,15 +90,15 @@ class Session:
         rewriter: AddressRewriter,
         versions: VersionPolicy,
         max_frame_bytes: int,
+        shared_route: SharedRoute | None = None,
         connect_timeout: float = 10.0,
     ) -> None:
         self.client = client
         self.upstream_candidates = upstream_candidates
-        self.upstream_address = upstream_candidates[0]
-        self._reader_scope = trio.CancelScope()
         self.rewriter = rewriter
         self.versions = versions
         self.max_frame_bytes = max_frame_bytes
+        self.shared_route = shared_route
         self.connect_timeout = connect_timeout
         try:
             host, port = client.socket.getpeername()[:2]
@@ -114,8 +106,11 @@ class Session:
         except OSError:
             self.peer = "<unknown>"
         self.client_id: str | None = None
+        self.dedicated: UpstreamConnection | None = None
+        self._dedicated_failed = False
+        self._reader_scope = trio.CancelScope()
+        self._nursery: trio.Nursery | None = None
         self._slots_send, self._slots_recv = trio.open_memory_channel[Slot | _Marker](math.inf)
-        self._frames_send, self._frames_recv = trio.open_memory_channel[bytes](8)
 
     def describe(self) -> str:
         who = f"client {self.peer}"
@@ -124,53 +119,30 @@ class Session:
         return who
 
     def drain(self) -> None:
-        """Stop reading requests; close once every forwarded request has been answered."""
+        """Stop reading requests; close once every request already read has been answered."""
         self._reader_scope.cancel()
 
-    async def _connect(self) -> trio.SocketStream | None:
-        problems = []
-        for candidate in self.upstream_candidates:
-            try:
-                with trio.fail_after(self.connect_timeout):
-                    stream = await trio.open_tcp_stream(candidate.host, candidate.port)
-            except (OSError, trio.TooSlowError) as exc:
-                problems.append(f"{candidate}: {exc or 'timed out'}")
-                continue
-            self.upstream_address = candidate
-            return stream
-        log.warning(
-            "%s: cannot reach upstream (%s); closing so the client retries",
-            self.describe(),
-            "; ".join(problems),
-        )
-        return None
-
     async def run(self) -> None:
-        upstream = await self._connect()
-        if upstream is None:
-            await trio.aclose_forcefully(self.client)
-            return
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._client_reader, upstream, nursery.cancel_scope)
-                nursery.start_soon(self._upstream_reader, upstream)
+                self._nursery = nursery
+                nursery.start_soon(self._client_reader, nursery.cancel_scope)
                 nursery.start_soon(self._response_writer, nursery.cancel_scope)
         finally:
-            await trio.aclose_forcefully(upstream)
+            if self.dedicated is not None:
+                await self.dedicated.aclose()
             await trio.aclose_forcefully(self.client)
         log.debug("%s: session ended", self.describe())
 
-    async def _client_reader(
-        self, upstream: trio.SocketStream, session_scope: trio.CancelScope
-    ) -> None:
+    # Requests --------------------------------------------------------------------------
+
+    async def _client_reader(self, session_scope: trio.CancelScope) -> None:
         with self._reader_scope:
-            await self._read_requests(upstream, session_scope)
+            await self._read_requests(session_scope)
         # Drained: the writer closes the session after the responses already owed.
         self._slots_send.send_nowait(DRAINED)
 
-    async def _read_requests(
-        self, upstream: trio.SocketStream, session_scope: trio.CancelScope
-    ) -> None:
+    async def _read_requests(self, session_scope: trio.CancelScope) -> None:
         decoder = FrameDecoder(max_frame_bytes=self.max_frame_bytes, min_frame_bytes=8)
         while True:
             try:
@@ -187,124 +159,109 @@ class Session:
                     if frame is None:
                         break
                     header = parse_request_header(frame)
+                    if header.client_id and self.client_id is None:
+                        self.client_id = header.client_id
+                    await self._on_request(frame, header)
                 except ProtocolError as exc:
-                    self._client_protocol_error(exc)
+                    kind = "not Kafka" if isinstance(exc, FrameError) else "a malformed request"
+                    log.warning(
+                        "%s sent %s: %s; closing the connection", self.describe(), kind, exc
+                    )
                     session_scope.cancel()
                     return
-                if header.client_id and self.client_id is None:
-                    self.client_id = header.client_id
-                await self._on_request(frame, header, upstream, session_scope)
+                except UpstreamFailed as exc:
+                    log.info("%s: %s; closing so the client retries", self.describe(), exc)
+                    session_scope.cancel()
+                    return
 
-    def _client_protocol_error(self, exc: ProtocolError) -> None:
-        kind = "not Kafka" if isinstance(exc, FrameError) else "malformed request"
-        log.warning("%s sent %s: %s; closing the connection", self.describe(), kind, exc)
-
-    async def _on_request(
-        self,
-        frame: bytes,
-        header: RequestHeader,
-        upstream: trio.SocketStream,
-        session_scope: trio.CancelScope,
-    ) -> None:
+    async def _on_request(self, frame: bytes, header: RequestHeader) -> None:
         api_key, version = header.api_key, header.api_version
         if api_key == ApiKey.API_VERSIONS and version > MAX_API_VERSIONS_VERSION:
             local = self.versions.unsupported_response(header.correlation_id)
-            self._slots_send.send_nowait(Slot(api_key, version, header.correlation_id, local))
+            self._owe(header, Pending.answered(local), raw=False)
             return
-        expects_response = True
-        if api_key == ApiKey.PRODUCE:
-            try:
-                expects_response = produce_acks(frame, header) != 0
-            except DecodeError as exc:
-                self._client_protocol_error(exc)
-                session_scope.cancel()
+        if self.shared_route is not None:
+            pending = await self.shared_route(self, frame, header)
+            if pending is not None:
+                self._owe(header, pending, raw=False)
                 return
-        if expects_response:
-            self._slots_send.send_nowait(Slot(api_key, version, header.correlation_id))
-        try:
-            await _write(upstream, frame)
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            log.info(
-                "%s: upstream %s went away while sending %s (%s); closing so the client retries",
-                self.describe(),
-                self.upstream_address,
-                api_name(api_key),
-                exc,
-            )
-            session_scope.cancel()
+        expects_response = api_key != ApiKey.PRODUCE or produce_acks(frame, header) != 0
+        connection = await self._dedicated_connection()
+        answer = await connection.send(frame, api_key, version, expects_response=expects_response)
+        if answer is not None:
+            self._owe(header, answer)
 
-    async def _upstream_reader(self, upstream: trio.SocketStream) -> None:
-        decoder = FrameDecoder(max_frame_bytes=self.max_frame_bytes, min_frame_bytes=4)
-        async with self._frames_send:
-            while True:
-                try:
-                    data = await upstream.receive_some(READ_SIZE)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    data = b""
-                if not data:
-                    self._slots_send.send_nowait(UPSTREAM_GONE)
-                    return
-                decoder.receive_data(data)
-                while True:
-                    try:
-                        frame = decoder.next_frame()
-                    except ProtocolError as exc:
-                        log.error(
-                            "upstream %s sent bytes that are not Kafka (%s); closing %s",
-                            self.upstream_address,
-                            exc,
-                            self.describe(),
-                        )
-                        self._slots_send.send_nowait(UPSTREAM_GONE)
-                        return
-                    if frame is None:
-                        break
-                    await self._frames_send.send(frame)
+    def _owe(self, header: RequestHeader, pending: Pending, *, raw: bool = True) -> None:
+        self._slots_send.send_nowait(
+            Slot(header.api_key, header.api_version, header.correlation_id, pending, raw)
+        )
+
+    async def _dedicated_connection(self) -> UpstreamConnection:
+        if self.dedicated is not None:
+            return self.dedicated
+        assert self._nursery is not None
+        problems = []
+        for candidate in self.upstream_candidates:
+            connection = UpstreamConnection(
+                candidate,
+                name=f"upstream {candidate} for {self.describe()}",
+                max_frame_bytes=self.max_frame_bytes,
+                on_closed=self._dedicated_closed,
+            )
+            try:
+                await connection.start(self._nursery, self.connect_timeout)
+            except (OSError, trio.TooSlowError) as exc:
+                problems.append(f"{candidate}: {exc or 'timed out'}")
+                continue
+            self.dedicated = connection
+            return connection
+        raise UpstreamFailed(f"cannot reach upstream ({'; '.join(problems)})")
+
+    def _dedicated_closed(self, connection: UpstreamConnection, reason: str) -> None:
+        # Wakes the writer even when no request is outstanding, so an idle client learns
+        # of the lost broker connection at once.
+        if not self._dedicated_failed:
+            self._dedicated_failed = True
+            self._slots_send.send_nowait(UPSTREAM_GONE)
+
+    # Responses -------------------------------------------------------------------------
 
     async def _response_writer(self, session_scope: trio.CancelScope) -> None:
         async for slot in self._slots_recv:
             if isinstance(slot, _Marker):
-                if slot is UPSTREAM_GONE:
+                if slot is UPSTREAM_GONE and self.dedicated is not None:
                     log.info(
-                        "%s: upstream %s closed the connection; closing so the client retries",
+                        "%s: %s; closing so the client retries",
                         self.describe(),
-                        self.upstream_address,
+                        self.dedicated.close_reason,
                     )
                 session_scope.cancel()
                 return
-            if slot.local_response is not None:
-                response = slot.local_response
-            else:
-                try:
-                    frame = await self._frames_recv.receive()
-                except trio.EndOfChannel:
-                    session_scope.cancel()
-                    return
+            try:
+                frame = await slot.pending.wait()
+            except UpstreamFailed as exc:
+                log.info(
+                    "%s: no answer to %s v%d (%s); closing so the client retries",
+                    self.describe(),
+                    api_name(slot.api_key),
+                    slot.api_version,
+                    exc,
+                )
+                session_scope.cancel()
+                return
+            if slot.raw:
                 processed = self._process_response(slot, frame)
                 if processed is None:
                     session_scope.cancel()
                     return
-                response = processed
+                frame = processed
             try:
-                await _write(self.client, response)
+                await write_whole(self.client, frame)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 session_scope.cancel()
                 return
 
     def _process_response(self, slot: Slot, frame: bytes) -> bytes | None:
-        correlation_id = response_correlation_id(frame)
-        if correlation_id != slot.correlation_id:
-            log.error(
-                "upstream %s answered correlation id %d while %s expected %d (%s v%d); "
-                "closing the connection",
-                self.upstream_address,
-                correlation_id,
-                self.describe(),
-                slot.correlation_id,
-                api_name(slot.api_key),
-                slot.api_version,
-            )
-            return None
         try:
             if slot.api_key == ApiKey.API_VERSIONS:
                 header = parse_response_header(frame, slot.api_key, slot.api_version)
@@ -314,13 +271,12 @@ class Session:
                 return self.rewriter.rewrite(slot.api_key, slot.api_version, frame, header)
         except DecodeError as exc:
             log.error(
-                "%s: cannot rewrite %s v%d response from upstream %s (%s); kipside never "
-                "passes broker addresses through, so the connection is closed. Report this "
-                "with the broker version",
+                "%s: cannot rewrite %s v%d response (%s); kipside never passes broker "
+                "addresses through, so the connection is closed. Report this with the broker "
+                "version",
                 self.describe(),
                 api_name(slot.api_key),
                 slot.api_version,
-                self.upstream_address,
                 exc,
             )
             return None

@@ -276,10 +276,11 @@ def _yaml_text(value: object) -> str:
 
 def _got(value: object) -> str:
     """Describe what was found, for "expected ..., got ..." messages."""
-    if isinstance(value, SequenceNode):
-        return "a list"
-    if isinstance(value, MappingNode):
-        return "a mapping"
+    if isinstance(value, SequenceNode | MappingNode):
+        kind = "a list" if isinstance(value, SequenceNode) else "a mapping"
+        if value.tag not in (_SEQ_TAG, _MAP_TAG):
+            kind += f" tagged {_short_tag(value.tag)}"
+        return kind
     if value is None:
         return "an empty value (null)"
     if isinstance(value, bool):

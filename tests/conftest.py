@@ -276,18 +276,67 @@ class Target:
     kipside: Kipside | None
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def target(request: pytest.FixtureRequest, tansu: Broker) -> Target:
     if DIRECT:
         return Target(bootstrap=tansu.bootstrap, via_kipside=False, broker=tansu, kipside=None)
     ks: Kipside = request.getfixturevalue("kipside")
-    ks.assert_alive()
     return Target(bootstrap=ks.bootstrap, via_kipside=True, broker=tansu, kipside=ks)
 
 
 @pytest.fixture
 def bootstrap(target: Target) -> str:
+    if target.kipside is not None:
+        target.kipside.assert_alive()
     return target.bootstrap
+
+
+# --------------------------------------------------------------------------- broker probe
+
+PROBE_SCRIPT = Path(__file__).resolve().parent / "integration" / "broker_probe.py"
+
+
+class DirectProbe:
+    """Asks the broker itself (no kipside) whether it can do something; cached per session."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self._cache: dict[str, tuple[bool, str]] = {}
+
+    def __call__(self, check: str) -> tuple[bool, str]:
+        if check not in self._cache:
+            self._cache[check] = self._run(check)
+        return self._cache[check]
+
+    def _run(self, check: str) -> tuple[bool, str]:
+        import json
+
+        if check == "kcat-metadata":
+            proc = subprocess.run(
+                ["kcat", "-b", self.broker.bootstrap, "-L", "-m", "5"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
+            return proc.returncode == 0, _tail(proc.stderr, 3)
+        proc = subprocess.run(
+            [sys.executable, str(PROBE_SCRIPT), check, self.broker.bootstrap],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        lines = proc.stdout.strip().splitlines()
+        if proc.returncode != 0 or not lines:
+            raise RuntimeError(f"probe {check} crashed: {_tail(proc.stderr)}")
+        result = json.loads(lines[-1])
+        return bool(result["ok"]), str(result["detail"])
+
+
+@pytest.fixture(scope="session")
+def direct_probe(tansu: Broker) -> DirectProbe:
+    return DirectProbe(tansu)
 
 
 # --------------------------------------------------------------------------- topics

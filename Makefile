@@ -1,0 +1,50 @@
+# The two commands a newcomer needs: `make run` and `make test`. Both set everything up
+# themselves on a fresh machine (venv, packages, system tools).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: run test check lint typecheck unit integration bench clean system-deps
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	touch $(STAMP)
+
+# kcat (a real client for the tests) and haproxy (the benchmark's floor) come from Debian.
+system-deps:
+	@command -v kcat >/dev/null 2>&1 && command -v haproxy >/dev/null 2>&1 || { \
+	  echo "installing kcat and haproxy from Debian"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq kcat haproxy >/dev/null; }
+
+run: $(STAMP)
+	$(BIN)/kipside dev
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check protocol proxy rules
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/pytest -m "not integration" $(PYTEST_ARGS)
+
+integration: $(STAMP) system-deps
+	$(BIN)/pytest -m integration $(PYTEST_ARGS)
+
+test: $(STAMP) system-deps lint typecheck
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+bench: $(STAMP) system-deps
+	$(BIN)/python bench/throughput.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info
