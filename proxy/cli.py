@@ -81,6 +81,11 @@ def _add_proxy_options(parser: argparse.ArgumentParser, *, listen_default: str |
         metavar="SECONDS",
         help="on SIGTERM/SIGINT, how long in-flight requests may take to finish",
     )
+    parser.add_argument(
+        "--one-to-one",
+        action="store_true",
+        help="give every client connection its own upstream connection (no lanes, no coalescing)",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
 
 
@@ -117,6 +122,7 @@ def _config(args: argparse.Namespace, upstreams: list[Address]) -> ServerConfig:
         node_port_base=args.node_port_base,
         rules=_load_rules(args.rules),
         shutdown_grace_seconds=args.shutdown_grace,
+        share_connections=not args.one_to_one,
     )
 
 

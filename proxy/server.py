@@ -27,8 +27,12 @@ from protocol.primitives import INT32
 from rules import RuleSet, default_rules
 
 from .addresses import AddressRewriter
+from .coalesce import Coalescer
+from .lanes import LanePool
 from .nodes import Address, NodeMap
+from .routing import Router
 from .session import Session
+from .stats import Stats
 from .versions import VersionPolicy
 
 log = logging.getLogger("kipside.server")
@@ -42,6 +46,8 @@ class ServerConfig:
     node_port_base: int | None = None
     rules: RuleSet = field(default_factory=default_rules)
     shutdown_grace_seconds: float = 5.0
+    share_connections: bool = True
+    """Lanes and coalescing; False gives every client its own upstream connection (1:1)."""
     discovery_timeout_seconds: float = 30.0
 
 
@@ -108,7 +114,11 @@ class Server:
         )
         self.rewriter = AddressRewriter(self.nodes)
         self.versions = VersionPolicy()
+        self.stats = Stats()
         self.sessions: set[Session] = set()
+        self._pools: dict[int, LanePool] = {}
+        self._service_nursery: trio.Nursery | None = None
+        self.router: Router | None = None
         self.bootstrap_address: Address | None = None
         self._listener_nursery: trio.Nursery | None = None
         self._session_nursery: trio.Nursery | None = None
@@ -149,7 +159,7 @@ class Server:
             if target is None:  # cannot happen: the listener exists because the node is known
                 await trio.aclose_forcefully(stream)
                 return
-            await self._run_session(stream, [target])
+            await self._run_session(stream, [target], node_id)
 
         self._listener_nursery.start_soon(self._serve_listener, listener, for_node)
 
@@ -164,22 +174,57 @@ class Server:
     async def _bootstrap_session(self, stream: trio.SocketStream) -> None:
         upstreams = list(self.config.upstreams)
         self._rotation = (self._rotation + 1) % len(upstreams)
-        await self._run_session(stream, upstreams[self._rotation :] + upstreams[: self._rotation])
+        await self._run_session(
+            stream, upstreams[self._rotation :] + upstreams[: self._rotation], None
+        )
 
-    async def _run_session(self, stream: trio.SocketStream, targets: list[Address]) -> None:
+    async def _run_session(
+        self, stream: trio.SocketStream, targets: list[Address], node_id: int | None
+    ) -> None:
         session = Session(
             stream,
             targets,
             rewriter=self.rewriter,
             versions=self.versions,
             max_frame_bytes=self.rules.limits.max_frame_bytes,
+            shared_route=self.router.route if self.router is not None else None,
+            node_id=node_id,
+            stats=self.stats,
         )
         self.sessions.add(session)
+        self.stats.client_connections += 1
         try:
             await session.run()
         finally:
+            self.stats.client_connections -= 1
             self.sessions.discard(session)
             self._session_ended.set()
+
+    # Shared upstream connections -------------------------------------------------------
+
+    def pool(self, node_id: int) -> LanePool:
+        pool = self._pools.get(node_id)
+        if pool is None:
+            assert self._service_nursery is not None
+            pool = LanePool(
+                node_id,
+                lambda: self.nodes.upstream(node_id),
+                lanes=self.rules.coalescing.lanes,
+                nursery=self._service_nursery,
+                max_frame_bytes=self.rules.limits.max_frame_bytes,
+                stats=self.stats,
+            )
+            self._pools[node_id] = pool
+        return pool
+
+    def default_node(self) -> int | None:
+        """The node that serves bootstrap connections' shared traffic."""
+        known = self.nodes.nodes()
+        for upstream in self.config.upstreams:
+            for node_id, address in known.items():
+                if address == upstream:
+                    return node_id
+        return min(known) if known else None
 
     # Lifecycle -------------------------------------------------------------------------
 
@@ -198,6 +243,28 @@ class Server:
         self.bootstrap_address = Address(self.config.listen.host, bootstrap_port)
         if self.nodes.node_port_base is None:
             self.nodes.node_port_base = bootstrap_port + 1
+        async with trio.open_nursery() as service_nursery:
+            self._service_nursery = service_nursery
+            if self.config.share_connections:
+                coalescer = Coalescer(
+                    self.pool, self.nodes, self.rules.coalescing, self.stats, service_nursery
+                )
+                self.router = Router(self.pool, coalescer, self.stats, self.default_node)
+            await self._serve_sessions(bootstrap, found, task_status)
+            service_nursery.cancel_scope.cancel()
+        produce = ApiKey.PRODUCE
+        log.info(
+            "stopped; Produce requests: %d from clients, %d upstream",
+            self.stats.client_requests[produce],
+            self.stats.upstream_requests[produce],
+        )
+
+    async def _serve_sessions(
+        self,
+        bootstrap: trio.SocketListener,
+        found: list[tuple[int, str, int]],
+        task_status: trio.TaskStatus[None],
+    ) -> None:
         async with trio.open_nursery() as session_nursery:
             self._session_nursery = session_nursery
             async with trio.open_nursery() as listener_nursery:
@@ -227,7 +294,6 @@ class Server:
                     len(self.sessions),
                 )
             session_nursery.cancel_scope.cancel()
-        log.info("stopped")
 
     async def _wait_for_shutdown_signal(self) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

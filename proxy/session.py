@@ -18,6 +18,7 @@ import logging
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -29,8 +30,12 @@ from protocol.primitives import INT16, read_uvarint
 
 from .addresses import AddressRewriter, carries_addresses
 from .nodes import Address
+from .stats import Stats
 from .upstream import Pending, UpstreamConnection, UpstreamFailed, write_whole
 from .versions import MAX_API_VERSIONS_VERSION, VersionPolicy
+
+if TYPE_CHECKING:
+    from .routing import Routed
 
 log = logging.getLogger("kipside.session")
 
@@ -61,9 +66,9 @@ UPSTREAM_GONE = _Marker("upstream gone")
 # The session is draining for shutdown: no requests were read after this point.
 DRAINED = _Marker("drained")
 
-# A shared route takes (session, frame, header) and returns the answer to wait for, or None if
-# it does not take this request (the session then forwards it on its own connection).
-SharedRoute = Callable[["Session", bytes, RequestHeader], Awaitable[Pending | None]]
+# A shared route takes (session, frame, header) and returns how the request was taken, or None
+# if it does not take it (the session then forwards it on its own connection).
+SharedRoute = Callable[["Session", bytes, RequestHeader], Awaitable["Routed | None"]]
 
 
 def produce_acks(frame: bytes, header: RequestHeader) -> int:
@@ -91,6 +96,8 @@ class Session:
         versions: VersionPolicy,
         max_frame_bytes: int,
         shared_route: SharedRoute | None = None,
+        node_id: int | None = None,
+        stats: Stats | None = None,
         connect_timeout: float = 10.0,
     ) -> None:
         self.client = client
@@ -99,6 +106,11 @@ class Session:
         self.versions = versions
         self.max_frame_bytes = max_frame_bytes
         self.shared_route = shared_route
+        self.node_id = node_id
+        """The upstream node this client connected to (None: the bootstrap listener)."""
+        self.authenticated = False
+        """Set once the client speaks SASL: from then on everything uses its own connection."""
+        self.stats = stats if stats is not None else Stats()
         self.connect_timeout = connect_timeout
         try:
             host, port = client.socket.getpeername()[:2]
@@ -180,13 +192,16 @@ class Session:
             local = self.versions.unsupported_response(header.correlation_id)
             self._owe(header, Pending.answered(local), raw=False)
             return
+        self.stats.client_requests[api_key] += 1
         if self.shared_route is not None:
-            pending = await self.shared_route(self, frame, header)
-            if pending is not None:
-                self._owe(header, pending, raw=False)
+            routed = await self.shared_route(self, frame, header)
+            if routed is not None:
+                if routed.pending is not None:
+                    self._owe(header, routed.pending, raw=routed.raw)
                 return
         expects_response = api_key != ApiKey.PRODUCE or produce_acks(frame, header) != 0
         connection = await self._dedicated_connection()
+        self.stats.upstream_requests[api_key] += 1
         answer = await connection.send(frame, api_key, version, expects_response=expects_response)
         if answer is not None:
             self._owe(header, answer)
@@ -214,6 +229,7 @@ class Session:
                 problems.append(f"{candidate}: {exc or 'timed out'}")
                 continue
             self.dedicated = connection
+            self.stats.upstream_connections += 1
             return connection
         raise UpstreamFailed(f"cannot reach upstream ({'; '.join(problems)})")
 
@@ -222,6 +238,7 @@ class Session:
         # of the lost broker connection at once.
         if not self._dedicated_failed:
             self._dedicated_failed = True
+            self.stats.upstream_connections -= 1
             self._slots_send.send_nowait(UPSTREAM_GONE)
 
     # Responses -------------------------------------------------------------------------

@@ -625,8 +625,7 @@ class _Checker:
             return None, value
         if isinstance(value, str) and value:
             return value, value
-        message_value = value
-        self.expected(node, path, expected, message_value)
+        self.expected(node, path, expected, value)
         if (
             isinstance(node, ScalarNode)
             and node.style is None

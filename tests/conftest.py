@@ -134,7 +134,7 @@ class Kipside:
             return f.read().decode(errors="replace")
 
     def wait_for_log(
-        self, predicate: Callable[[str], bool], mark: int = 0, timeout: float = 5.0
+        self, predicate: Callable[[str], object], mark: int = 0, timeout: float = 5.0
     ) -> list[str]:
         """Wait until some log line after `mark` satisfies predicate; return those lines."""
         deadline = time.monotonic() + timeout
@@ -353,7 +353,7 @@ def unique_name(prefix: str, request: pytest.FixtureRequest | None = None) -> st
 
 def create_topics(bootstrap: str, names: list[str], partitions: int, timeout: float = 10.0) -> None:
     """Create topics with confluent-kafka's AdminClient and wait until metadata shows them."""
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
     admin = AdminClient(
         {"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000, "client.id": "kipside-tests"}

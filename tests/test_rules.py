@@ -825,3 +825,81 @@ def test_generated_rule_files_round_trip(
     # describe() gives back the same data with every default filled in.
     body = {k: v for k, v in rules.describe().items() if k not in ("source", "version")}
     assert _content(parse_rules(yaml.safe_dump(body), "described.yaml")) == _content(rules)
+
+
+_SCHEMA_WORDS = [
+    "limits",
+    "coalescing",
+    "transactions",
+    "tracing",
+    "max_frame_bytes",
+    "max_connections",
+    "enabled",
+    "lanes",
+    "linger_ms",
+    "max_request_bytes",
+    "rules",
+    "topic",
+    "client_id",
+    "coalesce",
+    "transactional_id",
+    "outputs",
+    "partitions",
+    "consumer_group",
+    "hold_begin",
+    "max_ms",
+    "api_keys",
+]
+_ANY_SCALAR = (
+    st.none()
+    | st.booleans()
+    | st.integers(-10, 2**40)
+    | st.floats()
+    | st.text(max_size=6)
+    | st.sampled_from(_SCHEMA_WORDS)
+)
+_ANY_TREE = st.recursive(
+    _ANY_SCALAR,
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(st.sampled_from(_SCHEMA_WORDS) | st.integers(), children, max_size=5)
+    ),
+    max_leaves=30,
+)
+
+
+@settings(deadline=None)
+@given(_ANY_TREE)
+def test_any_document_gives_rules_or_rule_error(data: object) -> None:
+    """Schema-shaped junk never crashes the checker: it is a RuleSet or a RuleError."""
+    try:
+        parse_rules(yaml.safe_dump(data), "junk.yaml")
+    except RuleError as error:
+        for problem in error.problems:
+            assert problem.file == "junk.yaml"
+            assert problem.line >= 1
+            assert problem.key and problem.message
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "limits:\n  max_connections: 5\n- x\n",
+        "limits:\n\tmax_connections: 5\n",
+        "coalescing:\n  lanes: 2\n  enabled: true\n  lanes: 4\n",
+        "coalescing:\n  lane: 3\n",
+        "coalescing:\n  lanes: two\n",
+        "coalescing:\n  lanes: 65\n",
+        "coalescing:\n  linger_ms: '5'\n",
+        "coalescing:\n  rules:\n    - topic: ''\n      coalesce: true\n",
+        "coalescing:\n  rules:\n    - topic: no\n      coalesce: true\n",
+        "transactions:\n  - transactional_id: t\n    outputs:\n      - topic: a\n"
+        "      - topic: b\n        partitions:\n          - 0\n          - 1\n          - 0\n",
+        "transactions:\n  - outputs: []\n",
+        "limits:\n  max_frame_bytes: 4096\ncoalescing:\n  max_request_bytes: 8192\n",
+    ],
+)
+def test_documented_error_examples_are_real(text: str) -> None:
+    """Every example in docs/rules.md's error section is what kipside really prints."""
+    docs = (REPO / "docs" / "rules.md").read_text()
+    assert problems_of(text) in docs.splitlines()

@@ -187,12 +187,13 @@ def ck_consume_assigned(
             m = c.poll(0.2)
             if m is None:
                 continue
-            if m.error():
-                if m.error().code() == ck.KafkaError._PARTITION_EOF:
-                    at_end.add(m.partition())
+            err = m.error()
+            if err is not None:
+                if err.code() == ck.KafkaError._PARTITION_EOF:
+                    at_end.add(m.partition() or 0)
                     continue
-                raise AssertionError(f"consumer error: {m.error()}")
-            at_end.discard(m.partition())
+                raise AssertionError(f"consumer error: {err}")
+            at_end.discard(m.partition() or 0)
             got.append(ck_msg(m))
         # cached=True: the high watermark of the last Fetch response. Tansu 0.6.0 answers
         # ListOffsets(latest) with (base offset of the last batch) + 1, which is wrong for

@@ -11,6 +11,7 @@ stdin closes (or 60 s pass), so the parent can inspect this process's sockets.
 from __future__ import annotations
 
 import asyncio
+import os
 import select
 import sys
 import time
@@ -24,7 +25,7 @@ def wait_for_parent() -> None:
     deadline = time.monotonic() + SELF_TIMEOUT
     while (left := deadline - time.monotonic()) > 0:
         ready, _, _ = select.select([sys.stdin], [], [], left)
-        if ready and not sys.stdin.buffer.read1(4096):
+        if ready and not os.read(sys.stdin.fileno(), 4096):
             return
 
 

@@ -1,0 +1,324 @@
+"""ProduceRequest and ProduceResponse, read and written by hand for multi-batch produce.
+
+Coalescing must take requests apart per partition and build new ones without touching a single
+record byte, so records are carried as zero-copy memoryviews from the client's frame to the
+upstream frame. Versions 3-12 are handled (v13 names topics by id, which kipside doesn't map);
+v0-2 carry legacy message sets and are never coalesced. Field presence by version follows
+Apache Kafka's ProduceRequest.json / ProduceResponse.json. Never does I/O.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from .apis import ApiKey, is_flexible
+from .errors import DecodeError
+from .primitives import (
+    INT16,
+    INT32,
+    INT64,
+    read_compact_nullable_string,
+    read_int16,
+    read_int32,
+    read_nullable_string,
+    read_uvarint,
+    skip_tagged_fields,
+    write_uvarint,
+)
+
+MIN_VERSION: Final = 3
+MAX_VERSION: Final = 12
+_PARTITION_HEAD = struct.Struct(">ihq")  # index, error_code, base_offset
+
+Buffer = bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionBatch:
+    """One partition's records from a ProduceRequest (a zero-copy view of the client's bytes)."""
+
+    topic: str
+    partition: int
+    records: memoryview | None
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceRequestData:
+    transactional_id: str | None
+    acks: int
+    timeout_ms: int
+    partitions: tuple[PartitionBatch, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionResult:
+    """One partition's answer, with every field any version 3-12 carries."""
+
+    topic: str
+    partition: int
+    error_code: int
+    base_offset: int = -1
+    log_append_time_ms: int = -1
+    log_start_offset: int = -1
+    record_errors: tuple[tuple[int, str | None], ...] = ()
+    error_message: str | None = None
+    current_leader: tuple[int, int] | None = None  # (leader id, leader epoch), v10+ tag 0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeEndpointData:
+    node_id: int
+    host: str
+    port: int
+    rack: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceResponseData:
+    partitions: tuple[PartitionResult, ...]
+    throttle_time_ms: int = 0
+    node_endpoints: tuple[NodeEndpointData, ...] = field(default=())
+
+
+def _check_version(version: int) -> None:
+    if not MIN_VERSION <= version <= MAX_VERSION:
+        raise DecodeError(
+            f"Produce v{version} is outside the v{MIN_VERSION}-v{MAX_VERSION} range kipside reads"
+        )
+
+
+def _read_string(buf: Buffer, offset: int, flexible: bool) -> tuple[str | None, int]:
+    if flexible:
+        return read_compact_nullable_string(buf, offset)
+    return read_nullable_string(buf, offset)
+
+
+def _read_array_length(buf: Buffer, offset: int, flexible: bool) -> tuple[int, int]:
+    if flexible:
+        length, offset = read_uvarint(buf, offset)
+        return length - 1, offset
+    return read_int32(buf, offset)
+
+
+def parse_produce_request(frame: Buffer, body_offset: int, version: int) -> ProduceRequestData:
+    """Read a ProduceRequest body; records stay views into frame."""
+    _check_version(version)
+    flexible = is_flexible(ApiKey.PRODUCE, version)
+    view = memoryview(frame)
+    offset = body_offset
+    transactional_id, offset = _read_string(view, offset, flexible)
+    acks, offset = read_int16(view, offset)
+    timeout_ms, offset = read_int32(view, offset)
+    topics, offset = _read_array_length(view, offset, flexible)
+    batches: list[PartitionBatch] = []
+    for _ in range(max(topics, 0)):
+        topic, offset = _read_string(view, offset, flexible)
+        if topic is None:
+            raise DecodeError("ProduceRequest names a null topic")
+        count, offset = _read_array_length(view, offset, flexible)
+        for _ in range(max(count, 0)):
+            partition, offset = read_int32(view, offset)
+            if flexible:
+                size, offset = read_uvarint(view, offset)
+                size -= 1
+            else:
+                size, offset = read_int32(view, offset)
+            records = None
+            if size >= 0:
+                if offset + size > len(view):
+                    raise DecodeError(f"records of {topic}-{partition} run past the request end")
+                records = view[offset : offset + size]
+                offset += size
+            if flexible:
+                offset = skip_tagged_fields(view, offset)
+            batches.append(PartitionBatch(topic, partition, records))
+        if flexible:
+            offset = skip_tagged_fields(view, offset)
+    if flexible:
+        offset = skip_tagged_fields(view, offset)
+    if offset != len(view):
+        raise DecodeError(f"ProduceRequest v{version} has {len(view) - offset} trailing bytes")
+    return ProduceRequestData(transactional_id, acks, timeout_ms, tuple(batches))
+
+
+def _string(value: str | None, flexible: bool) -> bytes:
+    if value is None:
+        return b"\x00" if flexible else INT16.pack(-1)
+    raw = value.encode("utf-8")
+    return (write_uvarint(len(raw) + 1) if flexible else INT16.pack(len(raw))) + raw
+
+
+def _array_length(length: int, flexible: bool) -> bytes:
+    return write_uvarint(length + 1) if flexible else INT32.pack(length)
+
+
+def _group_by_topic(items: Sequence[PartitionBatch]) -> list[tuple[str, list[PartitionBatch]]]:
+    groups: dict[str, list[PartitionBatch]] = {}
+    for item in items:
+        groups.setdefault(item.topic, []).append(item)
+    return list(groups.items())
+
+
+def encode_produce_request(
+    version: int,
+    *,
+    acks: int,
+    timeout_ms: int,
+    partitions: Sequence[PartitionBatch],
+    transactional_id: str | None = None,
+) -> list[bytes | memoryview]:
+    """The body of a ProduceRequest as a list of chunks (records are not copied)."""
+    _check_version(version)
+    flexible = is_flexible(ApiKey.PRODUCE, version)
+    chunks: list[bytes | memoryview] = [
+        _string(transactional_id, flexible) + INT16.pack(acks) + INT32.pack(timeout_ms)
+    ]
+    groups = _group_by_topic(partitions)
+    chunks.append(_array_length(len(groups), flexible))
+    for topic, items in groups:
+        chunks.append(_string(topic, flexible) + _array_length(len(items), flexible))
+        for item in items:
+            records = item.records
+            if records is None:
+                size = b"\x00" if flexible else INT32.pack(-1)
+                chunks.append(INT32.pack(item.partition) + size)
+            else:
+                size = write_uvarint(len(records) + 1) if flexible else INT32.pack(len(records))
+                chunks.append(INT32.pack(item.partition) + size)
+                chunks.append(records)
+            if flexible:
+                chunks.append(b"\x00")
+        if flexible:
+            chunks.append(b"\x00")
+    if flexible:
+        chunks.append(b"\x00")
+    return chunks
+
+
+def parse_produce_response(frame: Buffer, body_offset: int, version: int) -> ProduceResponseData:
+    _check_version(version)
+    flexible = is_flexible(ApiKey.PRODUCE, version)
+    offset = body_offset
+    topics, offset = _read_array_length(frame, offset, flexible)
+    results: list[PartitionResult] = []
+    for _ in range(max(topics, 0)):
+        topic, offset = _read_string(frame, offset, flexible)
+        count, offset = _read_array_length(frame, offset, flexible)
+        for _ in range(max(count, 0)):
+            if offset + _PARTITION_HEAD.size > len(frame):
+                raise DecodeError("truncated ProduceResponse partition")
+            partition, error_code, base_offset = _PARTITION_HEAD.unpack_from(frame, offset)
+            offset += _PARTITION_HEAD.size
+            log_append_time = -1
+            log_start = -1
+            record_errors: list[tuple[int, str | None]] = []
+            error_message = None
+            current_leader = None
+            if version >= 2:
+                log_append_time = INT64.unpack_from(frame, offset)[0]
+                offset += 8
+            if version >= 5:
+                log_start = INT64.unpack_from(frame, offset)[0]
+                offset += 8
+            if version >= 8:
+                n_errors, offset = _read_array_length(frame, offset, flexible)
+                for _ in range(max(n_errors, 0)):
+                    batch_index, offset = read_int32(frame, offset)
+                    message, offset = _read_string(frame, offset, flexible)
+                    if flexible:
+                        offset = skip_tagged_fields(frame, offset)
+                    record_errors.append((batch_index, message))
+                error_message, offset = _read_string(frame, offset, flexible)
+            if flexible:
+                n_tags, offset = read_uvarint(frame, offset)
+                for _ in range(n_tags):
+                    tag, offset = read_uvarint(frame, offset)
+                    size, offset = read_uvarint(frame, offset)
+                    if tag == 0 and version >= 10:
+                        leader_id, leader_epoch = struct.unpack_from(">ii", frame, offset)
+                        current_leader = (leader_id, leader_epoch)
+                    offset += size
+            results.append(
+                PartitionResult(
+                    topic or "",
+                    partition,
+                    error_code,
+                    base_offset,
+                    log_append_time,
+                    log_start,
+                    tuple(record_errors),
+                    error_message,
+                    current_leader,
+                )
+            )
+        if flexible:
+            offset = skip_tagged_fields(frame, offset)
+    throttle, offset = read_int32(frame, offset)
+    endpoints: list[NodeEndpointData] = []
+    if flexible:
+        n_tags, offset = read_uvarint(frame, offset)
+        for _ in range(n_tags):
+            tag, offset = read_uvarint(frame, offset)
+            size, offset = read_uvarint(frame, offset)
+            end = offset + size
+            if tag == 0 and version >= 10:
+                count, pos = read_uvarint(frame, offset)
+                for _ in range(count - 1):
+                    node_id, pos = read_int32(frame, pos)
+                    host, pos = read_compact_nullable_string(frame, pos)
+                    port, pos = read_int32(frame, pos)
+                    rack, pos = read_compact_nullable_string(frame, pos)
+                    pos = skip_tagged_fields(frame, pos)
+                    endpoints.append(NodeEndpointData(node_id, host or "", port, rack))
+            offset = end
+    if offset != len(frame):
+        raise DecodeError(f"ProduceResponse v{version} has {len(frame) - offset} trailing bytes")
+    return ProduceResponseData(tuple(results), throttle, tuple(endpoints))
+
+
+def encode_produce_response(version: int, response: ProduceResponseData) -> bytes:
+    """A ProduceResponse body at `version`, keeping only the fields that version has."""
+    _check_version(version)
+    flexible = is_flexible(ApiKey.PRODUCE, version)
+    out = bytearray()
+    groups: dict[str, list[PartitionResult]] = {}
+    for result in response.partitions:
+        groups.setdefault(result.topic, []).append(result)
+    out += _array_length(len(groups), flexible)
+    for topic, results in groups.items():
+        out += _string(topic, flexible)
+        out += _array_length(len(results), flexible)
+        for r in results:
+            out += _PARTITION_HEAD.pack(r.partition, r.error_code, r.base_offset)
+            out += INT64.pack(r.log_append_time_ms)
+            if version >= 5:
+                out += INT64.pack(r.log_start_offset)
+            if version >= 8:
+                out += _array_length(len(r.record_errors), flexible)
+                for batch_index, message in r.record_errors:
+                    out += INT32.pack(batch_index) + _string(message, flexible)
+                    if flexible:
+                        out += b"\x00"
+                out += _string(r.error_message, flexible)
+            if flexible:
+                if version >= 10 and r.current_leader is not None:
+                    out += b"\x01\x00" + write_uvarint(9) + struct.pack(">ii", *r.current_leader)
+                    out += b"\x00"
+                else:
+                    out += b"\x00"
+        if flexible:
+            out += b"\x00"
+    out += INT32.pack(response.throttle_time_ms)
+    if flexible:
+        if version >= 10 and response.node_endpoints:
+            body = bytearray(write_uvarint(len(response.node_endpoints) + 1))
+            for e in response.node_endpoints:
+                body += INT32.pack(e.node_id) + _string(e.host, True) + INT32.pack(e.port)
+                body += _string(e.rack, True) + b"\x00"
+            out += b"\x01\x00" + write_uvarint(len(body)) + body
+        else:
+            out += b"\x00"
+    return bytes(out)

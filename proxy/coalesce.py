@@ -1,0 +1,309 @@
+"""Multi-batch produce (KIP-712): many clients' ProduceRequests become fewer upstream requests.
+
+Each lane has a queue of partition batches. While the lane's ProduceRequest is in flight, new
+batches wait; when it is answered, everything eligible goes out in one request ("natural
+batching": no added latency when idle, bigger requests under load). Apache Kafka's rules decide
+what may share a request:
+- at most one batch per partition per request; a later batch for the same partition waits for
+  the next request, and nothing overtakes an earlier batch of its partition;
+- only batches with the same acks; transactional produce never comes here;
+- record batches are forwarded byte for byte (zero-copy views of the client's frame).
+Each client gets exactly its own partitions back, under its own correlation id and request
+version, with the throttle time copied. If the lane's connection fails, every batch that was in
+flight or queued on that lane gets REQUEST_TIMED_OUT (retriable; idempotent producers retry
+with the same sequence and the broker de-duplicates) and nothing is resent by kipside.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import trio
+
+from protocol.apis import ApiKey
+from protocol.errors import DecodeError
+from protocol.headers import (
+    RequestHeader,
+    build_frame,
+    encode_request_header,
+    encode_response_header,
+    parse_response_header,
+)
+from protocol.primitives import INT32
+from protocol.produce import (
+    MAX_VERSION,
+    MIN_VERSION,
+    NodeEndpointData,
+    PartitionBatch,
+    PartitionResult,
+    ProduceResponseData,
+    encode_produce_request,
+    encode_produce_response,
+    parse_produce_request,
+    parse_produce_response,
+)
+from rules import CoalescingRules
+
+from .lanes import LanePool, lane_index
+from .nodes import NodeMap
+from .stats import Stats
+from .upstream import Pending, UpstreamFailed
+
+log = logging.getLogger("kipside.coalesce")
+
+REQUEST_TIMED_OUT = 7
+UNKNOWN_SERVER_ERROR = -1
+
+
+class ClientProduce:
+    """One client's ProduceRequest, answered once every one of its partitions is."""
+
+    __slots__ = (
+        "correlation_id",
+        "endpoints",
+        "nodes",
+        "order",
+        "pending",
+        "remaining",
+        "results",
+        "throttle_ms",
+        "version",
+    )
+
+    def __init__(
+        self, correlation_id: int, version: int, order: list[tuple[str, int]], nodes: NodeMap
+    ) -> None:
+        self.correlation_id = correlation_id
+        self.version = version
+        self.order = order
+        self.nodes = nodes
+        self.results: dict[tuple[str, int], PartitionResult] = {}
+        self.remaining = len(order)
+        self.throttle_ms = 0
+        self.endpoints: dict[int, NodeEndpointData] = {}
+        self.pending = Pending()
+
+    def answer(
+        self,
+        result: PartitionResult,
+        throttle_ms: int = 0,
+        endpoints: tuple[NodeEndpointData, ...] = (),
+    ) -> None:
+        key = (result.topic, result.partition)
+        if key in self.results:
+            return
+        self.results[key] = result
+        self.throttle_ms = max(self.throttle_ms, throttle_ms)
+        for endpoint in endpoints:
+            self.endpoints[endpoint.node_id] = endpoint
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.pending.resolve(self._frame())
+
+    def _frame(self) -> bytes:
+        endpoints = []
+        for e in self.endpoints.values():
+            local = self.nodes.learn(e.node_id, e.host, e.port)
+            endpoints.append(NodeEndpointData(e.node_id, local.host, local.port, e.rack))
+        response = ProduceResponseData(
+            tuple(self.results[key] for key in self.order), self.throttle_ms, tuple(endpoints)
+        )
+        header = encode_response_header(ApiKey.PRODUCE, self.version, self.correlation_id)
+        return build_frame(header, encode_produce_response(self.version, response))
+
+
+@dataclass(slots=True)
+class QueuedBatch:
+    batch: PartitionBatch
+    acks: int
+    timeout_ms: int
+    owner: ClientProduce | None  # None for acks=0: nobody waits for an answer
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.batch.topic, self.batch.partition)
+
+    def fail(self, error_code: int, message: str) -> None:
+        if self.owner is not None:
+            self.owner.answer(
+                PartitionResult(
+                    self.batch.topic, self.batch.partition, error_code, error_message=message
+                )
+            )
+
+
+class ProduceLane:
+    """The batching queue in front of one lane connection."""
+
+    def __init__(self, pool: LanePool, index: int, rules: CoalescingRules, stats: Stats) -> None:
+        self.pool = pool
+        self.index = index
+        self.rules = rules
+        self.stats = stats
+        self.queue: deque[QueuedBatch] = deque()
+        self._wake = trio.Event()
+
+    def submit(self, item: QueuedBatch) -> None:
+        self.queue.append(item)
+        self._wake.set()
+
+    def _take(self) -> list[QueuedBatch]:
+        """The batches for the next request, oldest first, by Apache Kafka's merge rules."""
+        first_acks = self.queue[0].acks
+        cap = self.rules.max_request_bytes
+        taken: list[QueuedBatch] = []
+        included: set[tuple[str, int]] = set()
+        # A partition that had to skip this round stays skipped, so nothing overtakes it.
+        held: set[tuple[str, int]] = set()
+        remaining: deque[QueuedBatch] = deque()
+        size = 0
+        for item in self.queue:
+            key = item.key
+            item_size = len(item.batch.records) if item.batch.records is not None else 0
+            if (
+                key in included
+                or key in held
+                or item.acks != first_acks
+                or (taken and size + item_size > cap)
+            ):
+                held.add(key)
+                remaining.append(item)
+                continue
+            included.add(key)
+            taken.append(item)
+            size += item_size
+        self.queue = remaining
+        return taken
+
+    def _fail_all(self, taken: list[QueuedBatch], reason: str) -> None:
+        failed = taken + list(self.queue)
+        self.queue.clear()
+        for item in failed:
+            item.fail(REQUEST_TIMED_OUT, reason)
+        if failed:
+            log.warning(
+                "lane %d to node %d failed (%s): %d batches answered REQUEST_TIMED_OUT",
+                self.index,
+                self.pool.node_id,
+                reason,
+                len(failed),
+            )
+
+    async def run(self) -> None:
+        while True:
+            if not self.queue:
+                self._wake = trio.Event()
+                await self._wake.wait()
+            if self.rules.linger_ms > 0:
+                await trio.sleep(self.rules.linger_ms / 1000)
+            try:
+                connection = await self.pool.connection(self.index)
+            except UpstreamFailed as exc:
+                self._fail_all([], str(exc))
+                continue
+            taken = self._take()
+            acks = taken[0].acks
+            version = self._upstream_version()
+            body = encode_produce_request(
+                version,
+                acks=acks,
+                timeout_ms=max(item.timeout_ms for item in taken),
+                partitions=[item.batch for item in taken],
+            )
+            header = encode_request_header(ApiKey.PRODUCE, version, 0, "kipside")
+            size = len(header) + sum(len(chunk) for chunk in body)
+            frame = b"".join([INT32.pack(size), header, *body])
+            self.stats.upstream_requests[ApiKey.PRODUCE] += 1
+            self.stats.coalesced_batches += len(taken)
+            try:
+                pending = await connection.send(
+                    frame, ApiKey.PRODUCE, version, expects_response=acks != 0
+                )
+                if pending is None:
+                    continue
+                response = await pending.wait()
+            except UpstreamFailed as exc:
+                self._fail_all(taken, str(exc))
+                continue
+            self._distribute(taken, response, version)
+
+    def _upstream_version(self) -> int:
+        versions = self.pool.produce_versions
+        high = MAX_VERSION if versions is None else min(versions[1], MAX_VERSION)
+        return max(high, MIN_VERSION)
+
+    def _distribute(self, taken: list[QueuedBatch], frame: bytes, version: int) -> None:
+        try:
+            header = parse_response_header(frame, ApiKey.PRODUCE, version)
+            response = parse_produce_response(frame, header.body_offset, version)
+        except DecodeError as exc:
+            for item in taken:
+                item.fail(
+                    UNKNOWN_SERVER_ERROR, f"kipside could not read the broker's answer: {exc}"
+                )
+            log.error("lane %d: unreadable ProduceResponse: %s", self.index, exc)
+            return
+        by_partition = {(r.topic, r.partition): r for r in response.partitions}
+        for item in taken:
+            if item.owner is None:
+                continue
+            result = by_partition.get(item.key)
+            if result is None:
+                item.fail(UNKNOWN_SERVER_ERROR, "the broker's answer left this partition out")
+                continue
+            item.owner.answer(result, response.throttle_time_ms, response.node_endpoints)
+
+
+class Coalescer:
+    """Takes eligible ProduceRequests off client sessions and feeds the lanes."""
+
+    def __init__(
+        self,
+        pools: Callable[[int], LanePool],
+        nodes: NodeMap,
+        rules: CoalescingRules,
+        stats: Stats,
+        nursery: trio.Nursery,
+    ) -> None:
+        self._pools = pools
+        self.nodes = nodes
+        self.rules = rules
+        self.stats = stats
+        self._nursery = nursery
+        self._lanes: dict[tuple[int, int], ProduceLane] = {}
+
+    def _lane(self, node_id: int, index: int) -> ProduceLane:
+        lane = self._lanes.get((node_id, index))
+        if lane is None:
+            lane = ProduceLane(self._pools(node_id), index, self.rules, self.stats)
+            self._lanes[(node_id, index)] = lane
+            self._nursery.start_soon(lane.run)
+        return lane
+
+    def eligible(self, header: RequestHeader) -> bool:
+        return self.rules.enabled and MIN_VERSION <= header.api_version <= MAX_VERSION
+
+    def submit(
+        self, node_id: int, frame: bytes, header: RequestHeader, client_id: str | None
+    ) -> Pending | bool | None:
+        """Queue the request's batches. Returns the answer to wait for, None for acks=0,
+        or False when this request must not be coalesced (the caller forwards it as is)."""
+        request = parse_produce_request(frame, header.body_offset, header.api_version)
+        if request.transactional_id is not None or not request.partitions:
+            return False
+        keys = [(p.topic, p.partition) for p in request.partitions]
+        if len(set(keys)) != len(keys) or any(p.records is None for p in request.partitions):
+            return False  # let the broker answer malformed requests itself
+        if not all(self.rules.applies(p.topic, client_id or "") for p in request.partitions):
+            return False
+        owner = None
+        if request.acks != 0:
+            owner = ClientProduce(header.correlation_id, header.api_version, keys, self.nodes)
+        pool = self._pools(node_id)
+        for batch in request.partitions:
+            lane = self._lane(node_id, lane_index(batch.topic, batch.partition, pool.lanes))
+            lane.submit(QueuedBatch(batch, request.acks, request.timeout_ms, owner))
+        return owner.pending if owner is not None else None

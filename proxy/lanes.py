@@ -1,0 +1,123 @@
+"""Lanes: the few upstream connections per broker node that all clients share.
+
+Each node gets `coalescing.lanes` connections. A partition always maps to the same lane (a stable
+hash of topic and partition), which keeps per-partition order; short request/response APIs are
+spread over the lanes with their correlation ids remapped. A lane whose connection broke is
+redialled on next use; what was in flight on it fails (see proxy.coalesce for produce). Lanes
+never carry SASL-authenticated traffic: a connection's identity belongs to one client.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from collections.abc import Callable
+
+import trio
+from kio.schema.errors import ErrorCode
+
+from protocol.apis import ApiKey
+from protocol.headers import build_frame, encode_request_header, parse_response_header
+from protocol.messages import decode_response
+
+from .nodes import Address
+from .stats import Stats
+from .upstream import UpstreamConnection, UpstreamFailed
+
+log = logging.getLogger("kipside.lanes")
+
+
+def lane_index(topic: str, partition: int, lanes: int) -> int:
+    """Stable across processes and restarts (unlike hash(), which is salted per process)."""
+    return (zlib.crc32(topic.encode("utf-8")) + partition) % lanes
+
+
+class LanePool:
+    """The shared upstream connections to one broker node."""
+
+    def __init__(
+        self,
+        node_id: int,
+        address: Callable[[], Address | None],
+        *,
+        lanes: int,
+        nursery: trio.Nursery,
+        max_frame_bytes: int,
+        stats: Stats,
+    ) -> None:
+        self.node_id = node_id
+        self._address = address
+        self.lanes = lanes
+        self._nursery = nursery
+        self._max_frame_bytes = max_frame_bytes
+        self._stats = stats
+        self._connections: list[UpstreamConnection | None] = [None] * lanes
+        self._connecting: list[trio.Lock] = [trio.Lock() for _ in range(lanes)]
+        self.produce_versions: tuple[int, int] | None = None
+        self._next_short = 0
+
+    def open_connections(self) -> int:
+        return sum(1 for c in self._connections if c is not None and not c.closed)
+
+    def next_short_lane(self) -> int:
+        self._next_short = (self._next_short + 1) % self.lanes
+        return self._next_short
+
+    async def connection(self, index: int) -> UpstreamConnection:
+        """The lane's live connection, dialled (again) if needed. Raises UpstreamFailed."""
+        connection = self._connections[index]
+        if connection is not None and not connection.closed:
+            return connection
+        async with self._connecting[index]:
+            connection = self._connections[index]
+            if connection is not None and not connection.closed:
+                return connection
+            address = self._address()
+            if address is None:
+                raise UpstreamFailed(f"node {self.node_id} has no known address")
+            connection = UpstreamConnection(
+                address,
+                name=f"lane {index} to node {self.node_id} ({address})",
+                max_frame_bytes=self._max_frame_bytes,
+                on_closed=self._lane_closed,
+            )
+            try:
+                await connection.start(self._nursery)
+            except (OSError, trio.TooSlowError) as exc:
+                raise UpstreamFailed(
+                    f"cannot reach node {self.node_id} at {address}: {exc}"
+                ) from exc
+            self._stats.upstream_connections += 1
+            if self.produce_versions is None:
+                try:
+                    self.produce_versions = await self._broker_produce_versions(connection)
+                except UpstreamFailed:
+                    await connection.aclose()
+                    raise
+            self._connections[index] = connection
+            log.info("%s open", connection.name)
+            return connection
+
+    def _lane_closed(self, connection: UpstreamConnection, reason: str) -> None:
+        self._stats.upstream_connections -= 1
+        self._stats.lane_failures += 1
+        log.info("%s", reason)
+
+    async def _broker_produce_versions(self, connection: UpstreamConnection) -> tuple[int, int]:
+        request = build_frame(encode_request_header(ApiKey.API_VERSIONS, 0, 0, "kipside"), b"")
+        pending = await connection.send(request, ApiKey.API_VERSIONS, 0)
+        assert pending is not None
+        frame = await pending.wait()
+        header = parse_response_header(frame, ApiKey.API_VERSIONS, 0)
+        message = decode_response(ApiKey.API_VERSIONS, 0, frame, header.body_offset)
+        if message.error_code != ErrorCode.none:
+            raise UpstreamFailed(f"node {self.node_id} refused ApiVersions: {message.error_code}")
+        for entry in message.api_keys:
+            if entry.api_key == ApiKey.PRODUCE:
+                return int(entry.min_version), int(entry.max_version)
+        raise UpstreamFailed(f"node {self.node_id} does not offer Produce")
+
+    async def aclose(self) -> None:
+        for connection in self._connections:
+            if connection is not None:
+                await connection.aclose()

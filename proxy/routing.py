@@ -1,0 +1,97 @@
+"""Which upstream connection carries each client request.
+
+- ProduceRequests that may be coalesced go to the produce lanes (proxy.coalesce).
+- Short request/response APIs are multiplexed over the node's lanes, correlation ids remapped.
+- Everything else, and every request of a client that authenticated with SASL, goes on the
+  client's own upstream connection, opened lazily: APIs that can park a broker connection
+  (Fetch, JoinGroup, SyncGroup, ...) must not stall other clients, and a SASL identity belongs
+  to one connection. So a client that only produces costs the broker no connection of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from protocol.apis import ApiKey
+from protocol.headers import RequestHeader
+
+from .coalesce import Coalescer
+from .lanes import LanePool
+from .stats import Stats
+from .upstream import Pending
+
+if TYPE_CHECKING:
+    from .session import Session
+
+# Answered by the broker straight away, whatever else is going on: safe to share a connection.
+SHORT_APIS: Final = frozenset(
+    {
+        ApiKey.API_VERSIONS,
+        ApiKey.METADATA,
+        ApiKey.INIT_PRODUCER_ID,
+        ApiKey.FIND_COORDINATOR,
+        ApiKey.LIST_OFFSETS,
+        ApiKey.OFFSET_FETCH,
+        ApiKey.OFFSET_FOR_LEADER_EPOCH,
+        ApiKey.DESCRIBE_CLUSTER,
+        ApiKey.DESCRIBE_CONFIGS,
+        ApiKey.DESCRIBE_GROUPS,
+        ApiKey.LIST_GROUPS,
+        ApiKey.DESCRIBE_PRODUCERS,
+        ApiKey.DESCRIBE_TRANSACTIONS,
+        ApiKey.LIST_TRANSACTIONS,
+        ApiKey.DESCRIBE_ACLS,
+        ApiKey.DESCRIBE_LOG_DIRS,
+        ApiKey.DESCRIBE_CLIENT_QUOTAS,
+    }
+)
+SASL_APIS: Final = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """A request taken by a shared route."""
+
+    pending: Pending | None  # None: the client expects no response (acks=0)
+    raw: bool  # the answer is the broker's frame and still needs kipside's rewrites
+
+
+class Router:
+    def __init__(
+        self,
+        pools: Callable[[int], LanePool],
+        coalescer: Coalescer,
+        stats: Stats,
+        default_node: Callable[[], int | None],
+    ) -> None:
+        self._pools = pools
+        self.coalescer = coalescer
+        self.stats = stats
+        self._default_node = default_node
+
+    async def route(self, session: Session, frame: bytes, header: RequestHeader) -> Routed | None:
+        """Take the request onto a shared connection, or return None to forward it on the
+        session's own connection."""
+        api_key = header.api_key
+        if api_key in SASL_APIS:
+            session.authenticated = True
+        if session.authenticated:
+            return None
+        node_id = session.node_id if session.node_id is not None else self._default_node()
+        if node_id is None:
+            return None
+        if api_key == ApiKey.PRODUCE:
+            if not self.coalescer.eligible(header):
+                return None
+            taken = self.coalescer.submit(node_id, frame, header, session.client_id)
+            if taken is False:
+                return None
+            return Routed(taken if isinstance(taken, Pending) else None, raw=False)
+        if api_key in SHORT_APIS:
+            pool = self._pools(node_id)
+            connection = await pool.connection(pool.next_short_lane())
+            self.stats.upstream_requests[api_key] += 1
+            return Routed(await connection.send(frame, api_key, header.api_version), raw=True)
+        return None

@@ -1,0 +1,243 @@
+"""Tests for protocol.headers against request/response header bytes written out from the spec."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from protocol.apis import ApiKey, is_flexible
+from protocol.errors import DecodeError
+from protocol.headers import (
+    RequestHeader,
+    ResponseHeader,
+    build_frame,
+    encode_request_header,
+    encode_response_header,
+    parse_request_header,
+    parse_response_header,
+    request_correlation_id,
+    response_correlation_id,
+    with_request_correlation_id,
+    with_response_correlation_id,
+)
+
+# Metadata v1 request (not flexible: request header v1), correlation id 7, client id "kip",
+# body = an empty topics array.
+METADATA_V1_REQUEST = bytes.fromhex(
+    "00000011"  # size 17 = 13 header + 4 body
+    "0003"  # api key 3 (Metadata)
+    "0001"  # api version 1
+    "00000007"  # correlation id 7
+    "0003"
+    "6b6970"  # client id "kip" (int16 length)
+    "00000000"  # body: topics = []
+)
+
+# Metadata v12 request (flexible: request header v2), correlation id 0x01020304, client id
+# "c" (still an int16-length string in v2), and a tagged-field section with two tags kipside
+# does not know, which must be skipped by their sizes.
+METADATA_V12_REQUEST = bytes.fromhex(
+    "00000019"  # size 25 = 21 header + 4 body
+    "0003"  # api key 3
+    "000c"  # api version 12
+    "01020304"  # correlation id
+    "0001"
+    "63"  # client id "c"
+    "02"  # two tagged fields
+    "05"
+    "03"
+    "aabbcc"  # tag 5, 3 bytes
+    "8101"
+    "01"
+    "ff"  # tag 129 (uvarint 0x81 0x01), 1 byte
+    "00"  # body: topics = null (compact)
+    "01"  # allow_auto_topic_creation = true
+    "00"  # include_topic_authorized_operations = false
+    "00"  # no tagged fields
+)
+
+# Heartbeat v0 request with a null client id.
+HEARTBEAT_V0_NULL_CLIENT = bytes.fromhex(
+    "0000000a"  # size 10 = header only
+    "000c"  # api key 12
+    "0000"  # version 0
+    "fffffffe"  # correlation id -2
+    "ffff"  # client id null
+)
+
+# Metadata v1 response, header v0: correlation id only.
+METADATA_V1_RESPONSE = bytes.fromhex(
+    "0000000c"  # size 12
+    "00000007"  # correlation id 7
+    "00000000"
+    "ffffffff"  # body bytes, opaque here
+)
+
+# Metadata v12 response, header v1: correlation id, then a tagged-field section holding one
+# unknown tag.
+METADATA_V12_RESPONSE = bytes.fromhex(
+    "0000000b"  # size 11
+    "00000007"  # correlation id 7
+    "01"
+    "00"
+    "02"
+    "beef"  # one tagged field: tag 0, 2 bytes
+    "00"
+    "00"  # body bytes, opaque here
+)
+
+client_ids = st.none() | st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40)
+api_keys = st.sampled_from(list(ApiKey)) | st.integers(min_value=93, max_value=32767)
+api_versions = st.integers(min_value=0, max_value=30)
+correlation_ids = st.integers(min_value=-(2**31), max_value=2**31 - 1)
+
+
+def test_request_header_v1_golden() -> None:
+    header = parse_request_header(METADATA_V1_REQUEST)
+    assert header == RequestHeader(
+        api_key=3,
+        api_version=1,
+        correlation_id=7,
+        client_id="kip",
+        header_version=1,
+        body_offset=17,
+    )
+    assert METADATA_V1_REQUEST[header.body_offset :] == bytes(4)
+    assert encode_request_header(3, 1, 7, "kip") == METADATA_V1_REQUEST[4:17]
+    assert build_frame(encode_request_header(3, 1, 7, "kip"), bytes(4)) == METADATA_V1_REQUEST
+
+
+def test_request_header_v1_null_client_id() -> None:
+    header = parse_request_header(HEARTBEAT_V0_NULL_CLIENT)
+    assert header.client_id is None
+    assert header.correlation_id == -2
+    assert header.header_version == 1
+    assert header.body_offset == len(HEARTBEAT_V0_NULL_CLIENT)
+    assert build_frame(encode_request_header(12, 0, -2, None), b"") == HEARTBEAT_V0_NULL_CLIENT
+
+
+def test_request_header_v2_golden_skips_unknown_tags() -> None:
+    header = parse_request_header(METADATA_V12_REQUEST)
+    assert header == RequestHeader(
+        api_key=3,
+        api_version=12,
+        correlation_id=0x01020304,
+        client_id="c",
+        header_version=2,
+        body_offset=25,
+    )
+    assert METADATA_V12_REQUEST[header.body_offset :] == bytes.fromhex("00010000")
+
+
+def test_request_header_v2_encoded_with_empty_tag_section() -> None:
+    assert encode_request_header(3, 12, 0x01020304, "c") == bytes.fromhex(
+        "0003000c0102030400016300"
+    )
+
+
+def test_response_header_v0_golden() -> None:
+    header = parse_response_header(METADATA_V1_RESPONSE, ApiKey.METADATA, 1)
+    assert header == ResponseHeader(correlation_id=7, header_version=0, body_offset=8)
+    assert encode_response_header(ApiKey.METADATA, 1, 7) == bytes.fromhex("00000007")
+    assert build_frame(encode_response_header(3, 1, 7), METADATA_V1_RESPONSE[8:]) == (
+        METADATA_V1_RESPONSE
+    )
+
+
+def test_response_header_v1_golden_skips_unknown_tags() -> None:
+    header = parse_response_header(METADATA_V12_RESPONSE, ApiKey.METADATA, 12)
+    assert header == ResponseHeader(correlation_id=7, header_version=1, body_offset=13)
+    assert METADATA_V12_RESPONSE[header.body_offset :] == b"\x00\x00"
+    assert encode_response_header(ApiKey.METADATA, 12, 7) == bytes.fromhex("0000000700")
+
+
+@pytest.mark.parametrize("version", [0, 1, 2, 3, 4, 5])
+def test_api_versions_response_header_is_always_v0(version: int) -> None:
+    # KIP-511: a client that sent a too-new ApiVersions must still be able to read the answer,
+    # so the response header never has a tagged-field section, even for flexible v3+.
+    assert encode_response_header(ApiKey.API_VERSIONS, version, 7) == bytes.fromhex("00000007")
+    # The body of a v3 response starts with error_code 0x0000: not a tag section to skip.
+    frame = build_frame(bytes.fromhex("00000007"), bytes.fromhex("0000010000000000"))
+    header = parse_response_header(frame, ApiKey.API_VERSIONS, version)
+    assert header == ResponseHeader(correlation_id=7, header_version=0, body_offset=8)
+
+
+def test_api_versions_v3_request_header_is_v2() -> None:
+    # Only the response is special: the request header follows flexibility as usual.
+    frame = build_frame(encode_request_header(ApiKey.API_VERSIONS, 3, 1, "x"), b"")
+    assert frame.endswith(b"\x00")
+    assert parse_request_header(frame).header_version == 2
+
+
+@given(api_keys, api_versions, correlation_ids, client_ids, st.binary(max_size=20))
+def test_request_header_round_trip(
+    api_key: int, api_version: int, correlation_id: int, client_id: str | None, body: bytes
+) -> None:
+    head = encode_request_header(api_key, api_version, correlation_id, client_id)
+    frame = build_frame(head, body)
+    header = parse_request_header(frame)
+    assert header == RequestHeader(
+        api_key=api_key,
+        api_version=api_version,
+        correlation_id=correlation_id,
+        client_id=client_id,
+        header_version=2 if is_flexible(api_key, api_version) else 1,
+        body_offset=4 + len(head),
+    )
+    assert frame[header.body_offset :] == body
+    assert request_correlation_id(frame) == correlation_id
+
+
+@given(api_keys, api_versions, correlation_ids, st.binary(max_size=20))
+def test_response_header_round_trip(
+    api_key: int, api_version: int, correlation_id: int, body: bytes
+) -> None:
+    head = encode_response_header(api_key, api_version, correlation_id)
+    frame = build_frame(head, body)
+    header = parse_response_header(frame, api_key, api_version)
+    flexible = is_flexible(api_key, api_version) and api_key != ApiKey.API_VERSIONS
+    assert header == ResponseHeader(
+        correlation_id=correlation_id,
+        header_version=1 if flexible else 0,
+        body_offset=4 + len(head),
+    )
+    assert frame[header.body_offset :] == body
+    assert response_correlation_id(frame) == correlation_id
+
+
+@given(correlation_ids, correlation_ids)
+def test_correlation_id_rewrites(original: int, replacement: int) -> None:
+    request = build_frame(encode_request_header(ApiKey.PRODUCE, 9, original, "p"), b"body")
+    moved = with_request_correlation_id(request, replacement)
+    assert request_correlation_id(moved) == replacement
+    assert len(moved) == len(request)
+    assert with_request_correlation_id(moved, original) == request
+
+    response = build_frame(encode_response_header(ApiKey.PRODUCE, 9, original), b"body")
+    moved = with_response_correlation_id(response, replacement)
+    assert response_correlation_id(moved) == replacement
+    assert with_response_correlation_id(moved, original) == response
+
+
+@pytest.mark.parametrize(
+    ("frame", "why"),
+    [
+        (bytes.fromhex("00000003000300"), "shorter than"),
+        (bytes.fromhex("0000000affff000000000001ffff"), "api key -1"),
+        (bytes.fromhex("0000000a0003800000000001ffff"), "version -32768"),
+        (bytes.fromhex("0000000c000300010000000100056b69"), "truncated string"),
+        (bytes.fromhex("0000000b0003000c00000001ffff01"), "truncated"),
+        (bytes.fromhex("0000000e0003000c00000001ffff010005aa"), "past the end"),
+    ],
+)
+def test_malformed_request_headers(frame: bytes, why: str) -> None:
+    with pytest.raises(DecodeError, match=why):
+        parse_request_header(frame)
+
+
+def test_malformed_response_headers() -> None:
+    with pytest.raises(DecodeError, match="shorter than"):
+        parse_response_header(bytes.fromhex("000000020000"), ApiKey.METADATA, 1)
+    with pytest.raises(DecodeError, match="past the end"):
+        parse_response_header(bytes.fromhex("0000000700000001010009"), ApiKey.METADATA, 12)
