@@ -392,9 +392,13 @@ def open_stack(path: str, *, logdir: Path | None = None) -> Iterator[Stack]:
 
 
 def machine_busy_seconds() -> float:
-    """User + system CPU seconds of the whole machine since boot (all CPUs)."""
+    """CPU seconds since boot (all CPUs) the machine spent in processes or lost to the host.
+
+    User, nice and system time, plus steal (time the hypervisor ran something else while this
+    VM wanted the CPU): both are noise for a benchmark when they are not its own processes.
+    """
     t = psutil.cpu_times()
-    return float(t.user + t.nice + t.system)
+    return float(t.user + t.nice + t.system + getattr(t, "steal", 0.0))
 
 
 def _own_cpu_seconds() -> float:

@@ -212,6 +212,7 @@ def bar_chart(png: Path, panels: Sequence[Panel], title: str, *, cols: int = 2) 
                 ha="center",
                 va="bottom",
                 fontsize=9,
+                bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none"},
             )
         if panel.reference is not None:
             ax.axhline(

@@ -75,6 +75,11 @@ def _add_proxy_options(parser: argparse.ArgumentParser, *, listen_default: str |
     )
     parser.add_argument("--rules", metavar="FILE", help="YAML rule file (see docs/rules.md)")
     parser.add_argument(
+        "--admin",
+        metavar="HOST:PORT",
+        help="serve /healthz, /readyz and /metrics over HTTP here (e.g. 127.0.0.1:9644)",
+    )
+    parser.add_argument(
         "--shutdown-grace",
         type=float,
         default=5.0,
@@ -123,6 +128,7 @@ def _config(args: argparse.Namespace, upstreams: list[Address]) -> ServerConfig:
         rules=_load_rules(args.rules),
         shutdown_grace_seconds=args.shutdown_grace,
         share_connections=not args.one_to_one,
+        admin=parse_address(args.admin, what="--admin") if args.admin else None,
     )
 
 

@@ -27,6 +27,7 @@ from protocol.primitives import INT32
 from rules import RuleSet, default_rules
 
 from .addresses import AddressRewriter
+from .admin import AdminApp, serve_admin_connection
 from .coalesce import Coalescer
 from .lanes import LanePool
 from .nodes import Address, NodeMap
@@ -46,6 +47,7 @@ class ServerConfig:
     node_port_base: int | None = None
     rules: RuleSet = field(default_factory=default_rules)
     shutdown_grace_seconds: float = 5.0
+    admin: Address | None = None
     share_connections: bool = True
     """Lanes and coalescing; False gives every client its own upstream connection (1:1)."""
     discovery_timeout_seconds: float = 30.0
@@ -274,6 +276,19 @@ class Server:
                 listener_nursery.start_soon(
                     self._serve_listener, bootstrap, self._bootstrap_session
                 )
+                if self.config.admin is not None:
+                    admin = _bind(self.config.admin.host, self.config.admin.port)
+                    app = AdminApp(self.stats, self.ready.is_set)
+                    listener_nursery.start_soon(
+                        self._serve_listener,
+                        admin,
+                        lambda stream: serve_admin_connection(stream, app),
+                    )
+                    print(
+                        f"kipside: admin listening on http://{self.config.admin.host}:"
+                        f"{admin.socket.getsockname()[1]}",
+                        flush=True,
+                    )
                 print(f"kipside: bootstrap listening on {self.bootstrap_address}", flush=True)
                 print("kipside: ready", flush=True)
                 self.ready.set()

@@ -20,6 +20,7 @@ from kio.schema.api_versions.v0.response import ApiVersionsResponse as ApiVersio
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16
 
+from protocol import produce
 from protocol.apis import ApiKey
 from protocol.headers import ResponseHeader, build_frame, encode_response_header
 from protocol.messages import Message, decode_response, encode_message, known_versions
@@ -42,7 +43,8 @@ def kipside_ranges() -> dict[int, tuple[int, int]]:
         # Versions below first_decoded are never decoded, so kio need not know them.
         ranges[api_key] = (0 if first_decoded > low else low, high)
     ranges[ApiKey.API_VERSIONS] = (0, MAX_API_VERSIONS_VERSION)
-    ranges[ApiKey.PRODUCE] = (0, ranges.get(ApiKey.PRODUCE, (0, 13))[1])
+    # Produce v13 names topics by id, which the coalescer does not map.
+    ranges[ApiKey.PRODUCE] = (0, produce.MAX_VERSION)
     return ranges
 
 

@@ -9,6 +9,9 @@ Fixtures:
   bootstrap   function: target.bootstrap.
   new_topic   function: a factory creating a topic whose name is unique to the test.
 
+KIPSIDE_TEST_SERVE_ARGS adds arguments to `kipside serve` (e.g. "--one-to-one");
+KIPSIDE_TEST_KEEP_LOG=PATH copies kipside's stderr log there at the end of the session.
+
 No test may hang: every network step in the tests has its own deadline, and `_hard_deadline`
 is a backstop that dumps every thread's stack, kills the broker and kipside and exits if one
 test runs longer than KIPSIDE_TEST_HARD_LIMIT seconds (default 180).
@@ -20,6 +23,7 @@ import faulthandler
 import itertools
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -194,6 +198,7 @@ def start_kipside(
     ]
     if rules is not None:
         args += ["--rules", str(rules)]
+    args += shlex.split(os.environ.get("KIPSIDE_TEST_SERVE_ARGS", ""))
     log_path = workdir / "kipside.stderr.log"
     stdout_path = workdir / "kipside.stdout.log"
     with log_path.open("wb") as err, stdout_path.open("wb") as out:
@@ -420,6 +425,12 @@ def _hard_deadline(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
     finally:
         timer.cancel()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # kafka-python 3.0 loads its protocol schemas with importlib.resources' legacy API.
+    for text in ("read_text is deprecated", "open_text is deprecated"):
+        config.addinivalue_line("filterwarnings", f"ignore:{text}:DeprecationWarning")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

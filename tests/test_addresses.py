@@ -21,7 +21,11 @@ from proxy.nodes import Address, NodeMap, NodeMapError
 ADVERTISE = "kipside.local"
 PORT_BASE = 30000
 # (node id, host, port, rack) as the broker advertises them.
-UPSTREAM = [(1, "broker-1.internal", 9092, "rack-a"), (7, "broker-7.internal", 19092, None)]
+Endpoint = tuple[int, str, int, str | None]
+UPSTREAM: list[Endpoint] = [
+    (1, "broker-1.internal", 9092, "rack-a"),
+    (7, "broker-7.internal", 19092, None),
+]
 
 # Which field holds the endpoints, and what the node id is called in its entries.
 ENDPOINT_FIELD = {
@@ -58,7 +62,7 @@ def _element_class(cls: Any, field_name: str) -> Any:
     return typing.get_args(field.type)[0]
 
 
-def build(api_key: int, version: int, endpoints: list[tuple[int, str, int, str | None]]) -> Any:
+def build(api_key: int, version: int, endpoints: list[Endpoint]) -> Any:
     """A response of this API version listing these endpoints (and nothing else of note)."""
     cls = response_class(api_key, version)
     if api_key == ApiKey.FIND_COORDINATOR and version < 4:
@@ -83,7 +87,7 @@ def build(api_key: int, version: int, endpoints: list[tuple[int, str, int, str |
     return _fit(cls, **COMMON, **{field_name: entries})
 
 
-def local(endpoints: list[tuple[int, str, int, str | None]]) -> list[Any]:
+def local(endpoints: list[Endpoint]) -> list[Any]:
     return [(n, ADVERTISE, PORT_BASE + n, rack) for n, _host, _port, rack in endpoints]
 
 
@@ -186,7 +190,7 @@ def test_response_header_tags_survive_the_rewrite(rewriter: AddressRewriter) -> 
 def test_new_node_learned_once(
     rewriter: AddressRewriter, nodes: NodeMap, learned: Recorder
 ) -> None:
-    node = [(7, "broker-7.internal", 19092, None)]
+    node: list[Endpoint] = [(7, "broker-7.internal", 19092, None)]
     for api_key, version in [
         (ApiKey.METADATA, 12),
         (ApiKey.METADATA, 1),

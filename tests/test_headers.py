@@ -29,8 +29,7 @@ METADATA_V1_REQUEST = bytes.fromhex(
     "0003"  # api key 3 (Metadata)
     "0001"  # api version 1
     "00000007"  # correlation id 7
-    "0003"
-    "6b6970"  # client id "kip" (int16 length)
+    "00036b6970"  # client id "kip" (int16 length 3)
     "00000000"  # body: topics = []
 )
 
@@ -42,15 +41,10 @@ METADATA_V12_REQUEST = bytes.fromhex(
     "0003"  # api key 3
     "000c"  # api version 12
     "01020304"  # correlation id
-    "0001"
-    "63"  # client id "c"
+    "000163"  # client id "c" (int16 length 1)
     "02"  # two tagged fields
-    "05"
-    "03"
-    "aabbcc"  # tag 5, 3 bytes
-    "8101"
-    "01"
-    "ff"  # tag 129 (uvarint 0x81 0x01), 1 byte
+    "0503aabbcc"  # tag 5, size 3, data
+    "810101ff"  # tag 129 (uvarint 0x81 0x01), size 1, data
     "00"  # body: topics = null (compact)
     "01"  # allow_auto_topic_creation = true
     "00"  # include_topic_authorized_operations = false
@@ -70,8 +64,7 @@ HEARTBEAT_V0_NULL_CLIENT = bytes.fromhex(
 METADATA_V1_RESPONSE = bytes.fromhex(
     "0000000c"  # size 12
     "00000007"  # correlation id 7
-    "00000000"
-    "ffffffff"  # body bytes, opaque here
+    "00000000ffffffff"  # body bytes, opaque here
 )
 
 # Metadata v12 response, header v1: correlation id, then a tagged-field section holding one
@@ -79,15 +72,12 @@ METADATA_V1_RESPONSE = bytes.fromhex(
 METADATA_V12_RESPONSE = bytes.fromhex(
     "0000000b"  # size 11
     "00000007"  # correlation id 7
-    "01"
-    "00"
-    "02"
-    "beef"  # one tagged field: tag 0, 2 bytes
-    "00"
-    "00"  # body bytes, opaque here
+    "01"  # one tagged field
+    "0002beef"  # tag 0, size 2, data
+    "0000"  # body bytes, opaque here
 )
 
-client_ids = st.none() | st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40)
+client_ids = st.none() | st.text(alphabet=st.characters(codec="utf-8"), max_size=40)
 api_keys = st.sampled_from(list(ApiKey)) | st.integers(min_value=93, max_value=32767)
 api_versions = st.integers(min_value=0, max_value=30)
 correlation_ids = st.integers(min_value=-(2**31), max_value=2**31 - 1)
@@ -132,7 +122,11 @@ def test_request_header_v2_golden_skips_unknown_tags() -> None:
 
 def test_request_header_v2_encoded_with_empty_tag_section() -> None:
     assert encode_request_header(3, 12, 0x01020304, "c") == bytes.fromhex(
-        "0003000c0102030400016300"
+        "0003"  # api key
+        "000c"  # version 12
+        "01020304"  # correlation id
+        "000163"  # client id "c"
+        "00"  # empty tagged-field section
     )
 
 
@@ -158,7 +152,13 @@ def test_api_versions_response_header_is_always_v0(version: int) -> None:
     # so the response header never has a tagged-field section, even for flexible v3+.
     assert encode_response_header(ApiKey.API_VERSIONS, version, 7) == bytes.fromhex("00000007")
     # The body of a v3 response starts with error_code 0x0000: not a tag section to skip.
-    frame = build_frame(bytes.fromhex("00000007"), bytes.fromhex("0000010000000000"))
+    body = bytes.fromhex(
+        "0000"  # error_code
+        "01"  # api_keys: empty compact array
+        "00000000"  # throttle_time_ms
+        "00"  # no tagged fields
+    )
+    frame = build_frame(bytes.fromhex("00000007"), body)
     header = parse_response_header(frame, ApiKey.API_VERSIONS, version)
     assert header == ResponseHeader(correlation_id=7, header_version=0, body_offset=8)
 
@@ -223,13 +223,20 @@ def test_correlation_id_rewrites(original: int, replacement: int) -> None:
 @pytest.mark.parametrize(
     ("frame", "why"),
     [
+        # 3 bytes: not even api key, version and correlation id
         (bytes.fromhex("00000003000300"), "shorter than"),
+        # api key -1
         (bytes.fromhex("0000000affff000000000001ffff"), "api key -1"),
+        # version 0x8000
         (bytes.fromhex("0000000a0003800000000001ffff"), "version -32768"),
+        # client id of length 5 with 2 bytes present
         (bytes.fromhex("0000000c000300010000000100056b69"), "truncated string"),
-        (bytes.fromhex("0000000b0003000c00000001ffff01"), "truncated"),
+        # Metadata v12 (header v2) that ends before its tag count
+        (bytes.fromhex("0000000a0003000c00000001ffff"), "truncated"),
+        # header v2 whose one tagged field claims 5 bytes, 1 present
         (bytes.fromhex("0000000e0003000c00000001ffff010005aa"), "past the end"),
     ],
+    ids=["short", "negative-key", "negative-version", "client-id", "no-tags", "tag-size"],
 )
 def test_malformed_request_headers(frame: bytes, why: str) -> None:
     with pytest.raises(DecodeError, match=why):

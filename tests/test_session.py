@@ -1,8 +1,9 @@
 """Tests for proxy.session: ordering and connection lifetime, against a scripted fake upstream.
 
-Real loopback sockets on port 0 (Session dials upstream itself), but no broker: the fake
-upstream in each test reads request frames and writes the response frames the test scripts.
-Every test runs under an absolute trio.fail_after.
+Real loopback sockets on port 0 (Session dials its upstream itself, with
+trio.open_tcp_stream), but no broker: the fake upstream in each test reads request frames and
+writes the responses the test scripts, echoing the correlation ids it was sent (kipside may
+remap them upstream). Every test runs under an absolute trio.fail_after.
 """
 
 from __future__ import annotations
@@ -48,8 +49,12 @@ def response(api_key: int, version: int, correlation_id: int, body: bytes) -> by
 
 
 def heartbeat_request(correlation_id: int) -> bytes:
-    # group "g", generation 1, member "m" (Heartbeat v0, never decoded by kipside)
-    return request(ApiKey.HEARTBEAT, 0, correlation_id, bytes.fromhex("000167" "00000001" "00016d"))
+    body = bytes.fromhex(
+        "000167"  # group id "g"
+        "00000001"  # generation 1
+        "00016d"  # member id "m"
+    )
+    return request(ApiKey.HEARTBEAT, 0, correlation_id, body)  # never decoded by kipside
 
 
 def heartbeat_response(correlation_id: int) -> bytes:
@@ -66,12 +71,14 @@ def produce_request(version: int, correlation_id: int, acks: int) -> bytes:
     return request(ApiKey.PRODUCE, version, correlation_id, body)
 
 
-def produce_response(version: int, correlation_id: int) -> bytes:
+def produce_response_body(version: int) -> bytes:
     if version >= 9:
-        body = b"\x01" + b"\x00\x00\x00\x00" + b"\x00"  # no topics, throttle 0, no tags
-    else:
-        body = b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"
-    return response(ApiKey.PRODUCE, version, correlation_id, body)
+        return b"\x01" + b"\x00\x00\x00\x00" + b"\x00"  # no topics, throttle 0, no tags
+    return b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"  # no topics, throttle 0
+
+
+def produce_response(version: int, correlation_id: int) -> bytes:
+    return response(ApiKey.PRODUCE, version, correlation_id, produce_response_body(version))
 
 
 class FrameReader:
@@ -80,7 +87,6 @@ class FrameReader:
     def __init__(self, stream: trio.SocketStream) -> None:
         self.stream = stream
         self.decoder = FrameDecoder()
-        self.eof = False
 
     async def frame(self) -> bytes:
         while (frame := self.decoder.next_frame()) is None:
@@ -111,18 +117,54 @@ class FrameReader:
         return True
 
 
+def answer_to(forwarded: bytes, api_key: int, version: int, body: bytes) -> bytes:
+    """The fake broker's response to a request it received (kipside may remap correlation
+    ids upstream, so the broker echoes whatever id it was sent)."""
+    return response(api_key, version, request_correlation_id(forwarded), body)
+
+
+def without_correlation_id(frame: bytes) -> bytes:
+    return frame[:8] + frame[12:]
+
+
+def correlation_ids(frames: list[bytes]) -> list[int]:
+    return [response_correlation_id(f) for f in frames]
+
+
 @dataclass
 class Wiring:
     session: Session
     client: FrameReader  # the client's end of its connection to kipside
-    broker: FrameReader  # the fake upstream's end of kipside's upstream connection
+    upstream_listener: trio.SocketListener  # where the fake broker accepts kipside
     ended: trio.Event  # set when Session.run returned
+    _broker: FrameReader | None = None
 
     async def send(self, *frames: bytes) -> None:
         await self.client.stream.send_all(b"".join(frames))
 
+    async def broker(self) -> FrameReader:
+        """The fake broker's end of kipside's upstream connection (accepted on first use)."""
+        if self._broker is None:
+            self._broker = FrameReader(await self.upstream_listener.accept())
+        return self._broker
+
     async def answer(self, *frames: bytes) -> None:
-        await self.broker.stream.send_all(b"".join(frames))
+        await (await self.broker()).stream.send_all(b"".join(frames))
+
+    async def nothing_forwarded(self) -> bool:
+        """Whether kipside sent no request upstream (connected or not)."""
+        if self._broker is None:
+            with trio.move_on_after(QUIET):
+                self._broker = FrameReader(await self.upstream_listener.accept())
+            if self._broker is None:
+                return True
+        return await self._broker.closed()
+
+    async def aclose(self) -> None:
+        await trio.aclose_forcefully(self.client.stream)
+        if self._broker is not None:
+            await trio.aclose_forcefully(self._broker.stream)
+        await self.upstream_listener.aclose()
 
 
 @asynccontextmanager
@@ -150,55 +192,58 @@ async def wired_session() -> AsyncIterator[Wiring]:
         await session.run()
         ended.set()
 
+    wiring = Wiring(session, FrameReader(client), upstream_listener, ended)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(run)
-        broker = await upstream_listener.accept()
-        await upstream_listener.aclose()
         try:
-            yield Wiring(session, FrameReader(client), FrameReader(broker), ended)
+            yield wiring
         finally:
-            await trio.aclose_forcefully(client)
-            await trio.aclose_forcefully(broker)
-
-
-def correlation_ids(frames: list[bytes]) -> list[int]:
-    return [response_correlation_id(f) for f in frames]
+            await wiring.aclose()
 
 
 # --------------------------------------------------------------------------- ordering
+
+API_VERSIONS_REQUEST_BODY = bytes.fromhex("000000")  # compact empty name and version, no tags
 
 
 async def test_responses_in_request_order_around_a_local_answer() -> None:
     with trio.fail_after(TIMEOUT):
         async with wired_session() as w:
-            api_versions_v3 = request(ApiKey.API_VERSIONS, 3, 4, bytes.fromhex("00" "00" "00"))
+            api_versions_v3 = request(ApiKey.API_VERSIONS, 3, 4, API_VERSIONS_REQUEST_BODY)
             await w.send(
                 heartbeat_request(1),
-                request(ApiKey.API_VERSIONS, 5, 2, bytes.fromhex("00" "00" "00")),
+                request(ApiKey.API_VERSIONS, 5, 2, API_VERSIONS_REQUEST_BODY),
                 heartbeat_request(-2147483648),
                 api_versions_v3,
             )
-            # Upstream sees only the forwarded requests, unchanged and in order.
-            forwarded = await w.broker.frames(3)
-            assert forwarded == [heartbeat_request(1), heartbeat_request(-2147483648), api_versions_v3]
+            # Upstream sees only the forwarded requests, otherwise unchanged, in order.
+            broker = await w.broker()
+            forwarded = await broker.frames(3)
+            assert [without_correlation_id(f) for f in forwarded] == [
+                without_correlation_id(f)
+                for f in (heartbeat_request(1), heartbeat_request(-2147483648), api_versions_v3)
+            ]
+            assert len({request_correlation_id(f) for f in forwarded}) == 3
             # The locally answered ApiVersions v5 must wait behind the unanswered request 1.
             assert await w.client.quiet()
 
-            broker_versions = response(
+            broker_versions = answer_to(
+                forwarded[2],
                 ApiKey.API_VERSIONS,
                 3,
-                4,
                 bytes.fromhex(
                     "0000"  # error_code
-                    "03"  # two entries (compact)
-                    "0012" "0000" "0005" "00"  # ApiVersions v0-5
-                    "000c" "0000" "0004" "00"  # Heartbeat v0-4
+                    "03"  # two entries (compact array)
+                    "00120000000500"  # ApiVersions v0-5, no tags
+                    "000c0000000400"  # Heartbeat v0-4, no tags
                     "00000000"  # throttle
                     "00"  # no tags
                 ),
             )
-            await w.answer(heartbeat_response(1))
-            await w.answer(heartbeat_response(-2147483648), broker_versions)
+            await w.answer(answer_to(forwarded[0], ApiKey.HEARTBEAT, 0, b"\x00\x00"))
+            await w.answer(
+                answer_to(forwarded[1], ApiKey.HEARTBEAT, 0, b"\x00\x00"), broker_versions
+            )
 
             received = await w.client.frames(4)
             assert correlation_ids(received) == [1, 2, -2147483648, 4]
@@ -216,17 +261,18 @@ async def test_responses_in_request_order_around_a_local_answer() -> None:
             # The client leaving ends the session and its upstream connection.
             await w.client.stream.aclose()
             await w.ended.wait()
-            assert await w.broker.closed()
+            assert await broker.closed()
 
 
 async def test_local_answer_first_is_sent_at_once() -> None:
     with trio.fail_after(TIMEOUT):
         async with wired_session() as w:
-            await w.send(request(ApiKey.API_VERSIONS, 7, 99, bytes.fromhex("000000")))
+            await w.send(request(ApiKey.API_VERSIONS, 7, 99, API_VERSIONS_REQUEST_BODY))
             assert await w.client.frame() == VersionPolicy().unsupported_response(99)
             await w.send(heartbeat_request(100))
-            assert parse_request_header(await w.broker.frame()).correlation_id == 100
-            await w.answer(heartbeat_response(100))
+            forwarded = await (await w.broker()).frame()
+            assert parse_request_header(forwarded).api_key == ApiKey.HEARTBEAT
+            await w.answer(answer_to(forwarded, ApiKey.HEARTBEAT, 0, b"\x00\x00"))
             assert await w.client.frame() == heartbeat_response(100)
 
 
@@ -238,18 +284,27 @@ async def test_acks0_produce_gets_no_response(version: int) -> None:
     with trio.fail_after(TIMEOUT):
         async with wired_session() as w:
             await w.send(produce_request(version, 1, acks=0), heartbeat_request(2))
-            forwarded = await w.broker.frames(2)
-            assert [request_correlation_id(f) for f in forwarded] == [1, 2]
-            assert forwarded[0] == produce_request(version, 1, acks=0)
+            broker = await w.broker()
+            produce, heartbeat = await broker.frames(2)
+            assert without_correlation_id(produce) == without_correlation_id(
+                produce_request(version, 1, acks=0)
+            )
+            assert parse_request_header(heartbeat).api_key == ApiKey.HEARTBEAT
             # A broker never answers acks=0; the next response must still reach the client.
-            await w.answer(heartbeat_response(2))
+            await w.answer(answer_to(heartbeat, ApiKey.HEARTBEAT, 0, b"\x00\x00"))
             assert await w.client.frame() == heartbeat_response(2)
 
             # acks=1 and acks=-1 are answered as usual, in order.
             await w.send(produce_request(version, 3, acks=1), produce_request(version, 4, acks=-1))
-            assert [request_correlation_id(f) for f in await w.broker.frames(2)] == [3, 4]
-            await w.answer(produce_response(version, 3), produce_response(version, 4))
-            assert correlation_ids(await w.client.frames(2)) == [3, 4]
+            first, second = await broker.frames(2)
+            await w.answer(
+                answer_to(first, ApiKey.PRODUCE, version, produce_response_body(version)),
+                answer_to(second, ApiKey.PRODUCE, version, produce_response_body(version)),
+            )
+            assert await w.client.frames(2) == [
+                produce_response(version, 3),
+                produce_response(version, 4),
+            ]
             assert await w.client.quiet()
             assert not w.ended.is_set()
 
@@ -264,9 +319,10 @@ async def test_upstream_closing_mid_flight_closes_the_client(
     with trio.fail_after(TIMEOUT):
         async with wired_session() as w:
             await w.send(heartbeat_request(1), heartbeat_request(2))
-            assert correlation_ids(await w.broker.frames(2)) == [1, 2]
-            await w.answer(heartbeat_response(1))
-            await w.broker.stream.aclose()  # request 2 is never answered
+            broker = await w.broker()
+            first, _second = await broker.frames(2)
+            await w.answer(answer_to(first, ApiKey.HEARTBEAT, 0, b"\x00\x00"))
+            await broker.stream.aclose()  # request 2 is never answered
 
             assert await w.client.frame() == heartbeat_response(1)
             assert await w.client.closed()
@@ -278,8 +334,9 @@ async def test_upstream_closing_before_any_answer_closes_the_client() -> None:
     with trio.fail_after(TIMEOUT):
         async with wired_session() as w:
             await w.send(heartbeat_request(1))
-            await w.broker.frame()
-            await w.broker.stream.aclose()
+            broker = await w.broker()
+            await broker.frame()
+            await broker.stream.aclose()
             assert await w.client.closed()
             await w.ended.wait()
 
@@ -291,11 +348,12 @@ async def test_upstream_answering_the_wrong_correlation_id_closes_the_client(
     with trio.fail_after(TIMEOUT):
         async with wired_session() as w:
             await w.send(heartbeat_request(1))
-            await w.broker.frame()
-            await w.answer(heartbeat_response(77))
+            forwarded = await (await w.broker()).frame()
+            wrong = request_correlation_id(forwarded) + 77
+            await w.answer(heartbeat_response(wrong))
             assert await w.client.closed()
             await w.ended.wait()
-    assert "correlation id 77" in caplog.text
+    assert f"correlation id {wrong}" in caplog.text
 
 
 # --------------------------------------------------------------------------- client garbage
@@ -305,10 +363,11 @@ async def test_upstream_answering_the_wrong_correlation_id_closes_the_client(
     ("garbage", "mentions"),
     [
         (b"GET / HTTP/1.1\r\nHost: kafka:9092\r\n\r\n", ["HTTP", "GET / HTTP/1.1"]),
-        (bytes.fromhex("160301020001 0001fc0303".replace(" ", "")), ["TLS"]),
-        (bytes.fromhex("00000002" "abcd"), ["frame size 2", "8-byte minimum"]),
-        (bytes.fromhex("7fffffff" "00"), ["frame size 2147483647", "cap"]),
-        (bytes.fromhex("00000008" "ffff0000" "00000001"), ["malformed request", "api key -1"]),
+        (bytes.fromhex("1603010200010001fc0303"), ["TLS"]),  # a ClientHello's first bytes
+        (bytes.fromhex("00000002abcd"), ["frame size 2", "8-byte minimum"]),
+        (bytes.fromhex("7fffffff00"), ["frame size 2147483647", "cap"]),
+        # size 8, api key -1, version 0, correlation id 1
+        (bytes.fromhex("00000008ffff000000000001"), ["malformed request", "api key -1"]),
     ],
     ids=["http", "tls", "tiny-frame", "huge-frame", "bad-header"],
 )
@@ -321,7 +380,7 @@ async def test_client_garbage_closes_with_a_log_line(
             await w.send(garbage)
             assert await w.client.closed()
             await w.ended.wait()
-            assert await w.broker.closed()  # nothing was forwarded
+            assert await w.nothing_forwarded()
     lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     matching = [line for line in lines if all(m in line for m in mentions)]
     assert matching, f"no warning mentions {mentions}: {lines}"
@@ -332,7 +391,9 @@ async def test_garbage_after_a_good_request_still_closes() -> None:
     with trio.fail_after(TIMEOUT):
         async with wired_session() as w:
             await w.send(heartbeat_request(1))
-            assert request_correlation_id(await w.broker.frame()) == 1
-            await w.send(bytes.fromhex("00000001" "00"))
+            broker = await w.broker()
+            assert parse_request_header(await broker.frame()).api_key == ApiKey.HEARTBEAT
+            await w.send(bytes.fromhex("0000000100"))
             assert await w.client.closed()
             await w.ended.wait()
+            assert await broker.closed()

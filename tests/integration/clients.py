@@ -309,8 +309,8 @@ async def aio_produce(bootstrap: str, topic: str, msgs: Sequence[Msg], **conf: A
     from aiokafka import AIOKafkaProducer
 
     producer = AIOKafkaProducer(**{**aio_common(bootstrap), "linger_ms": 5, "acks": "all", **conf})
-    await producer.start()
     try:
+        await producer.start()
         futures = [
             await producer.send(
                 topic, value=m.value, key=m.key, partition=m.partition, headers=list(m.headers)
@@ -340,8 +340,8 @@ async def aio_consume_assigned(
         isolation_level=isolation,
         fetch_max_wait_ms=100,
     )
-    await c.start()
     try:
+        await c.start()
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         c.assign(tps)
         await c.seek_to_beginning(*tps)

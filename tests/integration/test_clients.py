@@ -128,6 +128,58 @@ def test_produce_consume_exactly_once(
     assert_exactly_once_in_order(sent, got, marks)
 
 
+def test_concurrent_producers_share_partitions(bootstrap: str, new_topic: NewTopicFactory) -> None:
+    """Several producers (confluent-kafka and kafka-python, idempotent and not) write to the
+    same partitions at the same time, so batches of different clients for one partition meet
+    in kipside: each producer's messages arrive exactly once, in its own order, and the log
+    holds exactly the sum."""
+    parts = 2
+    topic = new_topic(parts)
+    specs = [
+        ("confluent-kafka", True),
+        ("confluent-kafka", True),
+        ("confluent-kafka", False),
+        ("kafka-python", True),
+        ("kafka-python", False),
+        ("aiokafka", False),
+    ]
+    sent = {
+        f"p{i}-{client}": make_messages(300, parts, tag=f"p{i}-{client}", headers=False)
+        for i, (client, _idem) in enumerate(specs)
+    }
+    failures: list[str] = []
+
+    def run(tag: str, client: str, idempotent: bool) -> None:
+        try:
+            if client == "confluent-kafka":
+                ck_produce(
+                    bootstrap, topic, sent[tag], **{"enable.idempotence": idempotent, "acks": "all"}
+                )
+            elif client == "kafka-python":
+                kp_produce(bootstrap, topic, sent[tag], enable_idempotence=idempotent)
+            else:
+                run_async(aio_produce(bootstrap, topic, sent[tag]))
+        except BaseException as exc:
+            failures.append(f"{tag}: {exc!r}")
+
+    threads = [
+        threading.Thread(target=run, args=(tag, client, idem), daemon=True)
+        for tag, (client, idem) in zip(sent, specs, strict=True)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a producer did not finish within 60 s"
+    assert not failures, failures
+    total = sum(len(v) for v in sent.values())
+    got, marks = ck_consume_assigned(bootstrap, topic, parts, total)
+    assert sum(hi - lo for lo, hi in marks.values()) == total, marks
+    for tag, msgs in sent.items():
+        mine = [m for m in got if m.value.startswith(tag.encode() + b"-")]
+        assert_exactly_once_in_order(msgs, mine)
+
+
 # --------------------------------------------------------------------------- kcat
 
 
@@ -333,7 +385,11 @@ def test_aiokafka_group_rebalance(bootstrap: str, new_topic: NewTopicFactory) ->
             rebalance_timeout_ms=10000,
             fetch_max_wait_ms=100,
         )
-        await c.start()
+        try:
+            await c.start()
+        except BaseException:
+            await c.stop()
+            raise
         listener = CommitOnRevoke()
         listener.consumer = c
         c.subscribe([topic], listener=listener)
@@ -607,6 +663,70 @@ def test_kafka_python_admin_create_list(target: Target, request: pytest.FixtureR
             assert b["port"] in _allowed_ports(target), b
     finally:
         admin.close()
+
+
+# --------------------------------------------------------------------------- parked requests
+
+
+def test_parked_requests_do_not_stall_other_clients(
+    bootstrap: str, new_topic: NewTopicFactory
+) -> None:
+    """A JoinGroup that the broker parks (Tansu holds the first join ~3 s) and long-poll Fetches
+    on an empty topic must not delay another client's produce: a proxy that shared one
+    upstream connection for them would add seconds (the broker answers a connection's
+    requests one at a time)."""
+    topic, idle = new_topic(2), new_topic(1, prefix="idle")
+    latencies: list[tuple[float, float]] = []  # (start time, seconds)
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def produce_one_at_a_time() -> None:
+        p = ck.Producer(ck_config(bootstrap, **{"linger.ms": 0, "acks": "all"}))
+        i = 0
+        while not stop.is_set():
+            t0 = time.monotonic()
+            p.produce(topic, f"lat-{i}".encode(), partition=i % 2)
+            if p.flush(10) != 0:
+                errors.append(f"message {i} not delivered in 10 s")
+                return
+            latencies.append((t0, time.monotonic() - t0))
+            i += 1
+            stop.wait(0.002)
+
+    producer = threading.Thread(target=produce_one_at_a_time, daemon=True)
+    producer.start()
+    joiner = ck_consumer(bootstrap, unique_name("g"))
+    poller = ck_consumer(bootstrap, unique_name("g"), **{"fetch.wait.max.ms": 2000})
+    try:
+        deadline = time.monotonic() + 10
+        while len(latencies) < 20:
+            assert time.monotonic() < deadline and not errors, f"producer stuck: {errors}"
+            time.sleep(0.01)
+        poller.assign([ck.TopicPartition(idle, 0, ck.OFFSET_BEGINNING)])
+        join_start = time.monotonic()
+        joiner.subscribe([topic])
+        deadline = time.monotonic() + 20
+        while not joiner.assignment():
+            assert time.monotonic() < deadline, "consumer never joined the group"
+            joiner.poll(0.05)
+            poller.poll(0)
+        join_end = time.monotonic()
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        producer.join(15)
+        call_with_deadline(joiner.close, 15, "joiner close")
+        call_with_deadline(poller.close, 15, "poller close")
+    assert not errors, errors
+    during = [lat for t0, lat in latencies if join_start <= t0 <= join_end]
+    assert len(during) >= 5, (
+        f"only {len(during)} produces while joining ({join_end - join_start:.1f} s)"
+    )
+    assert max(during) < 1.0, (
+        f"produce took up to {max(during):.2f} s while another client's JoinGroup was parked "
+        f"({join_end - join_start:.1f} s join; {len(during)} produces, median "
+        f"{sorted(during)[len(during) // 2] * 1000:.1f} ms)"
+    )
 
 
 # --------------------------------------------------------------------------- socket table
