@@ -552,7 +552,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--quiet-wait",
         type=float,
-        default=5.0,
+        default=3.0,
         help="before each run, wait up to this many seconds for the machine to be idle",
     )
     ap.add_argument(
@@ -564,7 +564,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--retry-budget",
         type=float,
-        default=180.0,
+        default=150.0,
         help="no more noisy-run retries once the benchmark has run this many seconds",
     )
     ap.add_argument("--no-doc", action="store_true", help="print only; leave docs/ alone")

@@ -9,9 +9,9 @@ block or slow the Kafka traffic it reports on.
 from __future__ import annotations
 
 import logging
-from http import HTTPStatus
 from collections.abc import Callable
 from dataclasses import dataclass
+from http import HTTPStatus
 
 import h11
 import trio

@@ -144,6 +144,7 @@ class ProduceLane:
         self.rules = rules
         self.stats = stats
         self.queue: deque[QueuedBatch] = deque()
+        self._taken: list[QueuedBatch] = []
         self._wake = trio.Event()
 
     def submit(self, item: QueuedBatch) -> None:
@@ -194,41 +195,50 @@ class ProduceLane:
 
     async def run(self) -> None:
         while True:
-            if not self.queue:
-                self._wake = trio.Event()
-                await self._wake.wait()
-            if self.rules.linger_ms > 0:
-                await trio.sleep(self.rules.linger_ms / 1000)
             try:
-                connection = await self.pool.connection(self.index)
-            except UpstreamFailed as exc:
-                self._fail_all([], str(exc))
-                continue
-            taken = self._take()
-            acks = taken[0].acks
-            version = self._upstream_version()
-            body = encode_produce_request(
-                version,
-                acks=acks,
-                timeout_ms=max(item.timeout_ms for item in taken),
-                partitions=[item.batch for item in taken],
+                await self._send_next()
+            except Exception as exc:
+                # A bug must cost the batches in hand, never the lane or the proxy.
+                log.exception("lane %d to node %d: unexpected error", self.index, self.pool.node_id)
+                self._fail_all(self._taken, f"kipside error: {exc!r}")
+            self._taken = []
+
+    async def _send_next(self) -> None:
+        if not self.queue:
+            self._wake = trio.Event()
+            await self._wake.wait()
+        if self.rules.linger_ms > 0:
+            await trio.sleep(self.rules.linger_ms / 1000)
+        try:
+            connection = await self.pool.connection(self.index)
+        except UpstreamFailed as exc:
+            self._fail_all([], str(exc))
+            return
+        taken = self._taken = self._take()
+        acks = taken[0].acks
+        version = self._upstream_version()
+        body = encode_produce_request(
+            version,
+            acks=acks,
+            timeout_ms=max(item.timeout_ms for item in taken),
+            partitions=[item.batch for item in taken],
+        )
+        header = encode_request_header(ApiKey.PRODUCE, version, 0, "kipside")
+        size = len(header) + sum(len(chunk) for chunk in body)
+        frame = b"".join([INT32.pack(size), header, *body])
+        self.stats.upstream_requests[ApiKey.PRODUCE] += 1
+        self.stats.coalesced_batches += len(taken)
+        try:
+            pending = await connection.send(
+                frame, ApiKey.PRODUCE, version, expects_response=acks != 0
             )
-            header = encode_request_header(ApiKey.PRODUCE, version, 0, "kipside")
-            size = len(header) + sum(len(chunk) for chunk in body)
-            frame = b"".join([INT32.pack(size), header, *body])
-            self.stats.upstream_requests[ApiKey.PRODUCE] += 1
-            self.stats.coalesced_batches += len(taken)
-            try:
-                pending = await connection.send(
-                    frame, ApiKey.PRODUCE, version, expects_response=acks != 0
-                )
-                if pending is None:
-                    continue
-                response = await pending.wait()
-            except UpstreamFailed as exc:
-                self._fail_all(taken, str(exc))
-                continue
-            self._distribute(taken, response, version)
+            if pending is None:
+                return
+            response = await pending.wait()
+        except UpstreamFailed as exc:
+            self._fail_all(taken, str(exc))
+            return
+        self._distribute(taken, response, version)
 
     def _upstream_version(self) -> int:
         versions = self.pool.produce_versions

@@ -117,6 +117,14 @@ class LanePool:
                 return int(entry.min_version), int(entry.max_version)
         raise UpstreamFailed(f"node {self.node_id} does not offer Produce")
 
+    async def request(self, frame: bytes, api_key: int, api_version: int) -> bytes:
+        """Send one short request on the next lane and wait for its answer frame."""
+        connection = await self.connection(self.next_short_lane())
+        self._stats.upstream_requests[api_key] += 1
+        pending = await connection.send(frame, api_key, api_version)
+        assert pending is not None
+        return await pending.wait()
+
     async def aclose(self) -> None:
         for connection in self._connections:
             if connection is not None:

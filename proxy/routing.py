@@ -2,6 +2,7 @@
 
 - ProduceRequests that may be coalesced go to the produce lanes (proxy.coalesce).
 - Short request/response APIs are multiplexed over the node's lanes, correlation ids remapped.
+- Transaction requests of rule-matched transactional ids go to proxy.transactions.
 - Everything else, and every request of a client that authenticated with SASL, goes on the
   client's own upstream connection, opened lazily: APIs that can park a broker connection
   (Fetch, JoinGroup, SyncGroup, ...) must not stall other clients, and a SASL identity belongs
@@ -20,6 +21,7 @@ from protocol.headers import RequestHeader
 from .coalesce import Coalescer
 from .lanes import LanePool
 from .stats import Stats
+from .transactions import TransactionManager
 from .upstream import Pending
 
 if TYPE_CHECKING:
@@ -45,6 +47,11 @@ SHORT_APIS: Final = frozenset(
         ApiKey.DESCRIBE_ACLS,
         ApiKey.DESCRIBE_LOG_DIRS,
         ApiKey.DESCRIBE_CLIENT_QUOTAS,
+        # KIP-714 client metrics: librdkafka >= 2.5 sends GetTelemetrySubscriptions on every
+        # connection by default; the broker keys telemetry by client instance id, not by
+        # connection, and answers at once.
+        ApiKey.GET_TELEMETRY_SUBSCRIPTIONS,
+        ApiKey.PUSH_TELEMETRY,
     }
 )
 SASL_APIS: Final = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
@@ -63,11 +70,13 @@ class Router:
         self,
         pools: Callable[[int], LanePool],
         coalescer: Coalescer,
+        transactions: TransactionManager,
         stats: Stats,
         default_node: Callable[[], int | None],
     ) -> None:
         self._pools = pools
         self.coalescer = coalescer
+        self.transactions = transactions
         self.stats = stats
         self._default_node = default_node
 
@@ -82,6 +91,10 @@ class Router:
         node_id = session.node_id if session.node_id is not None else self._default_node()
         if node_id is None:
             return None
+        if self.transactions.active() and self.transactions.takes(header):
+            answer = await self.transactions.route(node_id, frame, header, session.client_id)
+            if answer is not None:
+                return Routed(answer, raw=False)
         if api_key == ApiKey.PRODUCE:
             if not self.coalescer.eligible(header):
                 return None

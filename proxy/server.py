@@ -34,6 +34,7 @@ from .nodes import Address, NodeMap
 from .routing import Router
 from .session import Session
 from .stats import Stats
+from .transactions import TransactionManager
 from .versions import VersionPolicy
 
 log = logging.getLogger("kipside.server")
@@ -115,12 +116,15 @@ class Server:
             on_new_node=self._on_new_node,
         )
         self.rewriter = AddressRewriter(self.nodes)
-        self.versions = VersionPolicy()
+        self.versions = VersionPolicy(
+            lower_transaction_version=bool(config.rules.transactions) and config.share_connections
+        )
         self.stats = Stats()
         self.sessions: set[Session] = set()
         self._pools: dict[int, LanePool] = {}
         self._service_nursery: trio.Nursery | None = None
         self.router: Router | None = None
+        self.transactions: TransactionManager | None = None
         self.bootstrap_address: Address | None = None
         self._listener_nursery: trio.Nursery | None = None
         self._session_nursery: trio.Nursery | None = None
@@ -251,7 +255,13 @@ class Server:
                 coalescer = Coalescer(
                     self.pool, self.nodes, self.rules.coalescing, self.stats, service_nursery
                 )
-                self.router = Router(self.pool, coalescer, self.stats, self.default_node)
+                transactions = TransactionManager(
+                    self.pool, lambda: self.rules, self.default_node, self.stats, service_nursery
+                )
+                self.transactions = transactions
+                self.router = Router(
+                    self.pool, coalescer, transactions, self.stats, self.default_node
+                )
             await self._serve_sessions(bootstrap, found, task_status)
             service_nursery.cancel_scope.cancel()
         produce = ApiKey.PRODUCE

@@ -48,9 +48,48 @@ def kipside_ranges() -> dict[int, tuple[int, int]]:
     return ranges
 
 
+# KIP-890 part 2 switches clients (Java >= 4.0, franz-go) from AddPartitionsToTxn to implicit,
+# server-side registration at transaction.version >= 2; kipside's transaction rules need the
+# explicit calls, so it offers at most this level while transaction rules are configured.
+TRANSACTION_VERSION_FEATURE: Final = "transaction.version"
+MAX_TRANSACTION_VERSION_WITH_RULES: Final = 1
+
+
 class VersionPolicy:
-    def __init__(self, ranges: dict[int, tuple[int, int]] | None = None) -> None:
+    def __init__(
+        self,
+        ranges: dict[int, tuple[int, int]] | None = None,
+        *,
+        lower_transaction_version: bool = False,
+    ) -> None:
         self.ranges = kipside_ranges() if ranges is None else ranges
+        self.lower_transaction_version = lower_transaction_version
+
+    def _lower_features(self, message: Message) -> Message:
+        cap = MAX_TRANSACTION_VERSION_WITH_RULES
+        if not hasattr(message, "finalized_features"):
+            return message
+        finalized = tuple(
+            dataclasses.replace(
+                f,
+                max_version_level=i16(min(int(f.max_version_level), cap)),
+                min_version_level=i16(min(int(f.min_version_level), cap)),
+            )
+            if f.name == TRANSACTION_VERSION_FEATURE
+            else f
+            for f in message.finalized_features
+        )
+        supported = tuple(
+            dataclasses.replace(
+                f, max_version=i16(max(min(int(f.max_version), cap), int(f.min_version)))
+            )
+            if f.name == TRANSACTION_VERSION_FEATURE
+            else f
+            for f in message.supported_features
+        )
+        return dataclasses.replace(
+            message, finalized_features=finalized, supported_features=supported
+        )
 
     def intersect(self, message: Message) -> Message:
         entries = []
@@ -73,7 +112,10 @@ class VersionPolicy:
                 )
                 continue
             entries.append(dataclasses.replace(entry, min_version=i16(low), max_version=i16(high)))
-        return dataclasses.replace(message, api_keys=tuple(entries))
+        message = dataclasses.replace(message, api_keys=tuple(entries))
+        if self.lower_transaction_version:
+            message = self._lower_features(message)
+        return message
 
     def rewrite_response(self, api_version: int, frame: bytes, header: ResponseHeader) -> bytes:
         # A broker answers an ApiVersions version it doesn't support with the v0 layout.

@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +49,7 @@ DIRECT = os.environ.get("KIPSIDE_TEST_DIRECT", "") not in ("", "0")
 
 # Every child process the harness starts, so the hard-deadline watchdog can kill them.
 _CHILDREN: list[subprocess.Popen[bytes]] = []
+_LOGS: list[Path] = []  # kipside stderr logs, shown by the watchdog
 
 
 def _kill_children() -> None:
@@ -177,9 +178,16 @@ def _tail(text: str, lines: int = 40) -> str:
 
 
 def start_kipside(
-    upstream: Broker, workdir: Path, rules: Path | None = None, timeout: float = READY_TIMEOUT
+    upstream: Broker,
+    workdir: Path,
+    rules: Path | None = None,
+    timeout: float = READY_TIMEOUT,
+    extra_args: Sequence[str] = (),
 ) -> Kipside:
-    """Start `kipside serve` in front of `upstream` and wait for its `kipside: ready` line."""
+    """Start `kipside serve` in front of `upstream` and wait for its `kipside: ready` line.
+
+    extra_args go to `kipside serve` after those from KIPSIDE_TEST_SERVE_ARGS.
+    """
     if not KIPSIDE_BIN.exists():
         raise KipsideError(f"{KIPSIDE_BIN} is missing: pip install -e . in the venv")
     workdir.mkdir(parents=True, exist_ok=True)
@@ -199,11 +207,13 @@ def start_kipside(
     if rules is not None:
         args += ["--rules", str(rules)]
     args += shlex.split(os.environ.get("KIPSIDE_TEST_SERVE_ARGS", ""))
+    args += list(extra_args)
     log_path = workdir / "kipside.stderr.log"
     stdout_path = workdir / "kipside.stdout.log"
     with log_path.open("wb") as err, stdout_path.open("wb") as out:
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
     _CHILDREN.append(proc)
+    _LOGS.append(log_path)
 
     deadline = time.monotonic() + timeout
     while True:
@@ -324,7 +334,7 @@ class DirectProbe:
                 timeout=30,
                 check=False,
             )
-            return proc.returncode == 0, _tail(proc.stderr, 3)
+            return proc.returncode == 0, _tail(proc.stderr, 1)
         proc = subprocess.run(
             [sys.executable, str(PROBE_SCRIPT), check, self.broker.bootstrap],
             capture_output=True,
@@ -406,12 +416,20 @@ def new_topic(request: pytest.FixtureRequest, bootstrap: str) -> NewTopicFactory
 
 
 def _watchdog_fire(nodeid: str) -> None:
-    sys.stderr.write(
+    # pytest captures fd 2 during a test: suspend that so the message survives os._exit.
+    capman = _CONFIG[0].pluginmanager.getplugin("capturemanager") if _CONFIG else None
+    if capman is not None:
+        capman.suspend_global_capture(in_=False)
+    err = sys.stderr
+    err.write(
         f"\n\n*** {nodeid} ran longer than {HARD_LIMIT} s: a network step has no deadline. "
         "Stacks of all threads follow; killing broker and kipside, then exiting. ***\n"
     )
-    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-    sys.stderr.flush()
+    err.flush()
+    faulthandler.dump_traceback(file=err, all_threads=True)
+    for path in _LOGS:
+        err.write(f"\n--- tail of {path} ---\n{_tail(path.read_text(errors='replace'))}\n")
+    err.flush()
     _kill_children()
     os._exit(3)
 
@@ -427,7 +445,11 @@ def _hard_deadline(request: pytest.FixtureRequest) -> Iterator[None]:
         timer.cancel()
 
 
+_CONFIG: list[pytest.Config] = []
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    _CONFIG.append(config)
     # kafka-python 3.0 loads its protocol schemas with importlib.resources' legacy API.
     for text in ("read_text is deprecated", "open_text is deprecated"):
         config.addinivalue_line("filterwarnings", f"ignore:{text}:DeprecationWarning")

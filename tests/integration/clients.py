@@ -106,11 +106,12 @@ def ck_produce(
     msgs: Sequence[Msg],
     producer: ck.Producer | None = None,
     flush_timeout: float = FLUSH_TIMEOUT,
-    **conf: Any,
+    conf: dict[str, Any] | None = None,
 ) -> None:
-    """Produce msgs with confluent-kafka and assert every delivery succeeded."""
+    """Produce msgs with confluent-kafka (a new producer with `conf` unless one is given) and
+    assert every delivery succeeded."""
     p = producer or ck.Producer(
-        ck_config(bootstrap, **{"linger.ms": 5, "message.timeout.ms": 20000, **conf})
+        ck_config(bootstrap, **{"linger.ms": 5, "message.timeout.ms": 20000, **(conf or {})})
     )
     errors: list[str] = []
 
@@ -384,3 +385,91 @@ def call_with_deadline(fn: Any, timeout: float, what: str) -> Any:
     if error:
         raise error[0]
     return result[0] if result else None
+
+
+# --------------------------------------------------------------------------- raw record batches
+
+CODECS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+
+
+class BatchInfo(NamedTuple):
+    """The header of one stored record batch (magic v2), as a Fetch returns it."""
+
+    base_offset: int
+    records: int
+    compression: int  # attributes bits 0-2: 0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd
+    transactional: bool
+    control: bool
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+
+
+def raw_fetch_batches(
+    bootstrap: str, topic: str, partition: int, timeout: float = 5.0
+) -> list[BatchInfo]:
+    """Fetch (v4, read_uncommitted) one partition from offset 0 with a plain socket and return
+    the headers of the stored batches: shows what the broker stored (codec, producer id,
+    transactional and control bits), which client APIs hide."""
+    import socket
+    import struct
+
+    host, port = bootstrap.rsplit(":", 1)
+    name = topic.encode()
+    client_id = b"kipside-it-raw"
+    body = struct.pack(">hhih", 1, 4, 7, len(client_id)) + client_id
+    body += struct.pack(">iiiib", -1, 100, 1, 16 << 20, 0)  # replica, wait, min, max, isolation
+    body += struct.pack(">ih", 1, len(name)) + name
+    body += struct.pack(">iiqi", 1, partition, 0, 16 << 20)
+    with socket.create_connection((host, int(port)), timeout=timeout) as s:
+        s.sendall(struct.pack(">i", len(body)) + body)
+        size_bytes = _recv_exact(s, 4)
+        data = _recv_exact(s, struct.unpack(">i", size_bytes)[0])
+    pos = 4 + 4  # correlation id, throttle time
+    (n_topics,) = struct.unpack_from(">i", data, pos)
+    assert n_topics == 1, n_topics
+    (name_len,) = struct.unpack_from(">h", data, pos + 4)
+    pos += 6 + name_len
+    (n_parts,) = struct.unpack_from(">i", data, pos)
+    assert n_parts == 1, n_parts
+    _part, error, _hw, _lso = struct.unpack_from(">ihqq", data, pos + 4)
+    assert error == 0, f"Fetch error {error} for {topic}[{partition}]"
+    pos += 4 + 4 + 2 + 8 + 8
+    (n_aborted,) = struct.unpack_from(">i", data, pos)
+    pos += 4 + max(n_aborted, 0) * 16
+    (records_len,) = struct.unpack_from(">i", data, pos)
+    pos += 4
+    end = pos + max(records_len, 0)
+    batches = []
+    while pos + 61 <= end:
+        base_offset, batch_len = struct.unpack_from(">qi", data, pos)
+        if pos + 12 + batch_len > end:
+            break  # a partial batch at the end of the response
+        magic = data[pos + 16]
+        assert magic == 2, f"magic {magic} at offset {base_offset}"
+        (attributes,) = struct.unpack_from(">h", data, pos + 21)
+        pid, epoch, seq, count = struct.unpack_from(">qhii", data, pos + 43)
+        batches.append(
+            BatchInfo(
+                base_offset,
+                count,
+                attributes & 0x7,
+                bool(attributes & 0x10),
+                bool(attributes & 0x20),
+                pid,
+                epoch,
+                seq,
+            )
+        )
+        pos += 12 + batch_len
+    return batches
+
+
+def _recv_exact(sock: Any, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError(f"connection closed after {len(buf)} of {n} bytes")
+        buf += chunk
+    return buf

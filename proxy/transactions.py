@@ -1,0 +1,688 @@
+"""Transaction pre-registration and the transaction-begin hold, for rule-matched producers.
+
+For a transactional id that matches a `transactions` rule, kipside tracks the producer id and
+epoch the broker confirmed (InitProducerId, EndTxn v5), the partitions and groups registered in
+the current transaction, and whether kipside opened it. On the client's first
+AddPartitionsToTxn or AddOffsetsToTxn of a transaction, kipside sends one upstream
+AddPartitionsToTxn covering the client's partitions plus the declared outputs, and the declared
+group's AddOffsetsToTxn in parallel; later client calls that are already covered are answered
+locally (exactly the requested partitions, error 0) without a round trip.
+
+The begin hold: while the coordinator is still writing the previous transaction's markers it
+answers CONCURRENT_TRANSACTIONS. kipside retries such a registration every few ms until
+`hold_begin.max_ms`, then gives the client the real error, so the client never sleeps in its
+own backoff. The client's slot stays in its connection's response order meanwhile.
+
+Rules this module must never break (see shared kafka-rules.md "Transactions"): answer locally
+only after the upstream registration under the same (producer id, epoch) succeeded; never answer
+with an id or epoch the broker hasn't confirmed; end any transaction kipside opened that the
+client doesn't know about; a declared topic that fails never breaks the client's transaction.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import time
+import typing
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Final, TypeVar
+
+import trio
+from kio.schema.errors import ErrorCode
+from kio.static.primitive import i16, i32, i32Timedelta
+
+from protocol.apis import ApiKey, api_name
+from protocol.errors import DecodeError
+from protocol.headers import (
+    RequestHeader,
+    build_frame,
+    encode_request_header,
+    encode_response_header,
+    parse_response_header,
+)
+from protocol.messages import (
+    Message,
+    decode_request,
+    decode_response,
+    encode_message,
+    request_class,
+    response_class,
+)
+from rules import RuleSet, TransactionRule
+
+from .lanes import LanePool
+from .stats import Stats
+from .upstream import Pending, UpstreamFailed
+
+log = logging.getLogger("kipside.transactions")
+
+TopicPartition = tuple[str, int]
+T = TypeVar("T")
+
+NONE: Final = 0
+CONCURRENT_TRANSACTIONS: Final = int(ErrorCode.concurrent_transactions)
+# Errors on a declared-only partition that mean the rule, not the client, is at fault.
+RULE_PROBLEM_ERRORS: Final = frozenset(
+    {
+        int(ErrorCode.unknown_topic_or_partition),
+        int(ErrorCode.topic_authorization_failed),
+        int(ErrorCode.operation_not_attempted),
+        int(ErrorCode.invalid_topic_exception),
+    }
+)
+MAX_CLIENT_ADD_PARTITIONS_VERSION: Final = 3  # v4+ is broker-to-broker only
+HOLD_FIRST_RETRY_SECONDS: Final = 0.002
+HOLD_MAX_RETRY_SECONDS: Final = 0.010
+METADATA_TTL_SECONDS: Final = 30.0
+
+
+@dataclass(slots=True)
+class TransactionState:
+    transactional_id: str
+    producer_id: int = -1
+    producer_epoch: int = -1
+    open: bool = False
+    """kipside registered something upstream for the current transaction."""
+    partitions: set[TopicPartition] = field(default_factory=set)
+    groups: set[str] = field(default_factory=set)
+    lock: trio.Lock = field(default_factory=trio.Lock)
+
+    def reset(self) -> None:
+        self.open = False
+        self.partitions.clear()
+        self.groups.clear()
+
+    def confirmed(self, producer_id: int, producer_epoch: int) -> bool:
+        return (producer_id, producer_epoch) == (self.producer_id, self.producer_epoch)
+
+
+@dataclass(slots=True)
+class TransactionStats:
+    upstream_add_partitions: int = 0
+    upstream_add_offsets: int = 0
+    hold_retries: int = 0
+    holds: int = 0
+    hold_seconds: list[float] = field(default_factory=list)
+    local_answers: int = 0
+    rule_problems: int = 0
+
+
+def _frame(api_key: int, version: int, message: Message, client_id: str) -> bytes:
+    return build_frame(
+        encode_request_header(api_key, version, 0, client_id), encode_message(message)
+    )
+
+
+def _response_frame(api_key: int, version: int, correlation_id: int, message: Message) -> bytes:
+    header = encode_response_header(api_key, version, correlation_id)
+    return build_frame(header, encode_message(message))
+
+
+def _decode_answer(api_key: int, version: int, frame: bytes) -> Message:
+    header = parse_response_header(frame, api_key, version)
+    return decode_response(api_key, version, frame, header.body_offset)
+
+
+class TransactionManager:
+    def __init__(
+        self,
+        pools: Callable[[int], LanePool],
+        rules: Callable[[], RuleSet],
+        default_node: Callable[[], int | None],
+        stats: Stats,
+        nursery: trio.Nursery,
+    ) -> None:
+        self._pools = pools
+        self._rules = rules
+        self._default_node = default_node
+        self.stats = stats
+        self.txn_stats = TransactionStats()
+        self._nursery = nursery
+        self._states: dict[str, TransactionState] = {}
+        self._topic_partitions: dict[str, tuple[float, tuple[int, ...] | None]] = {}
+        self._reported: set[str] = set()
+
+    def active(self) -> bool:
+        return bool(self._rules().transactions)
+
+    def _rule(self, transactional_id: str | None) -> TransactionRule | None:
+        if transactional_id is None:
+            return None
+        return self._rules().transaction_rule_for(transactional_id)
+
+    def _state(self, transactional_id: str) -> TransactionState:
+        state = self._states.get(transactional_id)
+        if state is None:
+            state = self._states[transactional_id] = TransactionState(transactional_id)
+        return state
+
+    # Routing -----------------------------------------------------------------------------
+
+    def takes(self, header: RequestHeader) -> bool:
+        if header.api_key == ApiKey.ADD_PARTITIONS_TO_TXN:
+            return header.api_version <= MAX_CLIENT_ADD_PARTITIONS_VERSION
+        return header.api_key in (
+            ApiKey.ADD_OFFSETS_TO_TXN,
+            ApiKey.END_TXN,
+            ApiKey.INIT_PRODUCER_ID,
+        )
+
+    async def route(
+        self, node_id: int | None, frame: bytes, header: RequestHeader, client_id: str | None
+    ) -> Pending | None:
+        """The answer to a transaction request kipside handles, or None to forward it as is."""
+        if not self.takes(header):
+            return None
+        try:
+            request = decode_request(header.api_key, header.api_version, frame, header.body_offset)
+        except DecodeError:
+            return None
+        txn_id = (
+            request.v3_and_below_transactional_id
+            if header.api_key == ApiKey.ADD_PARTITIONS_TO_TXN
+            else request.transactional_id
+        )
+        rule = self._rule(txn_id)
+        if rule is None or txn_id is None:
+            return None
+        target = node_id if node_id is not None else self._default_node()
+        if target is None:
+            return None
+        pool = self._pools(target)
+        state = self._state(txn_id)
+        answer = Pending()
+        if header.api_key == ApiKey.ADD_PARTITIONS_TO_TXN:
+            wanted = {
+                (topic.name, int(p))
+                for topic in request.v3_and_below_topics
+                for p in topic.partitions
+            }
+            pid, epoch = (
+                int(request.v3_and_below_producer_id),
+                int(request.v3_and_below_producer_epoch),
+            )
+            if state.open and state.confirmed(pid, epoch) and wanted <= state.partitions:
+                self.txn_stats.local_answers += 1
+                answer.resolve(self._add_partitions_answer(header, request, {}))
+                return answer
+            self._spawn(
+                answer,
+                self._client_add,
+                pool,
+                rule,
+                state,
+                header,
+                request,
+                answer,
+                client_id,
+                pid,
+                epoch,
+                wanted,
+                None,
+            )
+        elif header.api_key == ApiKey.ADD_OFFSETS_TO_TXN:
+            pid, epoch = int(request.producer_id), int(request.producer_epoch)
+            group = str(request.group_id)
+            if state.open and state.confirmed(pid, epoch) and group in state.groups:
+                self.txn_stats.local_answers += 1
+                answer.resolve(self._add_offsets_answer(header, NONE))
+                return answer
+            self._spawn(
+                answer,
+                self._client_add,
+                pool,
+                rule,
+                state,
+                header,
+                request,
+                answer,
+                client_id,
+                pid,
+                epoch,
+                set(),
+                group,
+            )
+        else:
+            self._spawn(answer, self._forward_and_track, pool, state, header, frame, answer)
+        return answer
+
+    def _spawn(self, answer: Pending, fn: Callable[..., Awaitable[None]], *args: object) -> None:
+        """Run fn in the background; a bug in it fails this one answer, never the proxy."""
+
+        async def guarded() -> None:
+            try:
+                await fn(*args)
+            except Exception as exc:
+                log.exception("transaction handling failed; the client connection is closed")
+                answer.fail(f"kipside error: {exc!r}")
+
+        self._nursery.start_soon(guarded)
+
+    # Tracking InitProducerId and EndTxn ---------------------------------------------------
+
+    async def _forward_and_track(
+        self,
+        pool: LanePool,
+        state: TransactionState,
+        header: RequestHeader,
+        frame: bytes,
+        answer: Pending,
+    ) -> None:
+        async with state.lock:
+            try:
+                response = await pool.request(frame, header.api_key, header.api_version)
+            except UpstreamFailed as exc:
+                answer.fail(str(exc))
+                return
+            try:
+                message = _decode_answer(header.api_key, header.api_version, response)
+            except DecodeError as exc:
+                log.warning(
+                    "%s: unreadable %s answer: %s",
+                    state.transactional_id,
+                    api_name(header.api_key),
+                    exc,
+                )
+                state.reset()
+                state.producer_id = state.producer_epoch = -1
+                answer.resolve(response)
+                return
+            if message.error_code == ErrorCode.none:
+                state.reset()
+                if header.api_key == ApiKey.INIT_PRODUCER_ID or hasattr(message, "producer_id"):
+                    state.producer_id = int(message.producer_id)
+                    state.producer_epoch = int(message.producer_epoch)
+            elif header.api_key == ApiKey.INIT_PRODUCER_ID or message.error_code in (
+                ErrorCode.invalid_producer_epoch,
+                ErrorCode.producer_fenced,
+            ):
+                # Nothing kipside knew is confirmed any more.
+                state.reset()
+                state.producer_id = state.producer_epoch = -1
+            answer.resolve(response)
+
+    # Registration ------------------------------------------------------------------------
+
+    async def _client_add(
+        self,
+        pool: LanePool,
+        rule: TransactionRule,
+        state: TransactionState,
+        header: RequestHeader,
+        request: Message,
+        answer: Pending,
+        client_id: str | None,
+        producer_id: int,
+        producer_epoch: int,
+        wanted: set[TopicPartition],
+        group: str | None,
+    ) -> None:
+        async with state.lock:
+            if not state.confirmed(producer_id, producer_epoch):
+                # A new producer id/epoch (or one kipside never saw): start from scratch.
+                state.reset()
+            first = not state.open
+            partitions = set(wanted) - state.partitions
+            groups = {group} - state.groups if group is not None else set()
+            extra: set[TopicPartition] = set()
+            if first:
+                extra = await self._declared_outputs(pool, rule) - partitions
+                if rule.consumer_group is not None:
+                    groups.add(rule.consumer_group)
+            try:
+                partition_errors, group_errors = await self._register(
+                    pool,
+                    rule,
+                    state,
+                    client_id or "kipside",
+                    producer_id,
+                    producer_epoch,
+                    partitions,
+                    extra,
+                    groups,
+                    header,
+                )
+            except UpstreamFailed as exc:
+                answer.fail(str(exc))
+                return
+            client_ok = all(partition_errors.get(tp, NONE) == NONE for tp in wanted) and (
+                group is None or group_errors.get(group, NONE) == NONE
+            )
+            if first and not client_ok and (state.partitions or state.groups):
+                # kipside opened a transaction the client thinks failed: end it.
+                await self._abort_orphan(pool, state, client_id or "kipside")
+            if header.api_key == ApiKey.ADD_PARTITIONS_TO_TXN:
+                answer.resolve(self._add_partitions_answer(header, request, partition_errors))
+            else:
+                assert group is not None
+                answer.resolve(self._add_offsets_answer(header, group_errors.get(group, NONE)))
+
+    async def _register(
+        self,
+        pool: LanePool,
+        rule: TransactionRule,
+        state: TransactionState,
+        client_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        partitions: set[TopicPartition],
+        extra: set[TopicPartition],
+        groups: set[str],
+        header: RequestHeader,
+    ) -> tuple[dict[TopicPartition, int], dict[str, int]]:
+        """Register partitions (+ declared extras) and groups in parallel, holding through
+        CONCURRENT_TRANSACTIONS until the rule's deadline."""
+        deadline = trio.current_time() + rule.hold_begin.max_ms / 1000
+        partition_errors: dict[TopicPartition, int] = {}
+        group_errors: dict[str, int] = {}
+        version = min(header.api_version, MAX_CLIENT_ADD_PARTITIONS_VERSION)
+        if header.api_key != ApiKey.ADD_PARTITIONS_TO_TXN:
+            version = MAX_CLIENT_ADD_PARTITIONS_VERSION
+
+        async def add_partitions() -> None:
+            if not partitions and not extra:
+                return
+            attempt = partitions | extra
+            while True:
+                result = await self._held(
+                    deadline,
+                    partial(
+                        self._add_partitions_once,
+                        pool,
+                        state,
+                        client_id,
+                        version,
+                        producer_id,
+                        producer_epoch,
+                        frozenset(attempt),
+                    ),
+                    lambda r: all(code == CONCURRENT_TRANSACTIONS for code in r.values()),
+                )
+                failed = {tp for tp, code in result.items() if code != NONE}
+                declared_only = attempt - partitions
+                if failed and declared_only and self._rule_at_fault(result, declared_only):
+                    self._report_rule_problem(state.transactional_id, result, declared_only)
+                    attempt = set(partitions)
+                    if not attempt:
+                        return
+                    continue
+                partition_errors.update(result)
+                if not failed:
+                    state.partitions |= attempt
+                    state.open = True
+                return
+
+        async def add_offsets(group: str) -> None:
+            code = await self._held(
+                deadline,
+                partial(
+                    self._add_offsets_once,
+                    pool,
+                    client_id,
+                    state,
+                    producer_id,
+                    producer_epoch,
+                    group,
+                ),
+                lambda c: c == CONCURRENT_TRANSACTIONS,
+            )
+            group_errors[group] = code
+            if code == NONE:
+                state.groups.add(group)
+                state.open = True
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(add_partitions)
+            for group in groups:
+                nursery.start_soon(add_offsets, group)
+        if state.open:
+            state.producer_id, state.producer_epoch = producer_id, producer_epoch
+        return partition_errors, group_errors
+
+    async def _held(
+        self,
+        deadline: float,
+        attempt: Callable[[], Awaitable[T]],
+        concurrent: Callable[[T], bool],
+    ) -> T:
+        """Run attempt() until it isn't CONCURRENT_TRANSACTIONS or the deadline passes."""
+        started = time.monotonic()
+        delay = HOLD_FIRST_RETRY_SECONDS
+        held = False
+        while True:
+            result = await attempt()
+            if not concurrent(result) or trio.current_time() + delay > deadline:
+                if held:
+                    self.txn_stats.hold_seconds.append(time.monotonic() - started)
+                    log.debug(
+                        "begin hold released after %.1f ms", (time.monotonic() - started) * 1000
+                    )
+                return result
+            if not held:
+                held = True
+                self.txn_stats.holds += 1
+            self.txn_stats.hold_retries += 1
+            await trio.sleep(delay)
+            delay = min(delay * 2, HOLD_MAX_RETRY_SECONDS)
+
+    def _rule_at_fault(
+        self, result: dict[TopicPartition, int], declared: set[TopicPartition]
+    ) -> bool:
+        declared_codes = {result.get(tp, NONE) for tp in declared} - {NONE}
+        return (
+            bool(declared_codes)
+            and declared_codes <= RULE_PROBLEM_ERRORS
+            and any(
+                result.get(tp) in RULE_PROBLEM_ERRORS - {int(ErrorCode.operation_not_attempted)}
+                for tp in declared
+            )
+        )
+
+    def _report_rule_problem(
+        self,
+        transactional_id: str,
+        result: dict[TopicPartition, int],
+        declared: set[TopicPartition],
+    ) -> None:
+        bad = sorted(
+            f"{t}-{p} ({ErrorCode(result[(t, p)]).name.upper()})"
+            for t, p in declared
+            if result.get((t, p)) not in (None, NONE, int(ErrorCode.operation_not_attempted))
+        )
+        key = f"{transactional_id}:{','.join(bad)}"
+        self.txn_stats.rule_problems += 1
+        if key in self._reported:
+            return
+        self._reported.add(key)
+        log.warning(
+            "transactions rule for %r declares outputs the broker refused: %s; registering "
+            "only the client's own partitions. Fix the rule file's outputs",
+            transactional_id,
+            ", ".join(bad),
+        )
+
+    async def _add_partitions_once(
+        self,
+        pool: LanePool,
+        state: TransactionState,
+        client_id: str,
+        version: int,
+        producer_id: int,
+        producer_epoch: int,
+        partitions: Iterable[TopicPartition],
+    ) -> dict[TopicPartition, int]:
+        by_topic: dict[str, list[int]] = {}
+        for topic, partition in sorted(partitions):
+            by_topic.setdefault(topic, []).append(partition)
+        cls = request_class(ApiKey.ADD_PARTITIONS_TO_TXN, version)
+        topic_cls = _field_class(cls, "v3_and_below_topics")
+        message = cls(
+            v3_and_below_transactional_id=state.transactional_id,
+            v3_and_below_producer_id=producer_id,
+            v3_and_below_producer_epoch=i16(producer_epoch),
+            v3_and_below_topics=tuple(
+                topic_cls(name=name, partitions=tuple(i32(p) for p in ps))
+                for name, ps in by_topic.items()
+            ),
+        )
+        self.txn_stats.upstream_add_partitions += 1
+        frame = await pool.request(
+            _frame(ApiKey.ADD_PARTITIONS_TO_TXN, version, message, client_id),
+            ApiKey.ADD_PARTITIONS_TO_TXN,
+            version,
+        )
+        response = _decode_answer(ApiKey.ADD_PARTITIONS_TO_TXN, version, frame)
+        return {
+            (topic.name, int(p.partition_index)): int(p.partition_error_code)
+            for topic in response.results_by_topic_v3_and_below
+            for p in topic.results_by_partition
+        }
+
+    async def _add_offsets_once(
+        self,
+        pool: LanePool,
+        client_id: str,
+        state: TransactionState,
+        producer_id: int,
+        producer_epoch: int,
+        group: str,
+    ) -> int:
+        version = 0
+        cls = request_class(ApiKey.ADD_OFFSETS_TO_TXN, version)
+        message = cls(
+            transactional_id=state.transactional_id,
+            producer_id=producer_id,
+            producer_epoch=i16(producer_epoch),
+            group_id=group,
+        )
+        self.txn_stats.upstream_add_offsets += 1
+        frame = await pool.request(
+            _frame(ApiKey.ADD_OFFSETS_TO_TXN, version, message, client_id),
+            ApiKey.ADD_OFFSETS_TO_TXN,
+            version,
+        )
+        return int(_decode_answer(ApiKey.ADD_OFFSETS_TO_TXN, version, frame).error_code)
+
+    async def _abort_orphan(self, pool: LanePool, state: TransactionState, client_id: str) -> None:
+        cls = request_class(ApiKey.END_TXN, 0)
+        message = cls(
+            transactional_id=state.transactional_id,
+            producer_id=state.producer_id,
+            producer_epoch=i16(state.producer_epoch),
+            committed=False,
+        )
+        try:
+            frame = await pool.request(
+                _frame(ApiKey.END_TXN, 0, message, client_id), ApiKey.END_TXN, 0
+            )
+            code = _decode_answer(ApiKey.END_TXN, 0, frame).error_code
+        except (UpstreamFailed, DecodeError) as exc:
+            code = f"failed: {exc}"
+        log.warning(
+            "%s: the client's registration failed after kipside had registered %d partitions "
+            "and %d groups; kipside aborted that transaction (EndTxn: %s)",
+            state.transactional_id,
+            len(state.partitions),
+            len(state.groups),
+            code,
+        )
+        state.reset()
+
+    # Declared outputs --------------------------------------------------------------------
+
+    async def _declared_outputs(self, pool: LanePool, rule: TransactionRule) -> set[TopicPartition]:
+        out: set[TopicPartition] = set()
+        for output in rule.outputs:
+            if output.partitions is not None:
+                out.update((output.topic, p) for p in output.partitions)
+                continue
+            partitions = await self._partitions_of(pool, output.topic)
+            if partitions is None:
+                key = f"{rule.transactional_id}:{output.topic}:missing"
+                if key not in self._reported:
+                    self._reported.add(key)
+                    self.txn_stats.rule_problems += 1
+                    log.warning(
+                        "transactions rule %r declares topic %r, which the broker does not "
+                        "know; it is left out of pre-registration. Fix the rule file's outputs",
+                        rule.transactional_id,
+                        output.topic,
+                    )
+                continue
+            out.update((output.topic, p) for p in partitions)
+        return out
+
+    async def _partitions_of(self, pool: LanePool, topic: str) -> tuple[int, ...] | None:
+        cached = self._topic_partitions.get(topic)
+        now = trio.current_time()
+        if cached is not None and now - cached[0] < METADATA_TTL_SECONDS:
+            return cached[1]
+        version = 4  # the first version that can say "don't auto-create"
+        cls = request_class(ApiKey.METADATA, version)
+        topic_cls = _field_class(cls, "topics")
+        message = cls(topics=(topic_cls(name=topic),), allow_auto_topic_creation=False)
+        try:
+            frame = await pool.request(
+                _frame(ApiKey.METADATA, version, message, "kipside"), ApiKey.METADATA, version
+            )
+            response = _decode_answer(ApiKey.METADATA, version, frame)
+        except (UpstreamFailed, DecodeError) as exc:
+            log.warning("cannot read partitions of %r: %s", topic, exc)
+            return cached[1] if cached is not None else None
+        partitions: tuple[int, ...] | None = None
+        for entry in response.topics:
+            if entry.name == topic and entry.error_code == ErrorCode.none:
+                partitions = tuple(sorted(int(p.partition_index) for p in entry.partitions))
+        self._topic_partitions[topic] = (now, partitions)
+        return partitions
+
+    # Answers -----------------------------------------------------------------------------
+
+    def _add_partitions_answer(
+        self, header: RequestHeader, request: Message, errors: dict[TopicPartition, int]
+    ) -> bytes:
+        """Exactly the requested partitions, in request order, with their error (0 if none)."""
+        cls = response_class(ApiKey.ADD_PARTITIONS_TO_TXN, header.api_version)
+        topic_cls = _field_class(cls, "results_by_topic_v3_and_below")
+        partition_cls = _field_class(topic_cls, "results_by_partition")
+        message = cls(
+            throttle_time=i32Timedelta.parse(_ZERO),
+            results_by_topic_v3_and_below=tuple(
+                topic_cls(
+                    name=topic.name,
+                    results_by_partition=tuple(
+                        partition_cls(
+                            partition_index=p,
+                            partition_error_code=ErrorCode(errors.get((topic.name, int(p)), NONE)),
+                        )
+                        for p in topic.partitions
+                    ),
+                )
+                for topic in request.v3_and_below_topics
+            ),
+        )
+        return _response_frame(
+            ApiKey.ADD_PARTITIONS_TO_TXN, header.api_version, header.correlation_id, message
+        )
+
+    def _add_offsets_answer(self, header: RequestHeader, code: int) -> bytes:
+        cls = response_class(ApiKey.ADD_OFFSETS_TO_TXN, header.api_version)
+        message = cls(throttle_time=i32Timedelta.parse(_ZERO), error_code=ErrorCode(code))
+        return _response_frame(
+            ApiKey.ADD_OFFSETS_TO_TXN, header.api_version, header.correlation_id, message
+        )
+
+
+_ZERO = datetime.timedelta(0)
+
+
+def _field_class(cls: type, name: str) -> type:
+    """The element class of a (possibly nullable) tuple-of-entities field on a kio class."""
+    hint = typing.get_type_hints(cls)[name]
+    while typing.get_origin(hint) is not tuple:
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    element: type = typing.get_args(hint)[0]
+    return element
