@@ -9,9 +9,13 @@ what may share a request:
 - only batches with the same acks; transactional produce never comes here;
 - record batches are forwarded byte for byte (zero-copy views of the client's frame).
 Each client gets exactly its own partitions back, under its own correlation id and request
-version, with the throttle time copied. If the lane's connection fails, every batch that was in
-flight or queued on that lane gets REQUEST_TIMED_OUT (retriable; idempotent producers retry
-with the same sequence and the broker de-duplicates) and nothing is resent by kipside.
+version, with the throttle time copied. If the lane's connection fails, the client connections
+that had a batch in flight or queued on that lane are closed, exactly as a broker disconnect
+would: each client then resends its unanswered batches in order on a new connection (idempotent
+producers under the same sequence numbers, which the broker de-duplicates). Answering with an
+error instead would let a client's later pipelined batch overtake the retry of a failed one
+(OUT_OF_ORDER_SEQUENCE_NUMBER, then an epoch bump that defeats de-duplication). Nothing is
+resent by kipside.
 """
 
 from __future__ import annotations
@@ -54,7 +58,6 @@ from .upstream import Pending, UpstreamFailed
 
 log = logging.getLogger("kipside.coalesce")
 
-REQUEST_TIMED_OUT = 7
 UNKNOWN_SERVER_ERROR = -1
 
 
@@ -121,6 +124,8 @@ class QueuedBatch:
     acks: int
     timeout_ms: int
     owner: ClientProduce | None  # None for acks=0: nobody waits for an answer
+    disconnect: Callable[[str], None]
+    """Closes the client connection this batch came from."""
 
     @property
     def key(self) -> tuple[str, int]:
@@ -182,15 +187,18 @@ class ProduceLane:
     def _fail_all(self, taken: list[QueuedBatch], reason: str) -> None:
         failed = taken + list(self.queue)
         self.queue.clear()
-        for item in failed:
-            item.fail(REQUEST_TIMED_OUT, reason)
+        clients = {id(item.disconnect): item.disconnect for item in failed}
+        for disconnect in clients.values():
+            disconnect(f"lane {self.index} to node {self.pool.node_id} failed: {reason}")
         if failed:
             log.warning(
-                "lane %d to node %d failed (%s): %d batches answered REQUEST_TIMED_OUT",
+                "lane %d to node %d failed (%s): %d batches unanswered, %d client connections "
+                "closed so their clients resend in order",
                 self.index,
                 self.pool.node_id,
                 reason,
                 len(failed),
+                len(clients),
             )
 
     async def run(self) -> None:
@@ -297,7 +305,12 @@ class Coalescer:
         return self.rules.enabled and MIN_VERSION <= header.api_version <= MAX_VERSION
 
     def submit(
-        self, node_id: int, frame: bytes, header: RequestHeader, client_id: str | None
+        self,
+        node_id: int,
+        frame: bytes,
+        header: RequestHeader,
+        client_id: str | None,
+        disconnect: Callable[[str], None],
     ) -> Pending | bool | None:
         """Queue the request's batches. Returns the answer to wait for, None for acks=0,
         or False when this request must not be coalesced (the caller forwards it as is)."""
@@ -315,5 +328,5 @@ class Coalescer:
         pool = self._pools(node_id)
         for batch in request.partitions:
             lane = self._lane(node_id, lane_index(batch.topic, batch.partition, pool.lanes))
-            lane.submit(QueuedBatch(batch, request.acks, request.timeout_ms, owner))
+            lane.submit(QueuedBatch(batch, request.acks, request.timeout_ms, owner, disconnect))
         return owner.pending if owner is not None else None

@@ -98,7 +98,9 @@ class Router:
         if api_key == ApiKey.PRODUCE:
             if not self.coalescer.eligible(header):
                 return None
-            taken = self.coalescer.submit(node_id, frame, header, session.client_id)
+            taken = self.coalescer.submit(
+                node_id, frame, header, session.client_id, session.disconnect
+            )
             if taken is False:
                 return None
             return Routed(taken if isinstance(taken, Pending) else None, raw=False)

@@ -130,6 +130,12 @@ class Session:
             who += f" (client.id {self.client_id!r})"
         return who
 
+    def disconnect(self, reason: str) -> None:
+        """Close the client connection now, as a broker would on a lost connection."""
+        if self._nursery is not None and not self._nursery.cancel_scope.cancel_called:
+            log.info("%s: %s; closing so the client resends", self.describe(), reason)
+            self._nursery.cancel_scope.cancel()
+
     def drain(self) -> None:
         """Stop reading requests; close once every request already read has been answered."""
         self._reader_scope.cancel()

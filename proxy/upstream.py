@@ -113,6 +113,10 @@ class UpstreamConnection:
         self._stream: trio.SocketStream | None = None
         self._send_lock = trio.Lock()
         self._in_flight: deque[_InFlight] = deque()
+        # Correlation ids of requests sent expecting no answer (acks=0 produce). Apache Kafka
+        # never answers them, but some brokers (Tansu) do; such an answer is dropped, not taken
+        # for a protocol violation.
+        self._unanswered: deque[int] = deque(maxlen=1024)
         self._next_correlation_id = 0
         self.closed = False
         self.close_reason = ""
@@ -147,7 +151,9 @@ class UpstreamConnection:
         async with self._send_lock:
             upstream_correlation_id = self._take_correlation_id()
             pending = None
-            if expects_response:
+            if not expects_response:
+                self._unanswered.append(upstream_correlation_id)
+            else:
                 pending = Pending()
                 self._in_flight.append(
                     _InFlight(
@@ -194,6 +200,9 @@ class UpstreamConnection:
     def _deliver(self, frame: bytes) -> bool:
         correlation_id = response_correlation_id(frame)
         if not self._in_flight or self._in_flight[0].upstream_correlation_id != correlation_id:
+            if correlation_id in self._unanswered:
+                self._unanswered.remove(correlation_id)
+                return True
             expected = self._in_flight[0] if self._in_flight else None
             log.error(
                 "%s answered correlation id %d, expected %s; closing the connection",
