@@ -109,13 +109,16 @@ class FrameDecoder:
 
     def _check_foreign(self, head: bytes, *, partial: bool) -> None:
         what = sniff_foreign_protocol(head)
-        if what is not None:
-            raise NotKafkaError(
-                f"received {what} on a plaintext Kafka port; point the client at kipside "
-                "with security.protocol=PLAINTEXT, or use the admin port for HTTP"
-            )
-        if partial:
+        if what is None:
             return
+        if what.startswith("a TLS"):
+            advice = (
+                "kipside listens in plaintext: set the client's security.protocol=PLAINTEXT "
+                "(terminate TLS in front of kipside if the network needs it)"
+            )
+        else:
+            advice = "this is a Kafka port: HTTP belongs on the admin endpoint (--admin)"
+        raise NotKafkaError(f"received {what} on a plaintext Kafka port; {advice}")
 
 
 def encode_frame(payload: bytes | bytearray | memoryview) -> bytes:

@@ -187,8 +187,10 @@ class ProduceLane:
     def _fail_all(self, taken: list[QueuedBatch], reason: str) -> None:
         failed = taken + list(self.queue)
         self.queue.clear()
-        clients = {id(item.disconnect): item.disconnect for item in failed}
-        for disconnect in clients.values():
+        # One entry per client connection: each request carries its own bound-method object
+        # (a new one per attribute access), and bound methods of one session compare equal.
+        clients = dict.fromkeys(item.disconnect for item in failed)
+        for disconnect in clients:
             disconnect(f"lane {self.index} to node {self.pool.node_id} failed: {reason}")
         if failed:
             log.warning(

@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("kipside.session")
 
 READ_SIZE = 256 * 1024
+# How long a closing session lets the broker finish what it was sent (acks=0 produce has no
+# answer to wait for, and closing first would make the broker drop it).
+DEDICATED_CLOSE_GRACE_SECONDS = 1.0
 
 
 @dataclass(slots=True)
@@ -168,7 +171,8 @@ class Session:
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 data = b""
             if not data:
-                session_scope.cancel()
+                # The client is done sending. Requests already forwarded still run (acks=0
+                # ones included); the writer closes the session once the owed answers are out.
                 return
             decoder.receive_data(data)
             while True:
@@ -252,6 +256,8 @@ class Session:
     async def _response_writer(self, session_scope: trio.CancelScope) -> None:
         async for slot in self._slots_recv:
             if isinstance(slot, _Marker):
+                if slot is DRAINED and self.dedicated is not None:
+                    await self.dedicated.close_after_pending(DEDICATED_CLOSE_GRACE_SECONDS)
                 if slot is UPSTREAM_GONE and self.dedicated is not None:
                     log.info(
                         "%s: %s; closing so the client retries",

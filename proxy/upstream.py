@@ -119,6 +119,7 @@ class UpstreamConnection:
         self._unanswered: deque[int] = deque(maxlen=1024)
         self._next_correlation_id = 0
         self.closed = False
+        self._closed_event = trio.Event()
         self.close_reason = ""
         self.requests_sent = 0
 
@@ -223,6 +224,7 @@ class UpstreamConnection:
         if self.closed:
             return
         self.closed = True
+        self._closed_event.set()
         self.close_reason = reason
         while self._in_flight:
             self._in_flight.popleft().pending.fail(reason)
@@ -235,4 +237,20 @@ class UpstreamConnection:
             self._on_closed(self, reason)
 
     async def aclose(self) -> None:
+        self._close(f"{self.name}: closed by kipside")
+
+    async def close_after_pending(self, grace_seconds: float) -> None:
+        """Half-close, let the broker finish and close its side, then close; bounded.
+
+        A plain close with answers still unread makes the kernel reset the connection, and a
+        broker drops requests it had not processed yet: acks=0 produce would be lost.
+        """
+        if self.closed or self._stream is None:
+            return
+        with trio.move_on_after(grace_seconds, shield=True):
+            try:
+                await self._stream.send_eof()
+                await self._closed_event.wait()
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
         self._close(f"{self.name}: closed by kipside")

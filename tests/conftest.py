@@ -4,10 +4,12 @@ Fixtures:
   tansu       session: the in-memory Tansu broker (node id 111), killed at session end.
   kipside     session: `kipside serve` in front of tansu, stopped with SIGTERM at session end
               (it must exit 0 within 10 s). Skips the test when KIPSIDE_TEST_DIRECT=1.
-  target      function: the endpoint clients dial: kipside by default, Tansu itself when
+  target      session: the endpoint clients dial: kipside by default, Tansu itself when
               KIPSIDE_TEST_DIRECT=1 (to tell a broker limitation from a proxy bug).
-  bootstrap   function: target.bootstrap.
+  bootstrap   function: target.bootstrap, after checking kipside is still running.
   new_topic   function: a factory creating a topic whose name is unique to the test.
+  direct_probe session: asks the broker itself (no kipside) whether it can do something, so a
+              failure through kipside can be told apart from a broker limitation.
 
 KIPSIDE_TEST_SERVE_ARGS adds arguments to `kipside serve` (e.g. "--one-to-one");
 KIPSIDE_TEST_KEEP_LOG=PATH copies kipside's stderr log there at the end of the session.

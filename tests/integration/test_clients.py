@@ -667,6 +667,53 @@ def test_read_committed_hides_aborted(
         assert_exactly_once_in_order(run.committed1, run.view_while_open)
 
 
+def test_confluent_consume_transform_produce(bootstrap: str, new_topic: NewTopicFactory) -> None:
+    """The exactly-once loop: a group consumer reads, a transactional producer writes the
+    transformed records and commits the consumer's offsets inside each transaction
+    (AddOffsetsToTxn + TxnOffsetCommit). Output: every input once, in order; the group's
+    committed offsets: the input's end."""
+    parts = 2
+    source, sink = new_topic(parts, prefix="src"), new_topic(parts, prefix="dst")
+    group = unique_name("g")
+    inputs = make_messages(200, parts, tag="in", headers=False)
+    ck_produce(bootstrap, source, inputs)
+    consumer = ck_consumer(bootstrap, group, **{"isolation.level": "read_committed"})
+    producer = ck.Producer(
+        ck_config(
+            bootstrap,
+            **{"transactional.id": unique_name("tx"), "transaction.timeout.ms": 10000},
+        )
+    )
+    try:
+        producer.init_transactions(15)
+        consumer.subscribe([source])
+        done = 0
+        deadline = time.monotonic() + 40
+        while done < len(inputs):
+            assert time.monotonic() < deadline, f"transformed {done}/{len(inputs)}"
+            batch = consumer.consume(num_messages=50, timeout=0.2)
+            if not batch:
+                continue
+            producer.begin_transaction()
+            for m in batch:
+                assert not m.error(), m.error()
+                value = m.value() or b""
+                producer.produce(sink, value.upper(), key=m.key(), partition=m.partition() or 0)
+            producer.send_offsets_to_transaction(
+                consumer.position(consumer.assignment()),
+                consumer.consumer_group_metadata(),
+                15,
+            )
+            producer.commit_transaction(15)
+            done += len(batch)
+    finally:
+        call_with_deadline(consumer.close, 15, "consumer close")
+    want = [Msg(m.partition, m.key, m.value.upper()) for m in inputs]
+    got, _ = ck_consume_assigned(bootstrap, sink, parts, len(want), "read_committed")
+    assert_exactly_once_in_order(want, got)
+    assert _admin_committed(bootstrap, group, source) == {p: 100 for p in range(parts)}
+
+
 # --------------------------------------------------------------------------- admin
 
 
