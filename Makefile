@@ -17,12 +17,15 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
 	touch $(STAMP)
 
-# kcat (a real client for the tests) and haproxy (the benchmark's floor) come from Debian.
+# From Debian: kcat (a real client for the tests), haproxy (the benchmarks' floor) and libpcap
+# (the coalescing test captures loopback traffic with scapy).
 system-deps:
-	@command -v kcat >/dev/null 2>&1 && command -v haproxy >/dev/null 2>&1 || { \
-	  echo "installing kcat and haproxy from Debian"; \
+	@command -v kcat >/dev/null 2>&1 && command -v haproxy >/dev/null 2>&1 \
+	  && ldconfig -p | grep -q 'libpcap\.so' || { \
+	  echo "installing kcat, haproxy and libpcap from Debian"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq kcat haproxy >/dev/null; }
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq kcat haproxy libpcap0.8 >/dev/null; }
 
 run: $(STAMP)
 	$(BIN)/kipside dev
