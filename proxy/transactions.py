@@ -73,6 +73,9 @@ RULE_PROBLEM_ERRORS: Final = frozenset(
         int(ErrorCode.invalid_topic_exception),
     }
 )
+FENCING_ERRORS: Final = frozenset(
+    {int(ErrorCode.invalid_producer_epoch), int(ErrorCode.producer_fenced)}
+)
 MAX_CLIENT_ADD_PARTITIONS_VERSION: Final = 3  # v4+ is broker-to-broker only
 HOLD_FIRST_RETRY_SECONDS: Final = 0.002
 HOLD_MAX_RETRY_SECONDS: Final = 0.010
@@ -144,6 +147,7 @@ class TransactionManager:
         self._states: dict[str, TransactionState] = {}
         self._topic_partitions: dict[str, tuple[float, tuple[int, ...] | None]] = {}
         self._reported: set[str] = set()
+        self._refused: dict[TopicPartition, float] = {}
 
     def active(self) -> bool:
         return bool(self._rules().transactions)
@@ -351,7 +355,12 @@ class TransactionManager:
             client_ok = all(partition_errors.get(tp, NONE) == NONE for tp in wanted) and (
                 group is None or group_errors.get(group, NONE) == NONE
             )
-            if first and not client_ok and (state.partitions or state.groups):
+            fenced = FENCING_ERRORS & (set(partition_errors.values()) | set(group_errors.values()))
+            if fenced:
+                # The broker no longer accepts this producer epoch: nothing of ours to end.
+                state.reset()
+                state.producer_id = state.producer_epoch = -1
+            elif first and not client_ok and (state.partitions or state.groups):
                 # kipside opened a transaction the client thinks failed: end it.
                 await self._abort_orphan(pool, state, client_id or "kipside")
             if header.api_key == ApiKey.ADD_PARTITIONS_TO_TXN:
@@ -404,8 +413,10 @@ class TransactionManager:
                 failed = {tp for tp, code in result.items() if code != NONE}
                 declared_only = attempt - partitions
                 if failed and declared_only and self._rule_at_fault(result, declared_only):
-                    self._report_rule_problem(state.transactional_id, result, declared_only)
-                    attempt = set(partitions)
+                    refused = self._refused_outputs(rule, result, declared_only)
+                    # Keep the declared outputs the broker did accept; only the refused ones
+                    # (remembered for a while, so later transactions skip them) go.
+                    attempt -= refused
                     if not attempt:
                         return
                     continue
@@ -481,28 +492,34 @@ class TransactionManager:
             )
         )
 
-    def _report_rule_problem(
+    def _refused_outputs(
         self,
-        transactional_id: str,
+        rule: TransactionRule,
         result: dict[TopicPartition, int],
         declared: set[TopicPartition],
-    ) -> None:
-        bad = sorted(
-            f"{t}-{p} ({ErrorCode(result[(t, p)]).name.upper()})"
-            for t, p in declared
-            if result.get((t, p)) not in (None, NONE, int(ErrorCode.operation_not_attempted))
-        )
-        key = f"{transactional_id}:{','.join(bad)}"
+    ) -> set[TopicPartition]:
+        """The declared outputs the broker refused: remembered, and reported once per rule."""
+        refused = {
+            tp
+            for tp in declared
+            if result.get(tp) not in (None, NONE, int(ErrorCode.operation_not_attempted))
+        }
+        now = trio.current_time()
+        for tp in refused:
+            self._refused[tp] = now
         self.txn_stats.rule_problems += 1
-        if key in self._reported:
-            return
-        self._reported.add(key)
-        log.warning(
-            "transactions rule for %r declares outputs the broker refused: %s; registering "
-            "only the client's own partitions. Fix the rule file's outputs",
-            transactional_id,
-            ", ".join(bad),
-        )
+        bad = sorted(f"{t}-{p} ({ErrorCode(result[(t, p)]).name.upper()})" for t, p in refused)
+        key = f"{rule.transactional_id}:{','.join(bad)}"
+        if key not in self._reported:
+            self._reported.add(key)
+            log.warning(
+                "transactions rule %r declares outputs the broker refused: %s; they are left "
+                "out of pre-registration for %g s. Fix the rule file's outputs",
+                rule.transactional_id,
+                ", ".join(bad),
+                METADATA_TTL_SECONDS,
+            )
+        return refused
 
     async def _add_partitions_once(
         self,
@@ -594,6 +611,17 @@ class TransactionManager:
     # Declared outputs --------------------------------------------------------------------
 
     async def _declared_outputs(self, pool: LanePool, rule: TransactionRule) -> set[TopicPartition]:
+        out = await self._all_declared_outputs(pool, rule)
+        now = trio.current_time()
+        return {
+            tp
+            for tp in out
+            if now - self._refused.get(tp, -METADATA_TTL_SECONDS) >= METADATA_TTL_SECONDS
+        }
+
+    async def _all_declared_outputs(
+        self, pool: LanePool, rule: TransactionRule
+    ) -> set[TopicPartition]:
         out: set[TopicPartition] = set()
         for output in rule.outputs:
             if output.partitions is not None:
