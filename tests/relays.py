@@ -6,6 +6,12 @@ and one broker address, and independently of kipside counts what goes upstream: 
 record batch in every ProduceRequest it forwards. It can also hold the client->broker direction
 (so requests stay in flight) and cut every connection it carries (a broker/network failure).
 
+One deliberate exception to "unchanged", off by default: with `kafka_acks0=True` the relay
+swallows the broker's responses to acks=0 ProduceRequests. Tansu 0.6.0 answers acks=0
+requests (seen here: raw socket, no proxy), Apache Kafka never does (kafka-rules.md); the
+option makes the test broker behave like Apache Kafka on this point. Either way the relay
+counts those answers (`acks0_answers`), so a test can show that the broker did answer.
+
 It runs trio in a background thread; every public method is called from the test's thread and
 is safe to call while traffic flows. It binds and dials loopback only, and never re-encodes a
 byte: frames are parsed only to be counted.
@@ -27,9 +33,10 @@ import trio
 from protocol.apis import ApiKey
 from protocol.errors import ProtocolError
 from protocol.framing import FrameDecoder
-from protocol.headers import parse_request_header
+from protocol.headers import parse_request_header, response_correlation_id
 from protocol.produce import MAX_VERSION, MIN_VERSION, parse_produce_request
 from protocol.records import RecordBatchError, iter_batches
+from proxy.session import produce_acks
 
 LOOPBACK = "127.0.0.1"
 CONNECT_TIMEOUT = 5.0
@@ -47,6 +54,7 @@ class BatchSeen:
     crc_valid: bool
     acks: int
     producer_id: int
+    producer_epoch: int
     base_sequence: int
     records_count: int
     compression: int
@@ -76,6 +84,7 @@ def produce_batches(frame: bytes) -> list[BatchSeen]:
                     batch.crc_valid(),
                     request.acks,
                     batch.producer_id,
+                    batch.producer_epoch,
                     batch.base_sequence,
                     batch.records_count,
                     int(batch.compression),
@@ -93,6 +102,8 @@ class RelayedConnection:
     closed_at: float | None = None
     requests: Counter[int] = field(default_factory=Counter)
     """Requests forwarded to the broker on this connection, by API key."""
+    acks0_correlation_ids: set[int] = field(default_factory=set)
+    """acks=0 ProduceRequests forwarded whose (non-Kafka) response may still come."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +116,11 @@ class RelayCounts:
     requests: Counter[int]
     held_now: int
     cut: int
+    swallowed_acks0_responses: int
+    acks0_requests: int
+    """acks=0 ProduceRequests forwarded to the broker."""
+    acks0_answers: int
+    """Responses the broker sent to acks=0 ProduceRequests (swallowed or forwarded)."""
 
 
 @dataclass(slots=True)
@@ -120,8 +136,12 @@ class CountingRelay:
     first connection arrives (the broker may need the relay's port before it can start).
     """
 
-    def __init__(self, upstream: tuple[str, int] | None = None) -> None:
+    def __init__(self, upstream: tuple[str, int] | None = None, *, kafka_acks0: bool = False):
         self.upstream = upstream
+        self.kafka_acks0 = kafka_acks0
+        self._swallowed = 0
+        self._acks0_requests = 0
+        self._acks0_answers = 0
         self.port = 0
         self._lock = threading.Lock()
         self._accepted = 0
@@ -163,6 +183,9 @@ class CountingRelay:
                 Counter(self._requests),
                 self._held_now,
                 self._cut,
+                self._swallowed,
+                self._acks0_requests,
+                self._acks0_answers,
             )
 
     def batches(self) -> list[BatchSeen]:
@@ -173,7 +196,7 @@ class CountingRelay:
     def connections(self) -> list[RelayedConnection]:
         with self._lock:
             return [
-                RelayedConnection(c.number, c.opened_at, c.closed_at, Counter(c.requests))
+                RelayedConnection(c.number, c.opened_at, c.closed_at, Counter(c.requests), set())
                 for c in self._connections
             ]
 
@@ -283,10 +306,9 @@ class CountingRelay:
                 async with trio.open_nursery() as nursery:
                     both = nursery.cancel_scope
                     nursery.start_soon(self._to_broker, client, broker, record, both)
-                    nursery.start_soon(self._to_client, broker, client, both)
+                    nursery.start_soon(self._to_client, broker, client, record, both)
         except (OSError, trio.TooSlowError) as exc:
-            with self._lock:
-                self._problems.append(f"connection {number}: cannot reach the broker: {exc!r}")
+            self._problem(f"connection {number}: cannot reach the broker: {exc!r}")
         finally:
             self._live.pop(number, None)
             if broker is not None:
@@ -314,8 +336,9 @@ class CountingRelay:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         except ProtocolError as exc:
-            with self._lock:
-                self._problems.append(f"connection {record.number}: not Kafka: {exc}")
+            self._problem(
+                f"connection {record.number}: client sent bytes that are not Kafka: {exc}"
+            )
         both.cancel()
 
     async def _wait_released(self) -> None:
@@ -335,29 +358,63 @@ class CountingRelay:
         try:
             header = parse_request_header(frame)
         except ProtocolError as exc:
-            with self._lock:
-                self._problems.append(f"connection {record.number}: bad request header: {exc}")
+            self._problem(f"connection {record.number}: bad request header: {exc}")
             return
         batches: list[BatchSeen] = []
         problem = None
+        acks0 = False
         if header.api_key == ApiKey.PRODUCE:
             try:
+                if produce_acks(frame, header) == 0:
+                    acks0 = True
+                    record.acks0_correlation_ids.add(header.correlation_id)
                 batches = produce_batches(frame)
             except (ProtocolError, RecordBatchError, ValueError) as exc:
                 problem = f"connection {record.number}: unreadable ProduceRequest: {exc}"
         with self._lock:
             self._requests[header.api_key] += 1
+            self._acks0_requests += acks0
             record.requests[header.api_key] += 1
             self._batches.extend(batches)
             if problem is not None:
                 self._problems.append(problem)
 
     async def _to_client(
-        self, broker: trio.SocketStream, client: trio.SocketStream, both: trio.CancelScope
+        self,
+        broker: trio.SocketStream,
+        client: trio.SocketStream,
+        record: RelayedConnection,
+        both: trio.CancelScope,
     ) -> None:
+        decoder = FrameDecoder()
         try:
             while data := await broker.receive_some(READ_SIZE):
-                await client.send_all(data)
+                if not self.kafka_acks0:
+                    await client.send_all(data)  # as received; frames are only counted
+                decoder.receive_data(data)
+                while (frame := decoder.next_frame()) is not None:
+                    # Registered before the request was written, so never too late.
+                    correlation_id = response_correlation_id(frame)
+                    unasked = correlation_id in record.acks0_correlation_ids
+                    if unasked:
+                        record.acks0_correlation_ids.discard(correlation_id)
+                        with self._lock:
+                            self._acks0_answers += 1
+                    if not self.kafka_acks0:
+                        continue  # already forwarded
+                    if unasked:
+                        with self._lock:
+                            self._swallowed += 1
+                        continue
+                    await client.send_all(frame)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
+        except ProtocolError as exc:
+            self._problem(
+                f"connection {record.number}: broker sent bytes that are not Kafka: {exc}"
+            )
         both.cancel()
+
+    def _problem(self, text: str) -> None:
+        with self._lock:
+            self._problems.append(text)

@@ -2,13 +2,37 @@
 
 Every test starts its own Tansu that advertises a CountingRelay's port, so kipside (whose
 --upstream is the relay) reaches the broker only through the relay, which counts, independently
-of kipside, every request and connection kipside makes upstream and records the CRC of every
-record batch it forwards. The clients' side is captured on loopback with scapy (client ->
-kipside direction only) and reassembled per TCP connection, so what each client sent is known
-byte for byte without trusting kipside.
+of kipside, every request and connection kipside makes upstream and records the CRC, producer
+id, epoch and base sequence of every record batch it forwards. The clients' side is captured on
+loopback with scapy (client -> kipside direction only) and reassembled per TCP connection, so
+what each client sent is known byte for byte without trusting kipside.
 
 Producers run in separate processes (multiprocessing, spawn) so that many really are
-concurrent; each puts "name|seq|" in every value so the log can be checked per producer.
+concurrent; each puts "name|seq|" in every value so the log can be checked per producer, and
+keeps the lines of its client library's log that tell how it saw a connection end.
+
+Tansu answers acks=0 ProduceRequests, Apache Kafka does not: the `stack` fixture's relay
+swallows those answers, so the broker behaves as Apache Kafka would; `tansu_stack` passes them
+on, to show that kipside copes with Tansu as it is.
+
+- test_many_producers_coalesce_without_loss_or_change: 18 producers (16 confluent-kafka, one
+  kafka-python, one aiokafka; idempotent, acks=all/1/0, every codec) on shared partitions:
+  everything in the log exactly once and in order, batches byte-identical (CRCs) at the broker,
+  fewer upstream than client ProduceRequests, upstream connections within the lanes.
+- test_upstream_cut_mid_flight_disconnects_affected_clients_and_loses_nothing: the relay cuts
+  every upstream connection under load (once after holding requests in flight, once
+  unannounced). kipside closes each client connection that had a batch in flight or queued on a
+  cut lane, as a broker disconnect would; the clients see the disconnect (librdkafka and
+  aiokafka retry, clients with retries=0 report a retriable connection error), resend in order,
+  idempotent ones under the same sequence numbers and epoch: no batch reaches the broker ahead
+  of its predecessor, nothing acknowledged is lost, idempotent producers write no duplicates.
+- test_lane_cut_closes_the_client_so_no_later_idempotent_batch_overtakes: a hand-driven
+  idempotent producer with sequence 0 in flight and 1 queued when the lane dies, and 2 written
+  just after: kipside closes the connection without forwarding 1 or 2, and after reconnecting
+  the broker sees 0, 1, 2 once each, in order.
+- test_acks0_producers_through_kipside_to_tansu_deliver_and_fail_no_lane: acks=0 producers
+  (with acks=1 and idempotent ones on the same lanes) against Tansu as it is: kipside drops
+  Tansu's answers to acks=0 requests, no lane fails, every message arrives once.
 
 Run: .venv/bin/pytest tests/integration/test_coalesce.py -q -p no:cacheprovider -x
 """
@@ -17,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import multiprocessing
 import os
 import re
@@ -60,8 +85,33 @@ WORKER_DEADLINE = 100.0  # a producer process exits by itself after this, whatev
 PROCESS_START_TIMEOUT = 60.0  # spawning ~20 interpreters on 2 busy cores is slow
 PRODUCE_TIMEOUT = 60.0
 CONSUME_TIMEOUT = 60.0
-TIMED_OUT_LINE = re.compile(
-    r"lane (\d+) to node (\d+) failed \((.*)\): (\d+) batches answered REQUEST_TIMED_OUT"
+LANE_FAILED_LINE = re.compile(
+    r"lane (\d+) to node (\d+) failed \((.*)\): (\d+) batches unanswered, "
+    r"(\d+) client connections closed so their clients resend in order"
+)
+CLIENT_CLOSED_LINE = re.compile(
+    r"kipside\.session: client ([\d.]+:\d+)(?: \(client\.id '([^']*)'\))?: "
+    r"lane (\d+) to node (\d+) failed: (.*); closing so the client resends$"
+)
+CLOSED_FOR_SHORT_API_LINE = re.compile(
+    r"kipside\.session: client ([\d.]+:\d+)(?: \(client\.id '([^']*)'\))?: no answer to "
+    r".*; closing so the client retries$"
+)
+# What a producer process keeps of its client library's log: how it saw the connection end
+# and what it did about its batches.
+KEPT_CLIENT_LOG = re.compile(
+    r"Disconnected|transport failure|Connection lost|Got error produce response|timed out|"
+    r"duplicate sequence|out of order|fenc|bump|Produce MessageSet with",
+    re.IGNORECASE,
+)
+# librdkafka (debug "msg"): a ProduceRequest written, and one failed by a lost connection.
+RDKAFKA_PRODUCED = re.compile(
+    r" (\S+) \[(\d+)\]: Produce MessageSet with \d+ message\(s\) \(.*BaseSeq (\d+), "
+    r"PID\{Id:(\d+),Epoch:(\d+)\}"
+)
+RDKAFKA_TRANSPORT_FAILED = re.compile(
+    r" (\S+) \[(\d+)\]: MessageSet with \d+ message\(s\) \(MsgId \d+, BaseSeq (\d+)\) "
+    r"encountered error: Local: Broker transport failure"
 )
 
 
@@ -126,9 +176,11 @@ def _start_tansu_advertising(advertised_port: int) -> tuple[subprocess.Popen[byt
     return proc, port
 
 
-@pytest.fixture
-def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
-    relay = CountingRelay().start()
+@contextlib.contextmanager
+def _stack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, kafka_acks0: bool
+) -> Iterator[Stack]:
+    relay = CountingRelay(kafka_acks0=kafka_acks0).start()
     proc, broker_port = _start_tansu_advertising(relay.port)
     relay.upstream = ("127.0.0.1", broker_port)
     via_relay = Broker(host="127.0.0.1", port=relay.port, pid=proc.pid, proc=proc)
@@ -157,6 +209,21 @@ def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture
+def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
+    """The stack with a broker that, like Apache Kafka, never answers acks=0 ProduceRequests:
+    Tansu does answer them (kafka-rules.md), and the relay swallows those answers."""
+    with _stack(tmp_path, monkeypatch, kafka_acks0=True) as s:
+        yield s
+
+
+@pytest.fixture
+def tansu_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
+    """The stack with Tansu as it is: its answers to acks=0 ProduceRequests reach kipside."""
+    with _stack(tmp_path, monkeypatch, kafka_acks0=False) as s:
+        yield s
 
 
 def _wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.05) -> None:
@@ -197,14 +264,21 @@ def _open_loopback_socket(bpf: str) -> Any:
         pcap_open_dead,
     )
 
-    class RawLoopbackSocket(L2ListenSocket):  # type: ignore[misc]
+    class RawLoopbackSocket(L2ListenSocket):
         def recv_raw(self, x: int = 0) -> tuple[Any, Any, Any]:
             pkt, sa_ll, ts = self._recv_raw(self.ins, SNAPLEN)
             if sa_ll[2] == socket.PACKET_OUTGOING:
                 return None, None, None
             return conf.raw_layer, pkt, ts
 
-    sock = RawLoopbackSocket(iface="lo", nofilter=1)
+    # scapy warns that it cannot name lo's link type; the bytes are dissected as Ether later.
+    scapy_log = logging.getLogger("scapy.runtime")
+    level = scapy_log.level
+    scapy_log.setLevel(logging.ERROR)
+    try:
+        sock = RawLoopbackSocket(iface="lo", nofilter=1)
+    finally:
+        scapy_log.setLevel(level)
     pcap = pcap_open_dead(DLT_EN10MB, SNAPLEN)
     program = bpf_program()
     try:
@@ -377,10 +451,24 @@ def _produce_loop(spec: ProducerSpec, stop: Any, send: Any) -> None:
             time.sleep(spec.pause)
 
 
+def _keep_client_log(outcome: dict[str, Any], logger_name: str) -> logging.Logger:
+    """Keep the client library's log lines that KEPT_CLIENT_LOG matches in outcome["log"]."""
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            line = record.getMessage()
+            if KEPT_CLIENT_LOG.search(line):
+                outcome["log"].append(f"{record.levelname} {record.name}: {line}")
+
+    logger = logging.getLogger(logger_name)
+    # librdkafka's debug lines are wanted; kafka-python's and aiokafka's are far too many.
+    logger.setLevel(logging.DEBUG if logger_name.startswith("rdkafka.") else logging.INFO)
+    logger.addHandler(Keep())
+    return logger
+
+
 def _run_confluent(spec: ProducerSpec, bootstrap: str, outcome: dict[str, Any], ready: Any,
                    go: Any, stop: Any) -> None:  # fmt: skip
-    import logging
-
     import confluent_kafka as ck
 
     conf = {
@@ -396,19 +484,10 @@ def _run_confluent(spec: ProducerSpec, bootstrap: str, outcome: dict[str, Any], 
         "acks": "all" if spec.acks == -1 else str(spec.acks),
         **spec.conf,
     }
+    # librdkafka's own log (errors always, debug contexts if asked for), filtered.
+    conf["logger"] = _keep_client_log(outcome, f"rdkafka.{spec.name}")
     if spec.debug:
-
-        class Keep(logging.Handler):
-            def emit(self, record: logging.LogRecord) -> None:
-                line = record.getMessage()
-                if "timed out" in line.lower() or "Request timed" in line:
-                    outcome["log"].append(line)
-
-        logger = logging.getLogger(f"rdkafka.{spec.name}")
-        logger.setLevel(logging.DEBUG)
-        logger.addHandler(Keep())
         conf["debug"] = spec.debug
-        conf["logger"] = logger
     producer = ck.Producer(conf)
 
     def on_delivery(err: Any, msg: Any) -> None:
@@ -444,6 +523,7 @@ def _run_kafka_python(spec: ProducerSpec, bootstrap: str, outcome: dict[str, Any
                       go: Any, stop: Any) -> None:  # fmt: skip
     from kafka import KafkaProducer
 
+    _keep_client_log(outcome, "kafka")
     producer = KafkaProducer(
         bootstrap_servers=bootstrap,
         client_id=spec.name,
@@ -493,6 +573,7 @@ async def _run_aiokafka(spec: ProducerSpec, bootstrap: str, outcome: dict[str, A
 
     from aiokafka import AIOKafkaProducer
 
+    _keep_client_log(outcome, "aiokafka")
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap,
         client_id=spec.name,
@@ -523,7 +604,10 @@ async def _run_aiokafka(spec: ProducerSpec, bootstrap: str, outcome: dict[str, A
         for seq, topic, partition, future in futures:
             try:
                 md = await future
-                outcome["delivered"].append([seq, md.topic, md.partition])
+                if md is None:  # acks=0: aiokafka reports it sent, with no metadata
+                    outcome["delivered"].append([seq, topic, partition])
+                else:
+                    outcome["delivered"].append([seq, md.topic, md.partition])
             except Exception as exc:
                 outcome["failed"].append(
                     [
@@ -600,8 +684,8 @@ class ProducerFleet:
             outcomes.append(
                 Outcome(
                     spec,
-                    [tuple(d) for d in raw["delivered"]],  # type: ignore[misc]
-                    [tuple(f) for f in raw["failed"]],  # type: ignore[misc]
+                    [(d[0], d[1], d[2]) for d in raw["delivered"]],
+                    [(f[0], f[1], f[2], f[3], f[4], f[5]) for f in raw["failed"]],
                     raw["undelivered"],
                     raw["log"],
                     raw.get("error"),
@@ -663,15 +747,15 @@ def consume_everything(
             if msg is None:
                 continue
             err = msg.error()
-            key = (msg.topic(), msg.partition())
+            key = (str(msg.topic()), int(msg.partition() or 0))
             if err is not None:
                 if err.code() == ck.KafkaError._PARTITION_EOF:
                     at_end.add(key)
                     continue
                 raise AssertionError(f"consumer error: {err}")
             at_end.discard(key)
-            producer, seq = _parse_value(msg.value())
-            got.append(LogRecord(producer, seq, key[0], key[1], msg.offset()))
+            producer, seq = _parse_value(msg.value() or b"")
+            got.append(LogRecord(producer, seq, key[0], key[1], int(msg.offset() or 0)))
         return got
     finally:
         consumer.close()
@@ -788,11 +872,13 @@ def test_many_producers_coalesce_without_loss_or_change(
         before = stack.relay.counts()
         metrics_before = stack.metrics()
         stack.relay.reset_peak()
+        produce_started = time.monotonic()
         fleet.go.set()
         outcomes = fleet.join(PRODUCE_TIMEOUT + 30)
     finally:
         fleet.kill()
     after = stack.relay.counts()
+    connections = stack.relay.connections()  # before the checker's consumer adds its own
     metrics_after = stack.metrics()
     client_requests = capture.stop()
 
@@ -854,17 +940,26 @@ def test_many_producers_coalesce_without_loss_or_change(
     coalesced = metrics_after["kipside_coalesced_batches_total"]
     assert coalesced == len(upstream_batches), (coalesced, len(upstream_batches))
 
-    # Upstream connections. Allowed: LANES per broker node, the shared lanes that carry every
-    # ProduceRequest and the short APIs (Metadata, InitProducerId, ...). Producers use no
-    # blocking API (Fetch, group APIs), so no client gets a connection of its own, and the
-    # admin client that created the topics had closed its own before the producers started.
-    # (The checker's consumer, after this, does get one for its Fetches.)
+    # Upstream connections. While the 18 producers ran, only LANES per broker node were open:
+    # the shared lanes, which carry every ProduceRequest and the short APIs (ApiVersions,
+    # Metadata, InitProducerId, GetTelemetrySubscriptions). Producers use no blocking API
+    # (Fetch, group APIs), so none gets a connection of its own. Before that, the relay carried
+    # exactly two others, both closed before the producers started: kipside's start-up
+    # discovery (one Metadata request) and the connection of the admin client that created the
+    # topics (CreateTopics is not a short API, so it went on that client's own connection).
+    # The checker's consumer, afterwards, gets one for its Fetches: not counted here.
     opened_during = after.accepted - before.accepted
     assert before.open + opened_during <= LANES * BROKERS, (before, after)
     assert after.peak_open <= LANES * BROKERS, after
     assert metrics_after["kipside_upstream_connections"] <= LANES * BROKERS
-    produce_connections = [c for c in stack.relay.connections() if c.requests[ApiKey.PRODUCE]]
+    produce_connections = [c for c in connections if c.requests[ApiKey.PRODUCE]]
     assert 1 <= len(produce_connections) <= LANES * BROKERS, produce_connections
+    others = sorted(
+        (sorted(c.requests.items()), c.closed_at is not None and c.closed_at < produce_started)
+        for c in connections
+        if not c.requests[ApiKey.PRODUCE]
+    )
+    assert others == [([(ApiKey.METADATA, 1)], True), ([(ApiKey.CREATE_TOPICS, 1)], True)], others
     assert metrics_after["kipside_lane_failures_total"] == 0
     print(
         f"\nclients: {len(specs)} producers, {len(client_produce)} ProduceRequests "
@@ -872,4 +967,451 @@ def test_many_producers_coalesce_without_loss_or_change(
         f"ProduceRequests on {len(produce_connections)} connections "
         f"(peak open {after.peak_open}, accepted in total {after.accepted}); "
         f"capture: {capture.packets} packets, {capture.drops} dropped"
+    )
+
+
+def _cut_specs(targets: list[tuple[str, int]]) -> list[ProducerSpec]:
+    endless = {"messages": 1_000_000, "pause_every": 2, "pause": 0.004}  # until told to stop
+    common: dict[str, Any] = {"conf": {}, **endless}
+    return [
+        ProducerSpec(
+            "idem-lz4", "confluent-kafka", -1, True, "lz4",
+            targets=_rotated(targets, 0), debug="msg", **common,
+        ),
+        ProducerSpec(
+            "idem-zstd", "confluent-kafka", -1, True, "zstd", targets=_rotated(targets, 3),
+            debug="msg", **common,
+        ),
+        ProducerSpec(
+            "all-gzip", "confluent-kafka", -1, False, "gzip", targets=_rotated(targets, 5),
+            **common,
+        ),
+        ProducerSpec(
+            "ck-noretry", "confluent-kafka", 1, False, "none", targets=_rotated(targets, 2),
+            messages=1_000_000, pause_every=2, pause=0.004,
+            conf={"retries": 0},
+        ),
+        ProducerSpec(
+            "kp-noretry", "kafka-python", 1, False, "gzip", targets=_rotated(targets, 6),
+            messages=1_000_000, pause_every=2, pause=0.004,
+            conf={"retries": 0},
+        ),
+        ProducerSpec(
+            "aio-acks1", "aiokafka", 1, False, "snappy", targets=_rotated(targets, 1), **common,
+        ),
+    ]  # fmt: skip
+
+
+def sequence_gaps(batches: list[BatchSeen]) -> tuple[list[str], int]:
+    """Idempotent batches forwarded to the broker ahead of a predecessor, and how many were
+    re-sent.
+
+    Per producer id, epoch and partition, in forwarding order: a batch whose base sequence lies
+    beyond the end of every batch forwarded before it overtook one (the broker answers it
+    OUT_OF_ORDER_SEQUENCE_NUMBER); one at or below that end is a resend (the broker writes it
+    if the first copy never arrived, or answers it as a duplicate).
+    """
+    next_sequence: dict[tuple[int, int, str, int], int] = {}
+    gaps, resent = [], 0
+    for b in batches:
+        if b.producer_id < 0:
+            continue
+        key = (b.producer_id, b.producer_epoch, b.topic, b.partition)
+        expected = next_sequence.get(key, 0)
+        if b.base_sequence > expected:
+            gaps.append(
+                f"producer id {b.producer_id} epoch {b.producer_epoch} {b.topic}[{b.partition}]: "
+                f"sequence {b.base_sequence} forwarded before {expected}"
+            )
+        elif b.base_sequence < expected:
+            resent += 1
+        next_sequence[key] = max(expected, b.base_sequence + b.records_count)
+    return gaps, resent
+
+
+def test_upstream_cut_mid_flight_disconnects_affected_clients_and_loses_nothing(
+    stack: Stack, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    topics = [unique_name(f"cut{t}", request) for t in range(2)]
+    create_topics(stack.kipside.bootstrap, topics, PARTITIONS)
+    targets = _targets(topics, PARTITIONS)
+    specs = _cut_specs(targets)
+    names = {s.name for s in specs}
+    fleet = ProducerFleet(specs, stack.kipside.bootstrap, tmp_path)
+    relay = stack.relay
+    try:
+        fleet.start()
+        fleet.go.set()
+        start = relay.counts().requests[ApiKey.PRODUCE]
+        _wait_until(
+            lambda: relay.counts().requests[ApiKey.PRODUCE] > start + 50, 30, "produce traffic"
+        )
+        mark = stack.kipside.log_mark()
+        accepted_before_cut = relay.counts().accepted
+        # Hold what kipside sends upstream so that requests are certainly in flight on the
+        # lanes (and more queue behind them, from every producer), then cut every connection.
+        relay.hold()
+        _wait_until(lambda: relay.counts().held_now >= 1, 10, "a request held in flight")
+        time.sleep(0.5)
+        first_cut = relay.cut_all()
+        relay.release()
+        assert stack.kipside.wait_for_log(LANE_FAILED_LINE.search, mark, timeout=10), (
+            f"kipside logged no lane failure:\n{stack.kipside.log()[-3000:]}"
+        )
+        time.sleep(1.5)  # producers carry on over re-dialled lanes...
+        second_cut = relay.cut_all()  # ...and lose them again, this time with no warning
+        time.sleep(1.5)
+        fleet.stop.set()
+        outcomes = {o.spec.name: o for o in fleet.join(PRODUCE_TIMEOUT + 30)}
+    finally:
+        fleet.kill()
+    stack.kipside.assert_alive()
+    metrics = stack.metrics()
+
+    # kipside closed the client connections that had a batch in flight or queued on a cut
+    # lane, and said so: per lane, and per client connection.
+    assert first_cut >= 1 and second_cut >= 1, (first_cut, second_cut)
+    log = stack.kipside.log_since(mark).splitlines()
+    lane_lines = [m for ln in log if (m := LANE_FAILED_LINE.search(ln))]
+    assert lane_lines, f"no lane failure in kipside's log:\n{stack.kipside.log()[-3000:]}"
+    assert all(int(m.group(2)) == 111 for m in lane_lines), [m.group(0) for m in lane_lines]
+    closed_per_lane = [int(m.group(5)) for m in lane_lines]
+    assert sum(closed_per_lane) > 0, [m.group(0) for m in lane_lines]
+    for m in lane_lines:
+        batches, closed = int(m.group(4)), int(m.group(5))
+        # Connections, not requests: at most one per producer (each has one to node 111).
+        assert 1 <= closed <= min(batches, len(specs)), m.group(0)
+    client_lines = [m for ln in log if (m := CLIENT_CLOSED_LINE.search(ln))]
+    short_api_lines = [m for ln in log if (m := CLOSED_FOR_SHORT_API_LINE.search(ln))]
+    assert client_lines, "kipside named no client connection it closed"
+    assert len(client_lines) <= sum(closed_per_lane), (len(client_lines), closed_per_lane)
+    assert all(m.group(4) == "111" for m in client_lines), [m.group(0) for m in client_lines]
+    closed_for_batches = Counter(m.group(2) for m in client_lines)
+    closed_at_all = closed_for_batches + Counter(m.group(2) for m in short_api_lines)
+    assert set(closed_at_all) <= names, closed_at_all
+    assert metrics["kipside_lane_failures_total"] >= 1
+    assert relay.counts().accepted > accepted_before_cut, "kipside never re-dialled its lanes"
+    assert metrics["kipside_upstream_connections"] <= LANES * BROKERS
+
+    for o in outcomes.values():
+        assert o.error is None, f"{o.spec.name} crashed:\n{o.error}"
+        assert o.undelivered == 0, f"{o.spec.name}: {o.undelivered} never reported"
+        assert o.delivered, f"{o.spec.name} delivered nothing"
+
+    # Each client whose connection kipside closed saw a disconnect, as from a broker.
+    for name in closed_at_all:
+        if outcomes[name].spec.library == "confluent-kafka":
+            assert any("Disconnected" in ln for ln in outcomes[name].log), (
+                f"{name}: librdkafka logged no disconnect: {outcomes[name].log[:5]}"
+            )
+    # Clients that do not retry saw a retriable error for the batches that were in flight.
+    kp_errors = Counter((f[3], f[4], f[5]) for f in outcomes["kp-noretry"].failed)
+    if closed_for_batches["kp-noretry"]:
+        assert kp_errors[(None, "KafkaConnectionError", True)] > 0, kp_errors
+        assert any("Connection lost" in ln for ln in outcomes["kp-noretry"].log)
+    assert all(f[5] for f in outcomes["kp-noretry"].failed), outcomes["kp-noretry"].failed[:5]
+    # librdkafka's delivery report says retriable() False once its retries (0 here) are spent;
+    # the code is its local transport failure, which librdkafka retries when it may (the
+    # idempotent producers' resends below).
+    ck_errors = Counter((f[3], f[4]) for f in outcomes["ck-noretry"].failed)
+    if closed_for_batches["ck-noretry"]:
+        assert ck_errors[(-195, "_TRANSPORT")] > 0, ck_errors
+    assert set(ck_errors) <= {(-195, "_TRANSPORT")}, ck_errors
+    # Clients that retry got everything through after the disconnect.
+    if closed_for_batches["aio-acks1"]:
+        lost_connection = "Got error produce response: KafkaConnectionError"
+        aio_log = outcomes["aio-acks1"].log
+        assert any(lost_connection in ln for ln in aio_log), aio_log[:5]
+    for name in ("all-gzip", "aio-acks1", "idem-lz4", "idem-zstd"):
+        assert not outcomes[name].failed, (name, outcomes[name].failed[:5])
+
+    # The idempotent producers resent, on their new connection, every batch the disconnect
+    # failed, under the same sequence number and epoch: librdkafka's own log.
+    resends = {}
+    for name in ("idem-lz4", "idem-zstd"):
+        lines = list(enumerate(outcomes[name].log))
+        produced = [(i, m.groups()) for i, ln in lines if (m := RDKAFKA_PRODUCED.search(ln))]
+        failed = [(i, m.groups()) for i, ln in lines if (m := RDKAFKA_TRANSPORT_FAILED.search(ln))]
+        if closed_for_batches[name]:
+            assert failed, f"{name}: librdkafka logged no batch failed by the disconnect"
+        assert {g[4] for _, g in produced} == {"0"}, f"{name} bumped its epoch"
+        for i, batch in failed:
+            resent_after = [j for j, g in produced if j > i and g[:3] == batch]
+            assert resent_after, f"{name}: {batch} (topic, partition, sequence) never resent"
+        resends[name] = len(failed)
+
+    # The broker never saw a batch ahead of its predecessor (no OUT_OF_ORDER_SEQUENCE_NUMBER,
+    # hence no epoch bump and no fencing), whatever was resent.
+    upstream = relay.batches()
+    gaps, resent = sequence_gaps(upstream)
+    assert not gaps, gaps[:10]
+    idempotent_batches = [b for b in upstream if b.producer_id >= 0]
+    assert {b.producer_epoch for b in idempotent_batches} == {0}
+
+    # Nothing acknowledged was lost; idempotent producers wrote nothing twice, in order.
+    delivered = {(o.spec.name, seq) for o in outcomes.values() for seq, _, _ in o.delivered}
+    records = consume_everything(stack.kipside.bootstrap, targets, at_least=len(delivered))
+    counts = _log_index(records)
+    lost = sorted(delivered - set(counts))
+    assert not lost, f"{len(lost)} acknowledged messages are not in the log: {lost[:10]}"
+    idempotent = {s.name for s in specs if s.idempotent}
+    dups = {k: n for k, n in counts.items() if k[0] in idempotent and n > 1}
+    assert not dups, f"idempotent producers' duplicates: {list(dups.items())[:10]}"
+    assert_order_per_partition(records, idempotent)
+    print(
+        f"\ncuts: {first_cut} + {second_cut} connections; kipside: "
+        + "; ".join(
+            f"lane {m.group(1)}: {m.group(4)} batches, {m.group(5)} clients" for m in lane_lines
+        )
+        + f"; closed for batches {dict(closed_for_batches)}, for short APIs "
+        f"{dict(Counter(m.group(2) for m in short_api_lines))}; client errors: kafka-python "
+        f"{dict(kp_errors)}, confluent {dict(ck_errors)}; idempotent batches failed by the "
+        f"disconnect and resent {resends}; resent upstream {resent} of "
+        f"{len(idempotent_batches)}; delivered {len(delivered)}, in log {len(records)}"
+    )
+
+
+# --------------------------------------------------------------------------- one raw producer
+
+
+class RawIdempotentProducer:
+    """A hand-driven idempotent producer on one kipside connection: exact control over which
+    request is written when, which real clients do not give."""
+
+    def __init__(self, address: tuple[str, int], topic: str) -> None:
+        self.address = address
+        self.sock = socket.create_connection(address, timeout=10)
+        self.topic = topic
+        self.decoder = FrameDecoder()
+        self.correlation_id = 0
+        self.producer_id = -1
+        self.epoch = -1
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def reconnect(self) -> None:
+        """A new connection, same producer id and epoch (what a client does after a disconnect)."""
+        self.sock.close()
+        self.sock = socket.create_connection(self.address, timeout=10)
+        self.decoder = FrameDecoder()
+
+    def wait_closed(self, timeout: float) -> str:
+        """Read until the peer closes the connection; fail if anything is answered instead."""
+        self.sock.settimeout(timeout)
+        try:
+            while data := self.sock.recv(65536):
+                self.decoder.receive_data(data)
+                frame = self.decoder.next_frame()
+                assert frame is None, f"answered instead of closed: {bytes(frame[:16])!r}"
+        except ConnectionResetError:
+            return "reset"
+        finally:
+            self.sock.settimeout(10)
+        return "closed"
+
+    def send(self, api_key: int, version: int, body: bytes) -> int:
+        from protocol.headers import build_frame, encode_request_header
+
+        self.correlation_id += 1
+        header = encode_request_header(api_key, version, self.correlation_id, "raw-idempotent")
+        self.sock.sendall(build_frame(header, body))
+        return self.correlation_id
+
+    def receive(self, api_key: int, version: int, correlation_id: int) -> bytes:
+        from protocol.headers import parse_response_header
+
+        while (frame := self.decoder.next_frame()) is None:
+            data = self.sock.recv(65536)
+            assert data, "kipside closed the connection"
+            self.decoder.receive_data(data)
+        header = parse_response_header(frame, api_key, version)
+        assert header.correlation_id == correlation_id, (header, correlation_id)
+        return frame[header.body_offset :]
+
+    def init_producer_id(self) -> None:
+        # v4 (Tansu answers v0/v1 with UNKNOWN_SERVER_ERROR): null transactional id, timeout,
+        # no current producer id/epoch, no tagged fields.
+        body = b"\x00" + struct.pack(">iqh", 60000, -1, -1) + b"\x00"
+        correlation_id = self.send(ApiKey.INIT_PRODUCER_ID, 4, body)
+        frame = self.receive(ApiKey.INIT_PRODUCER_ID, 4, correlation_id)
+        _throttle, error, self.producer_id, self.epoch = struct.unpack_from(">ihqh", frame)
+        assert error == 0, f"InitProducerId failed with {error}"
+
+    def produce(self, sequence: int) -> int:
+        """Write a one-record batch with this base sequence, acks=all; return the correlation id."""
+        from kafka.record.default_records import DefaultRecordBatchBuilder
+
+        from protocol.produce import PartitionBatch, encode_produce_request
+
+        builder = DefaultRecordBatchBuilder(
+            magic=2,
+            compression_type=0,
+            is_transactional=False,
+            producer_id=self.producer_id,
+            producer_epoch=self.epoch,
+            base_sequence=sequence,
+            batch_size=1 << 20,
+        )
+        builder.append(0, timestamp=int(time.time() * 1000), key=None,
+                       value=_value("raw", sequence), headers=[])  # fmt: skip
+        batch = PartitionBatch(self.topic, 0, memoryview(bytes(builder.build())))
+        chunks = encode_produce_request(9, acks=-1, timeout_ms=10000, partitions=[batch])
+        return self.send(ApiKey.PRODUCE, 9, b"".join(bytes(c) for c in chunks))
+
+    def produce_result(self, correlation_id: int) -> int:
+        from protocol.produce import parse_produce_response
+
+        body = self.receive(ApiKey.PRODUCE, 9, correlation_id)
+        header_size = 8  # parse_produce_response reads from a frame: put the prefix back
+        response = parse_produce_response(b"\x00" * header_size + body, header_size, 9)
+        (result,) = response.partitions
+        return result.error_code
+
+
+def _client_produce_requests(stack: Stack) -> float:
+    return stack.metrics().get('kipside_client_requests_total{api="Produce"}', 0.0)
+
+
+def test_lane_cut_closes_the_client_so_no_later_idempotent_batch_overtakes(
+    stack: Stack, request: pytest.FixtureRequest
+) -> None:
+    """Sequence 0 is in flight on a lane when the lane dies, sequence 1 is queued behind it
+    (pipelined), and the client writes sequence 2 just after the failure, before it can know.
+    A broker connection that dies takes all three with it, so the client resends 0, 1, 2 in
+    order on a new connection. Through kipside likewise: kipside closes the client connection,
+    so neither 1 nor 2 reaches the broker ahead of 0's resend. (Answering the failed batches
+    with an error instead let sequence 2 overtake: the broker saw [1, 0, 1] or [2, 0, ...],
+    answered OUT_OF_ORDER_SEQUENCE_NUMBER, and librdkafka bumped its epoch.)"""
+    topic = unique_name("gap", request)
+    create_topics(stack.kipside.bootstrap, [topic], 1)
+    relay = stack.relay
+    producer = RawIdempotentProducer(("127.0.0.1", stack.kipside.node_ports[111]), topic)
+    try:
+        producer.init_producer_id()
+        produce_requests = _client_produce_requests(stack)
+        relay.hold()
+        producer.produce(0)
+        _wait_until(lambda: relay.counts().held_now >= 1, 10, "sequence 0 held in flight")
+        producer.produce(1)  # pipelined: queued on the lane behind 0
+        _wait_until(
+            lambda: _client_produce_requests(stack) >= produce_requests + 2,
+            10,
+            "kipside to read sequence 1",
+        )
+        mark = stack.kipside.log_mark()
+        relay.cut_all()
+        relay.release()
+        lane_lines = stack.kipside.wait_for_log(LANE_FAILED_LINE.search, mark, timeout=10)
+        assert lane_lines, f"no lane failure logged:\n{stack.kipside.log()[-3000:]}"
+        with contextlib.suppress(OSError):  # kipside may have closed the socket already
+            producer.produce(2)  # written after kipside failed the lane
+        how = producer.wait_closed(timeout=10)
+        # Nothing of this producer reached the broker since the cut: 0 died held in the relay,
+        # 1 and 2 never left kipside.
+        before_resend = [b for b in relay.batches() if b.producer_id == producer.producer_id]
+        # What the client then does: reconnect and resend, in order, under the same sequences.
+        producer.reconnect()
+        resent = [producer.produce(sequence) for sequence in (0, 1, 2)]
+        results = [producer.produce_result(correlation_id) for correlation_id in resent]
+    finally:
+        producer.close()
+    log = stack.kipside.log_since(mark).splitlines()
+    lanes = [m for ln in log if (m := LANE_FAILED_LINE.search(ln))]
+    assert [(int(m.group(4)), int(m.group(5))) for m in lanes] == [(2, 1)], lane_lines
+    closed = [m for ln in log if (m := CLIENT_CLOSED_LINE.search(ln))]
+    assert [(m.group(2), m.group(4)) for m in closed] == [("raw-idempotent", "111")], closed
+    assert how in ("closed", "reset"), how
+    assert before_resend == [], before_resend
+    assert results == [0, 0, 0], results
+    ours = [b for b in relay.batches() if b.producer_id == producer.producer_id]
+    assert [b.base_sequence for b in ours] == [0, 1, 2], [b.base_sequence for b in ours]
+    assert {b.producer_epoch for b in ours} == {producer.epoch}
+    assert sequence_gaps(ours) == ([], 0)
+    records = consume_everything(stack.kipside.bootstrap, [(topic, 0)], at_least=3)
+    assert [r.seq for r in sorted(records, key=lambda r: r.offset)] == [0, 1, 2], records
+    assert stack.metrics()["kipside_lane_failures_total"] >= 1
+    print(
+        f"\nkipside: {lanes[0].group(0)}; client connection {how}; broker saw sequences "
+        f"{[b.base_sequence for b in ours]}"
+    )
+
+
+ACKS0_MESSAGES = 300
+
+
+def test_acks0_producers_through_kipside_to_tansu_deliver_and_fail_no_lane(
+    tansu_stack: Stack, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Tansu answers acks=0 ProduceRequests (Apache Kafka does not). kipside drops those
+    answers: every acks=0 producer's messages arrive, and no lane is taken down by them, even
+    with acks=1 and idempotent producers sharing the lanes (an answer nobody asked for arrives
+    while the lane waits for one it did ask for)."""
+    stack = tansu_stack
+    topics = [unique_name(f"a0{t}", request) for t in range(2)]
+    create_topics(stack.kipside.bootstrap, topics, PARTITIONS)
+    targets = _targets(topics, PARTITIONS)
+    common: dict[str, Any] = {
+        "conf": {},
+        "messages": ACKS0_MESSAGES,
+        "pause_every": 8,
+        "pause": 0.002,
+    }
+    specs = [
+        ProducerSpec("a0-ck-lz4", "confluent-kafka", 0, False, "lz4",
+                     targets=_rotated(targets, 0), **common),
+        ProducerSpec("a0-ck-none", "confluent-kafka", 0, False, "none",
+                     targets=_rotated(targets, 3), **common),
+        ProducerSpec("a0-kp-gzip", "kafka-python", 0, False, "gzip",
+                     targets=_rotated(targets, 5), **common),
+        ProducerSpec("a0-aio-zstd", "aiokafka", 0, False, "zstd", targets=_rotated(targets, 6),
+                     **common),
+        ProducerSpec("a1-ck-snappy", "confluent-kafka", 1, False, "snappy",
+                     targets=_rotated(targets, 1), **common),
+        ProducerSpec("idem-ck-zstd", "confluent-kafka", -1, True, "zstd",
+                     targets=_rotated(targets, 2), **common),
+    ]  # fmt: skip
+    mark = stack.kipside.log_mark()
+    fleet = ProducerFleet(specs, stack.kipside.bootstrap, tmp_path)
+    try:
+        fleet.start()
+        _wait_for_idle_upstream(stack)
+        accepted_before = stack.relay.counts().accepted
+        fleet.go.set()
+        outcomes = fleet.join(PRODUCE_TIMEOUT + 30)
+    finally:
+        fleet.kill()
+    stack.kipside.assert_alive()
+    counts = stack.relay.counts()  # before the checker's consumer adds its own connection
+    metrics = stack.metrics()
+    for o in outcomes:
+        assert o.error is None, f"{o.spec.name} crashed:\n{o.error}"
+        assert not o.failed, f"{o.spec.name}: {len(o.failed)} failed, first {o.failed[:3]}"
+        assert o.undelivered == 0, f"{o.spec.name}: {o.undelivered} never delivered"
+        assert len(o.delivered) == o.spec.messages, f"{o.spec.name}: {len(o.delivered)}"
+    # No answer nobody asked for took a lane down (kipside dropped each), none was re-dialled.
+    assert metrics["kipside_lane_failures_total"] == 0
+    assert counts.accepted == accepted_before, (accepted_before, counts)
+    log = stack.kipside.log_since(mark)
+    assert not LANE_FAILED_LINE.search(log), log[-3000:]
+    assert "correlation id" not in log, log[-3000:]
+    assert stack.relay.problems() == []
+    # Every message is in the log exactly once, in order.
+    sent = {(o.spec.name, seq) for o in outcomes for seq, _, _ in o.delivered}
+    records = consume_everything(stack.kipside.bootstrap, targets, at_least=len(sent))
+    in_log = _log_index(records)
+    dups = {k: n for k, n in in_log.items() if n > 1}
+    assert not dups, f"{len(dups)} messages duplicated, e.g. {list(dups.items())[:5]}"
+    assert set(in_log) == set(sent), (
+        f"missing {sorted(set(sent) - set(in_log))[:10]}, "
+        f"unexpected {sorted(set(in_log) - set(sent))[:10]}"
+    )
+    assert_order_per_partition(records, {s.name for s in specs})
+    # Tansu did answer kipside's acks=0 requests, every one, and the relay swallowed none.
+    counts = stack.relay.counts()
+    assert counts.acks0_requests > 0 and counts.swallowed_acks0_responses == 0, counts
+    assert counts.acks0_answers == counts.acks0_requests, counts
+    print(
+        f"\nacks=0 requests upstream {counts.acks0_requests}, answered by Tansu "
+        f"{counts.acks0_answers}, dropped by kipside; {len(records)} records in the log"
     )
