@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -17,6 +18,7 @@ from rules import RuleError, RuleSet, default_rules, load_rules
 
 from .nodes import Address
 from .server import ServerConfig, run
+from .tracing import TraceConfig
 
 
 class UsageError(ValueError):
@@ -91,6 +93,18 @@ def _add_proxy_options(parser: argparse.ArgumentParser, *, listen_default: str |
         action="store_true",
         help="give every client connection its own upstream connection (no lanes, no coalescing)",
     )
+    parser.add_argument(
+        "--otlp-endpoint",
+        metavar="URL",
+        default=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
+        help="export traces over OTLP http/protobuf to URL (e.g. http://collector:4318); "
+        "default: $OTEL_EXPORTER_OTLP_ENDPOINT, else no tracing",
+    )
+    parser.add_argument(
+        "--trace-console",
+        action="store_true",
+        help="print spans to stdout (the default for `kipside dev`)",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
 
 
@@ -111,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument(
         "--broker-port", type=int, default=0, help="port for Tansu itself (default: any free)"
     )
+    dev.add_argument(
+        "--no-trace", action="store_true", help="don't print spans (dev prints them by default)"
+    )
 
     rules = sub.add_parser("rules", help="work with rule files")
     rules_sub = rules.add_subparsers(dest="rules_command", required=True)
@@ -129,7 +146,16 @@ def _config(args: argparse.Namespace, upstreams: list[Address]) -> ServerConfig:
         shutdown_grace_seconds=args.shutdown_grace,
         share_connections=not args.one_to_one,
         admin=parse_address(args.admin, what="--admin") if args.admin else None,
+        trace=_trace_config(args),
     )
+
+
+def _trace_config(args: argparse.Namespace) -> TraceConfig:
+    if args.otlp_endpoint:
+        return TraceConfig("otlp", args.otlp_endpoint)
+    if args.trace_console or (args.command == "dev" and not args.no_trace):
+        return TraceConfig("console")
+    return TraceConfig("none")
 
 
 def _dev(args: argparse.Namespace) -> int:

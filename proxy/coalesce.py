@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import trio
+from kio.schema.errors import ErrorCode
+from opentelemetry.trace import Span
 
 from protocol.apis import ApiKey
 from protocol.errors import DecodeError
@@ -54,9 +56,18 @@ from rules import CoalescingRules
 from .lanes import LanePool, lane_index
 from .nodes import NodeMap
 from .stats import Stats
+from .tracing import Tracer, finish
 from .upstream import Pending, UpstreamFailed
 
 log = logging.getLogger("kipside.coalesce")
+
+
+def _error_name(code: int) -> str:
+    try:
+        return ErrorCode(code).name.upper()
+    except ValueError:
+        return f"ERROR_{code}"
+
 
 UNKNOWN_SERVER_ERROR = -1
 
@@ -102,6 +113,8 @@ class ClientProduce:
         self.throttle_ms = max(self.throttle_ms, throttle_ms)
         for endpoint in endpoints:
             self.endpoints[endpoint.node_id] = endpoint
+        if result.error_code != 0 and self.pending.error_name is None:
+            self.pending.error_name = _error_name(result.error_code)
         self.remaining -= 1
         if self.remaining == 0:
             self.pending.resolve(self._frame())
@@ -126,6 +139,8 @@ class QueuedBatch:
     owner: ClientProduce | None  # None for acks=0: nobody waits for an answer
     disconnect: Callable[[str], None]
     """Closes the client connection this batch came from."""
+    span: Span | None = None
+    """The client request's span, linked from the upstream request's span."""
 
     @property
     def key(self) -> tuple[str, int]:
@@ -143,7 +158,15 @@ class QueuedBatch:
 class ProduceLane:
     """The batching queue in front of one lane connection."""
 
-    def __init__(self, pool: LanePool, index: int, rules: CoalescingRules, stats: Stats) -> None:
+    def __init__(
+        self,
+        pool: LanePool,
+        index: int,
+        rules: CoalescingRules,
+        stats: Stats,
+        tracer: Tracer | None = None,
+    ) -> None:
+        self.tracer = tracer
         self.pool = pool
         self.index = index
         self.rules = rules
@@ -238,17 +261,35 @@ class ProduceLane:
         frame = b"".join([INT32.pack(size), header, *body])
         self.stats.upstream_requests[ApiKey.PRODUCE] += 1
         self.stats.coalesced_batches += len(taken)
+        span = None
+        if self.tracer is not None and self.tracer.active:
+            span = self.tracer.upstream_span(
+                ApiKey.PRODUCE,
+                self.pool.node_id,
+                self.index,
+                [item.span for item in taken if item.span is not None],
+                {
+                    "kafka.batch_count": len(taken),
+                    "kafka.partition_count": len({item.key for item in taken}),
+                    "kafka.client_request_count": len({id(item.owner) for item in taken}),
+                    "kafka.request_bytes": len(frame),
+                    "kafka.acks": acks,
+                },
+            )
         try:
             pending = await connection.send(
                 frame, ApiKey.PRODUCE, version, expects_response=acks != 0
             )
             if pending is None:
+                finish(span)
                 return
             response = await pending.wait()
         except UpstreamFailed as exc:
+            finish(span, "UPSTREAM_UNAVAILABLE")
             self._fail_all(taken, str(exc))
             return
         self._distribute(taken, response, version)
+        finish(span)
 
     def _upstream_version(self) -> int:
         versions = self.pool.produce_versions
@@ -287,7 +328,9 @@ class Coalescer:
         rules: CoalescingRules,
         stats: Stats,
         nursery: trio.Nursery,
+        tracer: Tracer | None = None,
     ) -> None:
+        self.tracer = tracer
         self._pools = pools
         self.nodes = nodes
         self.rules = rules
@@ -298,7 +341,7 @@ class Coalescer:
     def _lane(self, node_id: int, index: int) -> ProduceLane:
         lane = self._lanes.get((node_id, index))
         if lane is None:
-            lane = ProduceLane(self._pools(node_id), index, self.rules, self.stats)
+            lane = ProduceLane(self._pools(node_id), index, self.rules, self.stats, self.tracer)
             self._lanes[(node_id, index)] = lane
             self._nursery.start_soon(lane.run)
         return lane
@@ -313,6 +356,7 @@ class Coalescer:
         header: RequestHeader,
         client_id: str | None,
         disconnect: Callable[[str], None],
+        span: Span | None = None,
     ) -> Pending | bool | None:
         """Queue the request's batches. Returns the answer to wait for, None for acks=0,
         or False when this request must not be coalesced (the caller forwards it as is)."""
@@ -330,5 +374,7 @@ class Coalescer:
         pool = self._pools(node_id)
         for batch in request.partitions:
             lane = self._lane(node_id, lane_index(batch.topic, batch.partition, pool.lanes))
-            lane.submit(QueuedBatch(batch, request.acks, request.timeout_ms, owner, disconnect))
+            lane.submit(
+                QueuedBatch(batch, request.acks, request.timeout_ms, owner, disconnect, span)
+            )
         return owner.pending if owner is not None else None

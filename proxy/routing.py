@@ -92,14 +92,21 @@ class Router:
         if node_id is None:
             return None
         if self.transactions.active() and self.transactions.takes(header):
-            answer = await self.transactions.route(node_id, frame, header, session.client_id)
+            answer = await self.transactions.route(
+                node_id, frame, header, session.client_id, session.current_span
+            )
             if answer is not None:
                 return Routed(answer, raw=False)
         if api_key == ApiKey.PRODUCE:
             if not self.coalescer.eligible(header):
                 return None
             taken = self.coalescer.submit(
-                node_id, frame, header, session.client_id, session.disconnect
+                node_id,
+                frame,
+                header,
+                session.client_id,
+                session.disconnect,
+                session.current_span,
             )
             if taken is False:
                 return None

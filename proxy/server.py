@@ -34,6 +34,7 @@ from .nodes import Address, NodeMap
 from .routing import Router
 from .session import Session
 from .stats import Stats
+from .tracing import TraceConfig, Tracer
 from .transactions import TransactionManager
 from .versions import VersionPolicy
 
@@ -52,6 +53,7 @@ class ServerConfig:
     share_connections: bool = True
     """Lanes and coalescing; False gives every client its own upstream connection (1:1)."""
     discovery_timeout_seconds: float = 30.0
+    trace: TraceConfig = field(default_factory=lambda: TraceConfig("none"))
 
 
 class StartupError(RuntimeError):
@@ -120,6 +122,8 @@ class Server:
             lower_transaction_version=bool(config.rules.transactions) and config.share_connections
         )
         self.stats = Stats()
+        self.tracer = Tracer(config.trace, config.rules.tracing)
+        self.coalescer: Coalescer | None = None
         self.sessions: set[Session] = set()
         self._pools: dict[int, LanePool] = {}
         self._service_nursery: trio.Nursery | None = None
@@ -196,6 +200,7 @@ class Server:
             shared_route=self.router.route if self.router is not None else None,
             node_id=node_id,
             stats=self.stats,
+            tracer=self.tracer if self.tracer.active else None,
         )
         self.sessions.add(session)
         self.stats.client_connections += 1
@@ -253,8 +258,14 @@ class Server:
             self._service_nursery = service_nursery
             if self.config.share_connections:
                 coalescer = Coalescer(
-                    self.pool, self.nodes, self.rules.coalescing, self.stats, service_nursery
+                    self.pool,
+                    self.nodes,
+                    self.rules.coalescing,
+                    self.stats,
+                    service_nursery,
+                    self.tracer if self.tracer.active else None,
                 )
+                self.coalescer = coalescer
                 transactions = TransactionManager(
                     self.pool, lambda: self.rules, self.default_node, self.stats, service_nursery
                 )
@@ -264,6 +275,7 @@ class Server:
                 )
             await self._serve_sessions(bootstrap, found, task_status)
             service_nursery.cancel_scope.cancel()
+        self.tracer.shutdown()
         produce = ApiKey.PRODUCE
         log.info(
             "stopped; Produce requests: %d from clients, %d upstream",

@@ -16,21 +16,25 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import trio
+from opentelemetry.trace import Span
 
 from protocol.apis import ApiKey, api_name
 from protocol.errors import DecodeError, FrameError, ProtocolError
 from protocol.framing import FrameDecoder
 from protocol.headers import RequestHeader, parse_request_header, parse_response_header
 from protocol.primitives import INT16, read_uvarint
+from protocol.produce import MAX_VERSION, MIN_VERSION, parse_produce_request
 
 from .addresses import AddressRewriter, carries_addresses
 from .nodes import Address
 from .stats import Stats
+from .tracing import Tracer, finish
 from .upstream import Pending, UpstreamConnection, UpstreamFailed, write_whole
 from .versions import MAX_API_VERSIONS_VERSION, VersionPolicy
 
@@ -54,7 +58,9 @@ class Slot:
     correlation_id: int
     pending: Pending
     # Raw upstream responses still need kipside's rewrites; locally built ones don't.
-    raw: bool = True
+    raw: bool
+    started: float
+    span: Span | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +78,17 @@ DRAINED = _Marker("drained")
 # A shared route takes (session, frame, header) and returns how the request was taken, or None
 # if it does not take it (the session then forwards it on its own connection).
 SharedRoute = Callable[["Session", bytes, RequestHeader], Awaitable["Routed | None"]]
+
+
+def _topics(frame: bytes, header: RequestHeader) -> tuple[str, ...]:
+    """Topic names of a ProduceRequest, for its span; other requests stay undecoded."""
+    if header.api_key != ApiKey.PRODUCE or not MIN_VERSION <= header.api_version <= MAX_VERSION:
+        return ()
+    try:
+        request = parse_produce_request(frame, header.body_offset, header.api_version)
+    except DecodeError:
+        return ()
+    return tuple(p.topic for p in request.partitions)
 
 
 def produce_acks(frame: bytes, header: RequestHeader) -> int:
@@ -101,6 +118,7 @@ class Session:
         shared_route: SharedRoute | None = None,
         node_id: int | None = None,
         stats: Stats | None = None,
+        tracer: Tracer | None = None,
         connect_timeout: float = 10.0,
     ) -> None:
         self.client = client
@@ -114,6 +132,9 @@ class Session:
         self.authenticated = False
         """Set once the client speaks SASL: from then on everything uses its own connection."""
         self.stats = stats if stats is not None else Stats()
+        self.tracer = tracer
+        self.current_span: Span | None = None
+        """The span of the request being routed (for shared routes to link or annotate)."""
         self.connect_timeout = connect_timeout
         try:
             host, port = client.socket.getpeername()[:2]
@@ -198,27 +219,54 @@ class Session:
 
     async def _on_request(self, frame: bytes, header: RequestHeader) -> None:
         api_key, version = header.api_key, header.api_version
+        self.stats.client_requests[api_key] += 1
+        self.stats.client_request_bytes[api_key] += len(frame)
+        started = time.perf_counter()
+        span = None
+        if self.tracer is not None and self.tracer.enabled_for(api_key):
+            span = self.tracer.request_span(
+                api_key, version, self.client_id, self.peer, _topics(frame, header)
+            )
+        self.current_span = span
         if api_key == ApiKey.API_VERSIONS and version > MAX_API_VERSIONS_VERSION:
             local = self.versions.unsupported_response(header.correlation_id)
-            self._owe(header, Pending.answered(local), raw=False)
+            self._owe(header, Pending.answered(local), False, started, span)
             return
-        self.stats.client_requests[api_key] += 1
         if self.shared_route is not None:
             routed = await self.shared_route(self, frame, header)
             if routed is not None:
                 if routed.pending is not None:
-                    self._owe(header, routed.pending, raw=routed.raw)
+                    self._owe(header, routed.pending, routed.raw, started, span)
+                else:
+                    finish(span)
                 return
         expects_response = api_key != ApiKey.PRODUCE or produce_acks(frame, header) != 0
         connection = await self._dedicated_connection()
         self.stats.upstream_requests[api_key] += 1
         answer = await connection.send(frame, api_key, version, expects_response=expects_response)
         if answer is not None:
-            self._owe(header, answer)
+            self._owe(header, answer, True, started, span)
+        else:
+            finish(span)
 
-    def _owe(self, header: RequestHeader, pending: Pending, *, raw: bool = True) -> None:
+    def _owe(
+        self,
+        header: RequestHeader,
+        pending: Pending,
+        raw: bool,
+        started: float,
+        span: Span | None,
+    ) -> None:
         self._slots_send.send_nowait(
-            Slot(header.api_key, header.api_version, header.correlation_id, pending, raw)
+            Slot(
+                header.api_key,
+                header.api_version,
+                header.correlation_id,
+                pending,
+                raw,
+                started,
+                span,
+            )
         )
 
     async def _dedicated_connection(self) -> UpstreamConnection:
@@ -269,6 +317,7 @@ class Session:
             try:
                 frame = await slot.pending.wait()
             except UpstreamFailed as exc:
+                finish(slot.span, "UPSTREAM_UNAVAILABLE")
                 log.info(
                     "%s: no answer to %s v%d (%s); closing so the client retries",
                     self.describe(),
@@ -287,8 +336,12 @@ class Session:
             try:
                 await write_whole(self.client, frame)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
+                finish(slot.span, "CLIENT_DISCONNECTED")
                 session_scope.cancel()
                 return
+            self.stats.client_response_bytes[slot.api_key] += len(frame)
+            self.stats.observe_latency(slot.api_key, time.perf_counter() - slot.started)
+            finish(slot.span, slot.pending.error_name)
 
     def _process_response(self, slot: Slot, frame: bytes) -> bytes | None:
         try:

@@ -33,6 +33,7 @@ from typing import Final, TypeVar
 import trio
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16, i32, i32Timedelta
+from opentelemetry.trace import Span
 
 from protocol.apis import ApiKey, api_name
 from protocol.errors import DecodeError
@@ -55,6 +56,7 @@ from rules import RuleSet, TransactionRule
 
 from .lanes import LanePool
 from .stats import Stats
+from .tracing import event
 from .upstream import Pending, UpstreamFailed
 
 log = logging.getLogger("kipside.transactions")
@@ -103,14 +105,21 @@ class TransactionState:
 
 
 @dataclass(slots=True)
-class TransactionStats:
-    upstream_add_partitions: int = 0
-    upstream_add_offsets: int = 0
-    hold_retries: int = 0
-    holds: int = 0
-    hold_seconds: list[float] = field(default_factory=list)
-    local_answers: int = 0
-    rule_problems: int = 0
+class _ClientAdd:
+    """One client AddPartitionsToTxn/AddOffsetsToTxn being registered upstream."""
+
+    pool: LanePool
+    rule: TransactionRule
+    state: TransactionState
+    header: RequestHeader
+    request: Message
+    answer: Pending
+    client_id: str
+    producer_id: int
+    producer_epoch: int
+    wanted: set[TopicPartition]
+    group: str | None
+    span: Span | None
 
 
 def _frame(api_key: int, version: int, message: Message, client_id: str) -> bytes:
@@ -142,7 +151,6 @@ class TransactionManager:
         self._rules = rules
         self._default_node = default_node
         self.stats = stats
-        self.txn_stats = TransactionStats()
         self._nursery = nursery
         self._states: dict[str, TransactionState] = {}
         self._topic_partitions: dict[str, tuple[float, tuple[int, ...] | None]] = {}
@@ -175,7 +183,12 @@ class TransactionManager:
         )
 
     async def route(
-        self, node_id: int | None, frame: bytes, header: RequestHeader, client_id: str | None
+        self,
+        node_id: int | None,
+        frame: bytes,
+        header: RequestHeader,
+        client_id: str | None,
+        span: Span | None = None,
     ) -> Pending | None:
         """The answer to a transaction request kipside handles, or None to forward it as is."""
         if not self.takes(header):
@@ -209,46 +222,48 @@ class TransactionManager:
                 int(request.v3_and_below_producer_epoch),
             )
             if state.open and state.confirmed(pid, epoch) and wanted <= state.partitions:
-                self.txn_stats.local_answers += 1
+                self.stats.txn_local_answers += 1
+                event(span, "kipside.txn.answered_locally", partitions=len(wanted))
                 answer.resolve(self._add_partitions_answer(header, request, {}))
                 return answer
-            self._spawn(
-                answer,
-                self._client_add,
+            add = _ClientAdd(
                 pool,
                 rule,
                 state,
                 header,
                 request,
                 answer,
-                client_id,
+                client_id or "kipside",
                 pid,
                 epoch,
                 wanted,
                 None,
+                span,
             )
+            self._spawn(answer, self._client_add, add)
         elif header.api_key == ApiKey.ADD_OFFSETS_TO_TXN:
             pid, epoch = int(request.producer_id), int(request.producer_epoch)
             group = str(request.group_id)
             if state.open and state.confirmed(pid, epoch) and group in state.groups:
-                self.txn_stats.local_answers += 1
+                self.stats.txn_local_answers += 1
+                event(span, "kipside.txn.answered_locally", group=group)
                 answer.resolve(self._add_offsets_answer(header, NONE))
                 return answer
-            self._spawn(
-                answer,
-                self._client_add,
+            add = _ClientAdd(
                 pool,
                 rule,
                 state,
                 header,
                 request,
                 answer,
-                client_id,
+                client_id or "kipside",
                 pid,
                 epoch,
                 set(),
                 group,
+                span,
             )
+            self._spawn(answer, self._client_add, add)
         else:
             self._spawn(answer, self._forward_and_track, pool, state, header, frame, answer)
         return answer
@@ -310,50 +325,37 @@ class TransactionManager:
 
     # Registration ------------------------------------------------------------------------
 
-    async def _client_add(
-        self,
-        pool: LanePool,
-        rule: TransactionRule,
-        state: TransactionState,
-        header: RequestHeader,
-        request: Message,
-        answer: Pending,
-        client_id: str | None,
-        producer_id: int,
-        producer_epoch: int,
-        wanted: set[TopicPartition],
-        group: str | None,
-    ) -> None:
+    async def _client_add(self, add: _ClientAdd) -> None:
+        state = add.state
         async with state.lock:
-            if not state.confirmed(producer_id, producer_epoch):
+            if not state.confirmed(add.producer_id, add.producer_epoch):
                 # A new producer id/epoch (or one kipside never saw): start from scratch.
                 state.reset()
             first = not state.open
-            partitions = set(wanted) - state.partitions
-            groups = {group} - state.groups if group is not None else set()
+            partitions = set(add.wanted) - state.partitions
+            groups = {add.group} - state.groups if add.group is not None else set()
             extra: set[TopicPartition] = set()
             if first:
-                extra = await self._declared_outputs(pool, rule) - partitions
-                if rule.consumer_group is not None:
-                    groups.add(rule.consumer_group)
+                extra = await self._declared_outputs(add.pool, add.rule) - partitions
+                if add.rule.consumer_group is not None:
+                    groups.add(add.rule.consumer_group)
+                self.stats.txn_preregistrations += 1
+                event(
+                    add.span,
+                    "kipside.txn.preregistered",
+                    client_partitions=len(partitions),
+                    declared_partitions=len(extra),
+                    groups=",".join(sorted(groups)),
+                )
             try:
                 partition_errors, group_errors = await self._register(
-                    pool,
-                    rule,
-                    state,
-                    client_id or "kipside",
-                    producer_id,
-                    producer_epoch,
-                    partitions,
-                    extra,
-                    groups,
-                    header,
+                    add, partitions, extra, groups
                 )
             except UpstreamFailed as exc:
-                answer.fail(str(exc))
+                add.answer.fail(str(exc))
                 return
-            client_ok = all(partition_errors.get(tp, NONE) == NONE for tp in wanted) and (
-                group is None or group_errors.get(group, NONE) == NONE
+            client_ok = all(partition_errors.get(tp, NONE) == NONE for tp in add.wanted) and (
+                add.group is None or group_errors.get(add.group, NONE) == NONE
             )
             fenced = FENCING_ERRORS & (set(partition_errors.values()) | set(group_errors.values()))
             if fenced:
@@ -362,34 +364,37 @@ class TransactionManager:
                 state.producer_id = state.producer_epoch = -1
             elif first and not client_ok and (state.partitions or state.groups):
                 # kipside opened a transaction the client thinks failed: end it.
-                await self._abort_orphan(pool, state, client_id or "kipside")
+                await self._abort_orphan(add.pool, state, add.client_id)
+            if not client_ok:
+                codes = [c for c in (*partition_errors.values(), *group_errors.values()) if c]
+                add.answer.error_name = ErrorCode(codes[0]).name.upper() if codes else None
+            header = add.header
             if header.api_key == ApiKey.ADD_PARTITIONS_TO_TXN:
-                answer.resolve(self._add_partitions_answer(header, request, partition_errors))
+                add.answer.resolve(
+                    self._add_partitions_answer(header, add.request, partition_errors)
+                )
             else:
-                assert group is not None
-                answer.resolve(self._add_offsets_answer(header, group_errors.get(group, NONE)))
+                assert add.group is not None
+                add.answer.resolve(
+                    self._add_offsets_answer(header, group_errors.get(add.group, NONE))
+                )
 
     async def _register(
         self,
-        pool: LanePool,
-        rule: TransactionRule,
-        state: TransactionState,
-        client_id: str,
-        producer_id: int,
-        producer_epoch: int,
+        add: _ClientAdd,
         partitions: set[TopicPartition],
         extra: set[TopicPartition],
         groups: set[str],
-        header: RequestHeader,
     ) -> tuple[dict[TopicPartition, int], dict[str, int]]:
         """Register partitions (+ declared extras) and groups in parallel, holding through
         CONCURRENT_TRANSACTIONS until the rule's deadline."""
-        deadline = trio.current_time() + rule.hold_begin.max_ms / 1000
+        state = add.state
+        deadline = trio.current_time() + add.rule.hold_begin.max_ms / 1000
         partition_errors: dict[TopicPartition, int] = {}
         group_errors: dict[str, int] = {}
-        version = min(header.api_version, MAX_CLIENT_ADD_PARTITIONS_VERSION)
-        if header.api_key != ApiKey.ADD_PARTITIONS_TO_TXN:
-            version = MAX_CLIENT_ADD_PARTITIONS_VERSION
+        version = MAX_CLIENT_ADD_PARTITIONS_VERSION
+        if add.header.api_key == ApiKey.ADD_PARTITIONS_TO_TXN:
+            version = min(add.header.api_version, MAX_CLIENT_ADD_PARTITIONS_VERSION)
 
         async def add_partitions() -> None:
             if not partitions and not extra:
@@ -397,23 +402,15 @@ class TransactionManager:
             attempt = partitions | extra
             while True:
                 result = await self._held(
+                    add.span,
                     deadline,
-                    partial(
-                        self._add_partitions_once,
-                        pool,
-                        state,
-                        client_id,
-                        version,
-                        producer_id,
-                        producer_epoch,
-                        frozenset(attempt),
-                    ),
+                    partial(self._add_partitions_once, add, version, frozenset(attempt)),
                     lambda r: all(code == CONCURRENT_TRANSACTIONS for code in r.values()),
                 )
                 failed = {tp for tp, code in result.items() if code != NONE}
                 declared_only = attempt - partitions
                 if failed and declared_only and self._rule_at_fault(result, declared_only):
-                    refused = self._refused_outputs(rule, result, declared_only)
+                    refused = self._refused_outputs(add.rule, result, declared_only)
                     # Keep the declared outputs the broker did accept; only the refused ones
                     # (remembered for a while, so later transactions skip them) go.
                     attempt -= refused
@@ -428,16 +425,9 @@ class TransactionManager:
 
         async def add_offsets(group: str) -> None:
             code = await self._held(
+                add.span,
                 deadline,
-                partial(
-                    self._add_offsets_once,
-                    pool,
-                    client_id,
-                    state,
-                    producer_id,
-                    producer_epoch,
-                    group,
-                ),
+                partial(self._add_offsets_once, add, group),
                 lambda c: c == CONCURRENT_TRANSACTIONS,
             )
             group_errors[group] = code
@@ -450,11 +440,12 @@ class TransactionManager:
             for group in groups:
                 nursery.start_soon(add_offsets, group)
         if state.open:
-            state.producer_id, state.producer_epoch = producer_id, producer_epoch
+            state.producer_id, state.producer_epoch = add.producer_id, add.producer_epoch
         return partition_errors, group_errors
 
     async def _held(
         self,
+        span: Span | None,
         deadline: float,
         attempt: Callable[[], Awaitable[T]],
         concurrent: Callable[[T], bool],
@@ -462,20 +453,26 @@ class TransactionManager:
         """Run attempt() until it isn't CONCURRENT_TRANSACTIONS or the deadline passes."""
         started = time.monotonic()
         delay = HOLD_FIRST_RETRY_SECONDS
-        held = False
+        retries = 0
         while True:
             result = await attempt()
             if not concurrent(result) or trio.current_time() + delay > deadline:
-                if held:
-                    self.txn_stats.hold_seconds.append(time.monotonic() - started)
-                    log.debug(
-                        "begin hold released after %.1f ms", (time.monotonic() - started) * 1000
+                if retries:
+                    held_for = time.monotonic() - started
+                    self.stats.hold_seconds.observe(held_for)
+                    event(
+                        span,
+                        "kipside.txn.hold.release",
+                        held_ms=round(held_for * 1000, 3),
+                        retries=retries,
+                        outcome="timed_out" if concurrent(result) else "ready",
                     )
                 return result
-            if not held:
-                held = True
-                self.txn_stats.holds += 1
-            self.txn_stats.hold_retries += 1
+            if not retries:
+                self.stats.holds += 1
+                event(span, "kipside.txn.hold.begin")
+            retries += 1
+            self.stats.hold_retries += 1
             await trio.sleep(delay)
             delay = min(delay * 2, HOLD_MAX_RETRY_SECONDS)
 
@@ -507,7 +504,7 @@ class TransactionManager:
         now = trio.current_time()
         for tp in refused:
             self._refused[tp] = now
-        self.txn_stats.rule_problems += 1
+        self.stats.rule_problems += 1
         bad = sorted(f"{t}-{p} ({ErrorCode(result[(t, p)]).name.upper()})" for t, p in refused)
         key = f"{rule.transactional_id}:{','.join(bad)}"
         if key not in self._reported:
@@ -522,15 +519,10 @@ class TransactionManager:
         return refused
 
     async def _add_partitions_once(
-        self,
-        pool: LanePool,
-        state: TransactionState,
-        client_id: str,
-        version: int,
-        producer_id: int,
-        producer_epoch: int,
-        partitions: Iterable[TopicPartition],
+        self, add: _ClientAdd, version: int, partitions: Iterable[TopicPartition]
     ) -> dict[TopicPartition, int]:
+        pool, state, client_id = add.pool, add.state, add.client_id
+        producer_id, producer_epoch = add.producer_id, add.producer_epoch
         by_topic: dict[str, list[int]] = {}
         for topic, partition in sorted(partitions):
             by_topic.setdefault(topic, []).append(partition)
@@ -545,7 +537,6 @@ class TransactionManager:
                 for name, ps in by_topic.items()
             ),
         )
-        self.txn_stats.upstream_add_partitions += 1
         frame = await pool.request(
             _frame(ApiKey.ADD_PARTITIONS_TO_TXN, version, message, client_id),
             ApiKey.ADD_PARTITIONS_TO_TXN,
@@ -558,15 +549,9 @@ class TransactionManager:
             for p in topic.results_by_partition
         }
 
-    async def _add_offsets_once(
-        self,
-        pool: LanePool,
-        client_id: str,
-        state: TransactionState,
-        producer_id: int,
-        producer_epoch: int,
-        group: str,
-    ) -> int:
+    async def _add_offsets_once(self, add: _ClientAdd, group: str) -> int:
+        pool, state, client_id = add.pool, add.state, add.client_id
+        producer_id, producer_epoch = add.producer_id, add.producer_epoch
         version = 0
         cls = request_class(ApiKey.ADD_OFFSETS_TO_TXN, version)
         message = cls(
@@ -575,7 +560,6 @@ class TransactionManager:
             producer_epoch=i16(producer_epoch),
             group_id=group,
         )
-        self.txn_stats.upstream_add_offsets += 1
         frame = await pool.request(
             _frame(ApiKey.ADD_OFFSETS_TO_TXN, version, message, client_id),
             ApiKey.ADD_OFFSETS_TO_TXN,
@@ -632,7 +616,7 @@ class TransactionManager:
                 key = f"{rule.transactional_id}:{output.topic}:missing"
                 if key not in self._reported:
                     self._reported.add(key)
-                    self.txn_stats.rule_problems += 1
+                    self.stats.rule_problems += 1
                     log.warning(
                         "transactions rule %r declares topic %r, which the broker does not "
                         "know; it is left out of pre-registration. Fix the rule file's outputs",

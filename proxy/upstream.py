@@ -44,12 +44,14 @@ class UpstreamFailed(Exception):
 class Pending:
     """The future answer to one request: a response frame or a failure reason."""
 
-    __slots__ = ("_done", "failure", "frame")
+    __slots__ = ("_done", "error_name", "failure", "frame")
 
     def __init__(self) -> None:
         self._done = trio.Event()
         self.frame: bytes | None = None
         self.failure: str | None = None
+        self.error_name: str | None = None
+        """The Kafka error in the answer, when whoever built it knows (for traces)."""
 
     @classmethod
     def answered(cls, frame: bytes) -> Pending:
