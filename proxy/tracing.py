@@ -11,6 +11,7 @@ This module must never block the proxy: spans are exported by the SDK's batch pr
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from protocol.apis import ApiKey, api_name
 from rules import Tracing
 
 log = logging.getLogger("kipside.tracing")
+
+OTLP_TIMEOUT_SECONDS: Final = 2.0
 
 # Kafka operation names for the messaging.operation.* attributes.
 _OPERATIONS: Final[dict[int, tuple[str, str]]] = {
@@ -84,7 +87,9 @@ class Tracer:
         if exporter is None and provider is None:
             return
         if provider is None:
-            provider = TracerProvider(resource=Resource.create({"service.name": "kipside"}))
+            # OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES win over the default name.
+            defaults = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "kipside"}
+            provider = TracerProvider(resource=Resource.create(defaults))
             processor: SpanProcessor
             if isinstance(exporter, ConsoleSpanExporter):
                 processor = SimpleSpanProcessor(exporter)
@@ -183,5 +188,7 @@ def _exporter(config: TraceConfig) -> SpanExporter | None:
         endpoint = config.otlp_endpoint
         if endpoint is not None and not endpoint.rstrip("/").endswith("/v1/traces"):
             endpoint = endpoint.rstrip("/") + "/v1/traces"
-        return OTLPSpanExporter(endpoint=endpoint)
+        # Bounded, so an unreachable collector can't hold up shutdown for long.
+        timeout = float(os.environ.get("OTEL_EXPORTER_OTLP_TIMEOUT", OTLP_TIMEOUT_SECONDS))
+        return OTLPSpanExporter(endpoint=endpoint, timeout=timeout)
     return None
