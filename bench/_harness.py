@@ -18,6 +18,7 @@ import os
 import queue
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -308,6 +309,15 @@ def _await_port(proc: Managed, port: int, timeout: float = 10.0) -> None:
                 ) from exc
 
 
+def exit_cleanly_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit so `open_stack()` and workers are torn down on a kill."""
+
+    def handler(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def kipside_available() -> tuple[bool, str]:
     """Whether `kipside serve --help` works yet, and the error text when it does not."""
     try:
@@ -352,8 +362,14 @@ class Stack:
 
 
 @contextlib.contextmanager
-def open_stack(path: str, *, logdir: Path | None = None) -> Iterator[Stack]:
-    """Start a fresh Tansu and, for the proxied paths, the proxy in front of it."""
+def open_stack(
+    path: str, *, logdir: Path | None = None, kipside_args: Sequence[str] = ()
+) -> Iterator[Stack]:
+    """Start a fresh Tansu and, for the proxied paths, the proxy in front of it.
+
+    `kipside_args` are appended to `kipside serve` (e.g. `--rules FILE`, `--admin H:P`,
+    `--one-to-one`) on the kipside path and ignored on the others.
+    """
     if path not in PATHS:
         raise ValueError(f"unknown path {path!r}; choose from {', '.join(PATHS)}")
     with contextlib.ExitStack() as stack:
@@ -380,7 +396,7 @@ def open_stack(path: str, *, logdir: Path | None = None) -> Iterator[Stack]:
             started.append(broker)
             bootstrap_port = broker_port
             if path == "kipside":
-                proxy, bootstrap_port = start_kipside(logdir, broker_port)
+                proxy, bootstrap_port = start_kipside(logdir, broker_port, extra_args=kipside_args)
                 started.append(proxy)
             elif path == "tansu-proxy":
                 proxy, bootstrap_port = start_tansu_proxy(logdir, broker_port)
