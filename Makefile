@@ -18,7 +18,8 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	touch $(STAMP)
 
 # From Debian: kcat (a real client for the tests), haproxy (the benchmarks' floor) and libpcap
-# (the coalescing test captures loopback traffic with scapy).
+# (the coalescing test captures loopback traffic with scapy); chromium, if it can be installed,
+# for the status page test (skipped without it).
 system-deps:
 	@command -v kcat >/dev/null 2>&1 && command -v haproxy >/dev/null 2>&1 \
 	  && ldconfig -p | grep -q 'libpcap\.so' || { \
@@ -26,6 +27,12 @@ system-deps:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq kcat haproxy libpcap0.8 >/dev/null; }
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing chromium from Debian (the status page test runs it headless)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  { $$SUDO apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; } || \
+	  echo "chromium could not be installed; the status page test will be skipped"; }
 
 run: $(STAMP)
 	$(BIN)/kipside dev

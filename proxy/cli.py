@@ -45,6 +45,11 @@ def parse_address(text: str, *, what: str, default_port: int | None = None) -> A
     return Address(host, port)
 
 
+def _admin_address(text: str) -> Address:
+    # The admin endpoint has no authentication: a bare port stays on loopback.
+    return parse_address(f"127.0.0.1:{text}" if text.isdigit() else text, what="--admin")
+
+
 def _load_rules(path: str | None) -> RuleSet:
     return default_rules() if path is None else load_rules(path)
 
@@ -78,8 +83,10 @@ def _add_proxy_options(parser: argparse.ArgumentParser, *, listen_default: str |
     parser.add_argument("--rules", metavar="FILE", help="YAML rule file (see docs/rules.md)")
     parser.add_argument(
         "--admin",
-        metavar="HOST:PORT",
-        help="serve /healthz, /readyz and /metrics over HTTP here (e.g. 127.0.0.1:9644)",
+        metavar="[HOST:]PORT",
+        help="serve the admin endpoint over HTTP here: status page, /metrics, /healthz, "
+        "/readyz, /rules, POST /rules/reload (a bare PORT binds 127.0.0.1; "
+        "see docs/observability.md)",
     )
     parser.add_argument(
         "--shutdown-grace",
@@ -145,7 +152,7 @@ def _config(args: argparse.Namespace, upstreams: list[Address]) -> ServerConfig:
         rules=_load_rules(args.rules),
         shutdown_grace_seconds=args.shutdown_grace,
         share_connections=not args.one_to_one,
-        admin=parse_address(args.admin, what="--admin") if args.admin else None,
+        admin=_admin_address(args.admin) if args.admin else None,
         trace=_trace_config(args),
     )
 
@@ -191,7 +198,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "dev":
             return _dev(args)
         ruleset = load_rules(args.file)
-        print(json.dumps(ruleset.describe(), indent=2, sort_keys=True))
+        # Source and version first, then the sections in rule-file order (as GET /rules).
+        print(json.dumps(ruleset.describe(), indent=2))
         print(f"kipside: {args.file}: OK (version {ruleset.version})", file=sys.stderr)
         return 0
     except (UsageError, RuleError) as exc:

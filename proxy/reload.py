@@ -2,10 +2,11 @@
 
 A reload reads and validates the whole file before anything changes. A file with any problem
 is rejected in full: its FILE:LINE problems are logged and counted, and the rules in force stay.
-A valid file applies to requests that start after it; no connection is dropped. What cannot
-change while running: a node's lane pool keeps the lane count it was created with (nodes first
-seen after the reload get the new `coalescing.lanes`), and a client keeps the ApiVersions
-features it was told when it connected.
+A valid file applies to requests that start after it. No connection is dropped, and no client's
+ProduceRequests are reordered when a reload moves them between the shared lanes and the
+client's own broker connection (ProduceOrder). What cannot change while running: a node's lane
+pool keeps the lane count it was created with (brokers first used after the reload get the new
+`coalescing.lanes`), and a client keeps the ApiVersions features it was told when it connected.
 
 This module must never raise into the proxy (a reload either applies or is a logged, counted
 RuleError) and never block it: the file is read in a worker thread.
@@ -13,25 +14,37 @@ RuleError) and never block it: the file is read in a worker thread.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
+import threading
 import time
+import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Literal
 
 import trio
 
-from rules import RuleError, RuleSet, load_rules
+from protocol.apis import ApiKey
+from protocol.headers import RequestHeader
+from rules import CoalescingRules, RuleError, RuleProblem, RuleSet, load_rules
+from rules.errors import FILE_KEY
 from rules.model import DEFAULT_SOURCE
 
+from .upstream import Pending, UpstreamFailed
+
 if TYPE_CHECKING:
+    from .routing import Routed
     from .server import Server
+    from .session import Session
 
 log = logging.getLogger("kipside.rules")
 
 POLL_SECONDS: Final = 1.0
+ORDER_DRAIN_LIMIT_SECONDS: Final = 10.0
+ORDER_POLL_SECONDS: Final = 0.001
 
 Outcome = Literal["applied", "unchanged", "rejected", "no-file"]
 
@@ -81,22 +94,19 @@ def apply_rules(server: Server, new: RuleSet) -> None:
     server.versions.lower_transaction_version = (
         bool(new.transactions) and server.config.share_connections
     )
-    router = server.router
-    if router is not None:
-        coalescer = router.coalescer
+    coalescer = server.coalescer
+    if coalescer is not None:
         coalescer.rules = new.coalescing
         # Each produce lane keeps its own reference to the coalescing rules it was created
         # with and reads linger_ms / max_request_bytes from it per request: repoint them.
         for lane in coalescer._lanes.values():
             lane.rules = new.coalescing
     if new.coalescing.lanes != old.coalescing.lanes:
-        known = sorted(server.nodes.nodes())
         log.warning(
-            "coalescing.lanes changed from %d to %d: nodes already connected (%s) keep %d "
-            "lanes until kipside restarts; nodes seen from now on get %d",
+            "coalescing.lanes changed from %d to %d: brokers kipside already has lanes to keep "
+            "%d until kipside restarts; lanes opened to other brokers from now on number %d",
             old.coalescing.lanes,
             new.coalescing.lanes,
-            ", ".join(map(str, known)) or "none",
             old.coalescing.lanes,
             new.coalescing.lanes,
         )
@@ -136,6 +146,9 @@ class RuleReloader:
         """Called with (old, new) after a new rule set is in force, for features that cache
         something derived from the rules."""
         self._lock = trio.Lock()
+        self._attempted: FileStamp | None = None
+        """The file's stamp when it was last read, so the watcher does not read it again
+        after a SIGHUP or POST already did."""
 
     async def reload(self, trigger: str, *, only_if_changed: bool = False) -> ReloadResult:
         """Read the rule file again and put it in force if it is valid.
@@ -152,17 +165,29 @@ class RuleReloader:
                     trigger,
                 )
                 return ReloadResult("no-file", old.version, old.version, old.source)
+            # abandon_on_cancel: a read hung on a network file system must not hold up the
+            # admin request (or shutdown) that asked for it.
+            self._attempted = await trio.to_thread.run_sync(
+                file_stamp, self.path, abandon_on_cancel=True
+            )
             try:
-                new = await trio.to_thread.run_sync(load_rules, self.path)
+                new = await trio.to_thread.run_sync(load_rules, self.path, abandon_on_cancel=True)
             except RuleError as exc:
                 return self._rejected(trigger, old, exc)
+            except Exception as exc:  # a bug in the loader must not end the proxy
+                log.exception("rule reload (%s): reading %s failed", trigger, self.path)
+                problem = RuleProblem(self.path, 0, FILE_KEY, f"kipside could not load it: {exc!r}")
+                return self._rejected(trigger, old, RuleError([problem]))
             if only_if_changed and new.version == old.version:
                 return ReloadResult("unchanged", old.version, old.version, old.source)
             self.rule_reloads += 1
             self.last_error = None
             if new.version == old.version:
                 log.info(
-                    "rule reload (%s): %s is unchanged (version %s)", trigger, self.path, new.version
+                    "rule reload (%s): %s is unchanged (version %s)",
+                    trigger,
+                    self.path,
+                    new.version,
                 )
                 return ReloadResult("unchanged", old.version, old.version, old.source)
             apply_rules(self.server, new)
@@ -206,6 +231,13 @@ class RuleReloader:
         SIGHUP is always handled (its default action would end the process); started() is
         called once the handler is in place, so a SIGHUP after `kipside: ready` is safe.
         """
+        if threading.current_thread() is not threading.main_thread():
+            # Embedded (signals reach only the main thread): file changes and POST only.
+            async with trio.open_nursery() as nursery:
+                if self.path is not None:
+                    nursery.start_soon(self._watch_file, self.path)
+                task_status.started()
+            return
         with trio.open_signal_receiver(signal.SIGHUP) as signals:
             async with trio.open_nursery() as nursery:
                 if self.path is not None:
@@ -217,7 +249,6 @@ class RuleReloader:
     async def _watch_file(self, path: str) -> None:
         """Poll the file's stamp; reload once a change has settled for one poll interval
         (an editor or a copy may still be writing when the first change shows)."""
-        attempted: FileStamp | None = None
         previous: FileStamp | None = None
         missing_logged = False
         while True:
@@ -234,7 +265,80 @@ class RuleReloader:
                 previous = None
                 continue
             missing_logged = False
-            if stamp != attempted and stamp == previous:
-                attempted = stamp
+            if stamp != self._attempted and stamp == previous:
                 await self.reload("file change", only_if_changed=True)
             previous = stamp
+
+
+@dataclass(slots=True)
+class _SessionProduce:
+    rules: CoalescingRules
+    """The coalescing rules this session's last ProduceRequest was routed under."""
+    lane_answers: list[Pending] = field(default_factory=list)
+    """Answers still owed for its ProduceRequests that went to the lanes."""
+
+
+class ProduceOrder:
+    """Keeps each client's ProduceRequests in order across a coalescing rule change.
+
+    A ProduceRequest goes to the shared lanes (coalesced) or on the client's own broker
+    connection, as the coalescing rules say. When a reload changes which, a request on the new
+    route could reach the broker before the client's earlier ones, still queued or in flight on
+    the old route: an idempotent producer then fails with OUT_OF_ORDER_SEQUENCE_NUMBER, which
+    is fatal. So the first ProduceRequest a session sends under new coalescing rules first
+    waits until its earlier ones are answered (once per session and reload; the session reads
+    nothing else meanwhile). acks=0 requests have no answer to wait for and are not ordered.
+    """
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self._sessions: weakref.WeakKeyDictionary[Session, _SessionProduce] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    async def route(self, session: Session, frame: bytes, header: RequestHeader) -> Routed | None:
+        """proxy.routing.Router.route, with the ordering barrier in front of it."""
+        router, coalescer = self.server.router, self.server.coalescer
+        assert router is not None and coalescer is not None  # set before any session starts
+        if header.api_key != ApiKey.PRODUCE:
+            return await router.route(session, frame, header)
+        state = self._sessions.get(session)
+        if state is None:
+            state = self._sessions[session] = _SessionProduce(coalescer.rules)
+        elif state.rules is not coalescer.rules:
+            await self._drain(session, state)
+            # No checkpoint from here until the router has decided under these rules.
+            state.rules = coalescer.rules
+        routed = await router.route(session, frame, header)
+        if routed is None and any(not p.done for p in state.lane_answers):
+            # Not coalesced (e.g. it names a topic a rule excludes) while this client still has
+            # batches in a lane: going out on its own connection now could overtake them.
+            await self._drain_lanes(state)
+        if routed is not None and routed.pending is not None:
+            state.lane_answers = [p for p in state.lane_answers if not p.done]
+            state.lane_answers.append(routed.pending)
+        return routed
+
+    async def _drain_lanes(self, state: _SessionProduce) -> None:
+        with trio.move_on_after(ORDER_DRAIN_LIMIT_SECONDS):
+            for pending in state.lane_answers:
+                # A failed one closes the session; nothing is left to overtake then.
+                with contextlib.suppress(UpstreamFailed):
+                    await pending.wait()
+        state.lane_answers.clear()
+
+    async def _drain(self, session: Session, state: _SessionProduce) -> None:
+        with trio.move_on_after(ORDER_DRAIN_LIMIT_SECONDS) as limit:
+            await self._drain_lanes(state)
+            # The client's own connection answers in order: nothing in flight means the broker
+            # has handled everything sent on it. (It offers no event for that, hence polling,
+            # for at most one round trip once per session and reload.)
+            while (own := session.dedicated) is not None and not own.closed and own.in_flight:  # noqa: ASYNC110
+                await trio.sleep(ORDER_POLL_SECONDS)
+        if limit.cancelled_caught:
+            log.warning(
+                "%s: produce requests sent before the rule reload were not answered within "
+                "%g s; sending on under the new rules",
+                session.describe(),
+                ORDER_DRAIN_LIMIT_SECONDS,
+            )

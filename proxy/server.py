@@ -13,6 +13,7 @@ import logging
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -27,10 +28,11 @@ from protocol.primitives import INT32
 from rules import RuleSet, default_rules
 
 from .addresses import AddressRewriter
-from .admin import AdminApp, serve_admin_connection
+from .admin import AdminApp, serve_admin
 from .coalesce import Coalescer
 from .lanes import LanePool
 from .nodes import Address, NodeMap
+from .reload import ProduceOrder, RuleReloader
 from .routing import Router
 from .session import Session
 from .stats import Stats
@@ -109,7 +111,7 @@ async def _metadata_once(upstream: Address, request: bytes) -> list[tuple[int, s
 
 
 class Server:
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, *, tracer: Tracer | None = None) -> None:
         self.config = config
         self.rules = config.rules
         self.nodes = NodeMap(
@@ -122,7 +124,8 @@ class Server:
             lower_transaction_version=bool(config.rules.transactions) and config.share_connections
         )
         self.stats = Stats()
-        self.tracer = Tracer(config.trace, config.rules.tracing)
+        self.tracer = tracer or Tracer(config.trace, config.rules.tracing)
+        self._shutdown_requested = trio.Event()
         self.coalescer: Coalescer | None = None
         self.sessions: set[Session] = set()
         self._pools: dict[int, LanePool] = {}
@@ -136,6 +139,8 @@ class Server:
         self._rotation = 0
         self._session_ended = trio.Event()
         self.ready = trio.Event()
+        self.reloader = RuleReloader(self)
+        self.produce_order = ProduceOrder(self)  # keeps produce order across rule reloads
 
     # Listeners -------------------------------------------------------------------------
 
@@ -197,7 +202,7 @@ class Server:
             rewriter=self.rewriter,
             versions=self.versions,
             max_frame_bytes=self.rules.limits.max_frame_bytes,
-            shared_route=self.router.route if self.router is not None else None,
+            shared_route=self.produce_order.route if self.router is not None else None,
             node_id=node_id,
             stats=self.stats,
             tracer=self.tracer if self.tracer.active else None,
@@ -300,18 +305,14 @@ class Server:
                 )
                 if self.config.admin is not None:
                     admin = _bind(self.config.admin.host, self.config.admin.port)
-                    app = AdminApp(self.stats, self.ready.is_set)
-                    listener_nursery.start_soon(
-                        self._serve_listener,
-                        admin,
-                        lambda stream: serve_admin_connection(stream, app),
-                    )
+                    listener_nursery.start_soon(serve_admin, admin, AdminApp(self))
                     print(
                         f"kipside: admin listening on http://{self.config.admin.host}:"
                         f"{admin.socket.getsockname()[1]}",
                         flush=True,
                     )
                 print(f"kipside: bootstrap listening on {self.bootstrap_address}", flush=True)
+                await listener_nursery.start(self.reloader.run)  # SIGHUP and file changes
                 print("kipside: ready", flush=True)
                 self.ready.set()
                 task_status.started()
@@ -332,10 +333,25 @@ class Server:
                 )
             session_nursery.cancel_scope.cancel()
 
+    def request_shutdown(self) -> None:
+        """Shut down as on SIGTERM (for embedding; call from the server's trio thread)."""
+        self._shutdown_requested.set()
+
     async def _wait_for_shutdown_signal(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            # Signals reach only the main thread; an embedded server stops on request.
+            await self._shutdown_requested.wait()
+            return
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._on_signal, nursery.cancel_scope)
+            await self._shutdown_requested.wait()
+            nursery.cancel_scope.cancel()
+
+    async def _on_signal(self, scope: trio.CancelScope) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
                 log.info("received %s", signal.Signals(signum).name)
+                self.request_shutdown()
                 return
 
 

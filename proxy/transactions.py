@@ -334,6 +334,12 @@ class TransactionManager:
             first = not state.open
             partitions = set(add.wanted) - state.partitions
             groups = {add.group} - state.groups if add.group is not None else set()
+            if not first and not partitions and not groups:
+                # Covered by a registration that finished while this call waited for it.
+                self.stats.txn_local_answers += 1
+                event(add.span, "kipside.txn.answered_locally", waited=True)
+                self._answer(add, {}, {})
+                return
             extra: set[TopicPartition] = set()
             if first:
                 extra = await self._declared_outputs(add.pool, add.rule) - partitions
@@ -368,16 +374,20 @@ class TransactionManager:
             if not client_ok:
                 codes = [c for c in (*partition_errors.values(), *group_errors.values()) if c]
                 add.answer.error_name = ErrorCode(codes[0]).name.upper() if codes else None
-            header = add.header
-            if header.api_key == ApiKey.ADD_PARTITIONS_TO_TXN:
-                add.answer.resolve(
-                    self._add_partitions_answer(header, add.request, partition_errors)
-                )
-            else:
-                assert add.group is not None
-                add.answer.resolve(
-                    self._add_offsets_answer(header, group_errors.get(add.group, NONE))
-                )
+            self._answer(add, partition_errors, group_errors)
+
+    def _answer(
+        self,
+        add: _ClientAdd,
+        partition_errors: dict[TopicPartition, int],
+        group_errors: dict[str, int],
+    ) -> None:
+        header = add.header
+        if header.api_key == ApiKey.ADD_PARTITIONS_TO_TXN:
+            add.answer.resolve(self._add_partitions_answer(header, add.request, partition_errors))
+        else:
+            assert add.group is not None
+            add.answer.resolve(self._add_offsets_answer(header, group_errors.get(add.group, NONE)))
 
     async def _register(
         self,

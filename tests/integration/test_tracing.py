@@ -1,0 +1,260 @@
+"""Traces and metrics during real client traffic, read back with the SDK's in-memory exporter.
+
+kipside runs in this process (a trio thread) so its spans can go to an InMemorySpanExporter;
+the clients are real (confluent-kafka, in processes of their own where they must overlap) and
+the broker is the real Tansu, with the marker-window relay from tests/txn_relay.py in front of
+it for the transaction-begin hold.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+import trio
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+from txn_relay import MarkerWindowRelay, start_tansu_advertising
+
+from protocol.apis import ApiKey
+from proxy.devbroker import free_port
+from proxy.metrics import render_metrics
+from proxy.nodes import Address
+from proxy.server import Server, ServerConfig
+from proxy.tracing import TraceConfig, Tracer
+from rules import parse_rules
+
+pytestmark = pytest.mark.integration
+
+DEADLINE = 60.0
+
+
+@dataclass
+class InProcessKipside:
+    server: Server
+    exporter: InMemorySpanExporter
+    thread: threading.Thread
+    token: trio.lowlevel.TrioToken
+
+    @property
+    def bootstrap(self) -> str:
+        assert self.server.bootstrap_address is not None
+        return str(self.server.bootstrap_address)
+
+    def spans(self) -> tuple[ReadableSpan, ...]:
+        return tuple(self.exporter.get_finished_spans())
+
+    def stop(self) -> None:
+        trio.from_thread.run_sync(self.server.request_shutdown, trio_token=self.token)
+        self.thread.join(timeout=15)
+        assert not self.thread.is_alive(), "in-process kipside did not stop"
+
+
+@pytest.fixture
+def start_kipside_in_process() -> Iterator[object]:
+    started: list[InProcessKipside] = []
+
+    def start(upstream: str, rules_text: str) -> InProcessKipside:
+        rules = parse_rules(rules_text, "<test rules>")
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        host, port = upstream.rsplit(":", 1)
+        node_port = free_port()
+        config = ServerConfig(
+            upstreams=[Address(host, int(port))],
+            listen=Address("127.0.0.1", 0),
+            node_port_base=node_port - 111,
+            rules=rules,
+        )
+        server = Server(
+            config, tracer=Tracer(TraceConfig("none"), rules.tracing, provider=provider)
+        )
+        ready = threading.Event()
+        box: dict[str, object] = {}
+
+        async def main() -> None:
+            box["token"] = trio.lowlevel.current_trio_token()
+            async with trio.open_nursery() as nursery:
+                await nursery.start(server.serve)
+                ready.set()
+
+        def run() -> None:
+            try:
+                trio.run(main)
+            except BaseException as exc:  # surfaced by the assertion below
+                box["error"] = exc
+                ready.set()
+
+        thread = threading.Thread(target=run, name="kipside", daemon=True)
+        thread.start()
+        assert ready.wait(20), "in-process kipside did not start"
+        assert "error" not in box, box["error"]
+        token = box["token"]
+        assert isinstance(token, trio.lowlevel.TrioToken)
+        kipside = InProcessKipside(server, exporter, thread, token)
+        started.append(kipside)
+        return kipside
+
+    yield start
+    for kipside in started:
+        kipside.stop()
+
+
+def _create(bootstrap: str, topics: dict[str, int]) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics(
+        [NewTopic(name, partitions, 1) for name, partitions in topics.items()]
+    ).values():
+        future.result(timeout=15)
+
+
+def _produce(bootstrap: str, topic: str, partitions: int, index: int, count: int) -> None:
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 0,
+            "batch.num.messages": 5,
+            "client.id": f"tracing-{index}",
+        }
+    )
+    for i in range(count):
+        producer.produce(topic, value=f"{index}:{i}".encode(), partition=i % partitions)
+        producer.poll(0)
+    assert producer.flush(30) == 0
+
+
+def _attrs(span: ReadableSpan) -> dict[str, object]:
+    return dict(span.attributes or {})
+
+
+def test_coalesced_upstream_span_links_every_member(start_kipside_in_process, tansu) -> None:  # type: ignore[no-untyped-def]
+    kipside = start_kipside_in_process(
+        tansu.bootstrap, "coalescing:\n  lanes: 1\ntracing:\n  api_keys: [Produce]\n"
+    )
+    topic = f"traced-{time.monotonic_ns()}"
+    partitions = 16
+    _create(kipside.bootstrap, {topic: partitions})
+    context = multiprocessing.get_context("spawn")
+    workers = [
+        context.Process(target=_produce, args=(kipside.bootstrap, topic, partitions, i, 300))
+        for i in range(6)
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(DEADLINE)
+        assert worker.exitcode == 0
+
+    stats = kipside.server.stats
+    spans = kipside.spans()
+    requests = [
+        s for s in spans if s.kind == SpanKind.SERVER and _attrs(s)["kafka.api_name"] == "Produce"
+    ]
+    upstream = [s for s in spans if s.kind == SpanKind.CLIENT and s.name == "upstream Produce"]
+    # One server span per client ProduceRequest, one client span per upstream request.
+    assert len(requests) == stats.client_requests[ApiKey.PRODUCE] > 0
+    assert len(upstream) == stats.upstream_requests[ApiKey.PRODUCE] > 0
+    assert len(upstream) < len(requests)
+
+    by_id = {s.context.span_id: s for s in requests}
+    linked: set[int] = set()
+    merged_any = False
+    for span in upstream:
+        attrs = _attrs(span)
+        links = {link.context.span_id for link in span.links}
+        assert links <= set(by_id), "an upstream span links a span that is not a client request"
+        assert len(span.links) == attrs["kafka.batch_count"]
+        assert attrs["kafka.partition_count"] == attrs["kafka.batch_count"]  # one per partition
+        assert attrs["messaging.system"] == "kafka"
+        merged_any |= len(links) > 1
+        linked |= links
+    assert merged_any, "no upstream request carried more than one client request"
+    assert linked == set(by_id), "every client ProduceRequest is linked from an upstream span"
+    assert sum(_attrs(s)["kafka.batch_count"] for s in upstream) == stats.coalesced_batches
+
+    for span in requests:
+        attrs = _attrs(span)
+        assert attrs["messaging.system"] == "kafka"
+        assert attrs["messaging.operation.name"] == "send"
+        assert attrs["messaging.destination.name"] == topic
+        assert str(attrs["messaging.client.id"]).startswith("tracing-")
+        assert attrs["kafka.api_key"] == ApiKey.PRODUCE
+        assert isinstance(attrs["kafka.api_version"], int)
+        assert "error.type" not in attrs
+
+    metrics = render_metrics(stats)
+    ratio = stats.client_requests[ApiKey.PRODUCE] / stats.upstream_requests[ApiKey.PRODUCE]
+    assert f"kipside_coalescing_ratio {ratio:.4f}" in metrics
+    assert (
+        f'kipside_request_latency_seconds_count{{api="Produce"}} '
+        f"{stats.client_requests[ApiKey.PRODUCE]}" in metrics
+    )
+
+
+def test_transaction_spans_show_preregistration_hold_and_local_answers(
+    start_kipside_in_process,  # type: ignore[no-untyped-def]
+) -> None:
+    relay = MarkerWindowRelay(window_ms=50).start()
+    broker, broker_port = start_tansu_advertising(relay.port)
+    relay.upstream = ("127.0.0.1", broker_port)
+    try:
+        out, source = f"txn-out-{time.monotonic_ns()}", f"txn-in-{time.monotonic_ns()}"
+        kipside = start_kipside_in_process(
+            relay.bootstrap,
+            "transactions:\n"
+            '  - transactional_id: "traced-*"\n'
+            f"    outputs: [{{topic: {out}}}]\n"
+            "    consumer_group: traced-group\n"
+            "    hold_begin: {max_ms: 5000}\n",
+        )
+        _create(kipside.bootstrap, {out: 4, source: 1})
+        producer = Producer(
+            {"bootstrap.servers": kipside.bootstrap, "transactional.id": "traced-1"}
+        )
+        producer.init_transactions(30)
+        consumer = Consumer({"bootstrap.servers": kipside.bootstrap, "group.id": "traced-group"})
+        transactions = 8
+        for i in range(transactions):
+            producer.begin_transaction()
+            for partition in range(4):
+                producer.produce(out, value=f"t{i}".encode(), partition=partition)
+            producer.send_offsets_to_transaction(
+                [TopicPartition(source, 0, i + 1)], consumer.consumer_group_metadata(), 30
+            )
+            producer.commit_transaction(30)
+        consumer.close()
+
+        stats = kipside.server.stats
+        spans = kipside.spans()
+        events = [(s, e) for s in spans if s.kind == SpanKind.SERVER for e in s.events]
+        names = [e.name for _, e in events]
+        assert names.count("kipside.txn.preregistered") == transactions
+        assert names.count("kipside.txn.hold.begin") == stats.holds > 0
+        assert names.count("kipside.txn.hold.release") == stats.holds
+        assert names.count("kipside.txn.answered_locally") == stats.txn_local_answers > 0
+        for span, event in events:
+            assert _attrs(span)["kafka.api_name"] in ("AddPartitionsToTxn", "AddOffsetsToTxn")
+            if event.name == "kipside.txn.hold.release":
+                attrs = dict(event.attributes or {})
+                assert attrs["outcome"] == "ready"
+                assert float(attrs["held_ms"]) > 0  # type: ignore[arg-type]
+            if event.name == "kipside.txn.preregistered":
+                attrs = dict(event.attributes or {})
+                assert attrs["declared_partitions"] + attrs["client_partitions"] >= 4  # type: ignore[operator]
+                assert attrs["groups"] == "traced-group"
+        # Relay's view: the hold's retries were rejected in the window, none reached a client.
+        assert relay.counts().rejected_add_partitions + relay.counts().rejected_add_offsets > 0
+        assert f"kipside_holds_total {stats.holds}" in render_metrics(stats)
+    finally:
+        relay.close()
+        broker.kill()
+        broker.wait(timeout=5)
