@@ -413,6 +413,7 @@ class TransactionManager:
             while True:
                 result = await self._held(
                     add.span,
+                    "AddPartitionsToTxn",
                     deadline,
                     partial(self._add_partitions_once, add, version, frozenset(attempt)),
                     lambda r: all(code == CONCURRENT_TRANSACTIONS for code in r.values()),
@@ -436,6 +437,7 @@ class TransactionManager:
         async def add_offsets(group: str) -> None:
             code = await self._held(
                 add.span,
+                "AddOffsetsToTxn",
                 deadline,
                 partial(self._add_offsets_once, add, group),
                 lambda c: c == CONCURRENT_TRANSACTIONS,
@@ -456,6 +458,7 @@ class TransactionManager:
     async def _held(
         self,
         span: Span | None,
+        upstream_call: str,
         deadline: float,
         attempt: Callable[[], Awaitable[T]],
         concurrent: Callable[[T], bool],
@@ -473,6 +476,7 @@ class TransactionManager:
                     event(
                         span,
                         "kipside.txn.hold.release",
+                        upstream_call=upstream_call,
                         held_ms=round(held_for * 1000, 3),
                         retries=retries,
                         outcome="timed_out" if concurrent(result) else "ready",
@@ -480,7 +484,7 @@ class TransactionManager:
                 return result
             if not retries:
                 self.stats.holds += 1
-                event(span, "kipside.txn.hold.begin")
+                event(span, "kipside.txn.hold.begin", upstream_call=upstream_call)
             retries += 1
             self.stats.hold_retries += 1
             await trio.sleep(delay)
