@@ -338,6 +338,13 @@ class Coalescer:
         self._nursery = nursery
         self._lanes: dict[tuple[int, int], ProduceLane] = {}
 
+    def set_rules(self, rules: CoalescingRules) -> None:
+        """New coalescing rules for requests from now on (lanes read linger and caps per
+        request); the lane count of existing pools doesn't change."""
+        self.rules = rules
+        for lane in self._lanes.values():
+            lane.rules = rules
+
     def _lane(self, node_id: int, index: int) -> ProduceLane:
         lane = self._lanes.get((node_id, index))
         if lane is None:

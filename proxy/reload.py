@@ -96,11 +96,7 @@ def apply_rules(server: Server, new: RuleSet) -> None:
     )
     coalescer = server.coalescer
     if coalescer is not None:
-        coalescer.rules = new.coalescing
-        # Each produce lane keeps its own reference to the coalescing rules it was created
-        # with and reads linger_ms / max_request_bytes from it per request: repoint them.
-        for lane in coalescer._lanes.values():
-            lane.rules = new.coalescing
+        coalescer.set_rules(new.coalescing)
     if new.coalescing.lanes != old.coalescing.lanes:
         log.warning(
             "coalescing.lanes changed from %d to %d: brokers kipside already has lanes to keep "

@@ -126,6 +126,7 @@ class Server:
         self.stats = Stats()
         self.tracer = tracer or Tracer(config.trace, config.rules.tracing)
         self._shutdown_requested = trio.Event()
+        self._over_limit_logged = False
         self.coalescer: Coalescer | None = None
         self.sessions: set[Session] = set()
         self._pools: dict[int, LanePool] = {}
@@ -196,6 +197,19 @@ class Server:
     async def _run_session(
         self, stream: trio.SocketStream, targets: list[Address], node_id: int | None
     ) -> None:
+        limit = self.rules.limits.max_connections
+        if self.stats.client_connections >= limit:
+            if not self._over_limit_logged:
+                log.warning(
+                    "refusing client connections: %d open reaches limits.max_connections (%d); "
+                    "raise it in the rule file if this load is expected",
+                    self.stats.client_connections,
+                    limit,
+                )
+                self._over_limit_logged = True
+            await trio.aclose_forcefully(stream)
+            return
+        self._over_limit_logged = False
         session = Session(
             stream,
             targets,

@@ -459,3 +459,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _kill_children()
+
+
+# kipside inside the test process (spans, Stats); see tests/inprocess.py.
+from inprocess import start_kipside_in_process  # noqa: E402, F401

@@ -9,104 +9,21 @@ it for the transaction-begin hold.
 from __future__ import annotations
 
 import multiprocessing
-import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
-import trio
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind
 from txn_relay import MarkerWindowRelay, start_tansu_advertising
 
 from protocol.apis import ApiKey
-from proxy.devbroker import free_port
 from proxy.metrics import render_metrics
-from proxy.nodes import Address
-from proxy.server import Server, ServerConfig
-from proxy.tracing import TraceConfig, Tracer
-from rules import parse_rules
 
 pytestmark = pytest.mark.integration
 
 DEADLINE = 60.0
-
-
-@dataclass
-class InProcessKipside:
-    server: Server
-    exporter: InMemorySpanExporter
-    thread: threading.Thread
-    token: trio.lowlevel.TrioToken
-
-    @property
-    def bootstrap(self) -> str:
-        assert self.server.bootstrap_address is not None
-        return str(self.server.bootstrap_address)
-
-    def spans(self) -> tuple[ReadableSpan, ...]:
-        return tuple(self.exporter.get_finished_spans())
-
-    def stop(self) -> None:
-        trio.from_thread.run_sync(self.server.request_shutdown, trio_token=self.token)
-        self.thread.join(timeout=15)
-        assert not self.thread.is_alive(), "in-process kipside did not stop"
-
-
-@pytest.fixture
-def start_kipside_in_process() -> Iterator[object]:
-    started: list[InProcessKipside] = []
-
-    def start(upstream: str, rules_text: str) -> InProcessKipside:
-        rules = parse_rules(rules_text, "<test rules>")
-        exporter = InMemorySpanExporter()
-        provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(exporter))
-        host, port = upstream.rsplit(":", 1)
-        node_port = free_port()
-        config = ServerConfig(
-            upstreams=[Address(host, int(port))],
-            listen=Address("127.0.0.1", 0),
-            node_port_base=node_port - 111,
-            rules=rules,
-        )
-        server = Server(
-            config, tracer=Tracer(TraceConfig("none"), rules.tracing, provider=provider)
-        )
-        ready = threading.Event()
-        box: dict[str, object] = {}
-
-        async def main() -> None:
-            box["token"] = trio.lowlevel.current_trio_token()
-            async with trio.open_nursery() as nursery:
-                await nursery.start(server.serve)
-                ready.set()
-
-        def run() -> None:
-            try:
-                trio.run(main)
-            except BaseException as exc:  # surfaced by the assertion below
-                box["error"] = exc
-                ready.set()
-
-        thread = threading.Thread(target=run, name="kipside", daemon=True)
-        thread.start()
-        assert ready.wait(20), "in-process kipside did not start"
-        assert "error" not in box, box["error"]
-        token = box["token"]
-        assert isinstance(token, trio.lowlevel.TrioToken)
-        kipside = InProcessKipside(server, exporter, thread, token)
-        started.append(kipside)
-        return kipside
-
-    yield start
-    for kipside in started:
-        kipside.stop()
 
 
 def _create(bootstrap: str, topics: dict[str, int]) -> None:
