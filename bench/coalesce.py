@@ -1104,8 +1104,10 @@ def section(
         "(psutil), sampled every second during the window, maximum.",
         "- **kipside configurations**: coalescing off = rule file `coalescing: {enabled: false, "
         "lanes: 2, linger_ms: 0, max_request_bytes: 1048576}`; coalescing on = the same with "
-        "`enabled: true`; `--one-to-one` = no rule file, every client connection gets its own "
-        "broker connection. All with `--admin` for /metrics.",
+        "`enabled: true`; coalescing on, linger_ms 5 = also `linger_ms: 5` (each lane waits "
+        "5 ms before each upstream request, trading latency for batching); `--one-to-one` = no "
+        "rule file, every client connection gets its own broker connection. All with `--admin` "
+        "for /metrics.",
         "- Clients, kipside and Tansu share the machine's CPUs. 'other load' is CPU used by "
         "processes outside this benchmark during the window (noise).",
         f"- **overloaded**: the run delivered less than {OVERLOAD_SHARE:.0%} of the offered "
