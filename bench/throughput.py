@@ -37,6 +37,7 @@ from _harness import (
     PATHS,
     HarnessError,
     Stack,
+    exit_cleanly_on_sigterm,
     kipside_available,
     open_stack,
     run_worker,
@@ -102,6 +103,7 @@ METRICS: dict[str, str] = {
     "client_cpu_prod": "client CPU s (produce)",
     "client_cpu_cons": "client CPU s (consume)",
     "proxy_us_msg": "proxy CPU us/msg",
+    "proxy_us_req": "proxy CPU us/request (probe: one record per request)",
     "messages": "messages",
     "noise_cores": "other processes' CPU (cores) during the runs",
 }
@@ -208,6 +210,7 @@ def _measure_on(stack: Stack, run: Run, args: argparse.Namespace) -> None:
         "client_cpu_prod": prod.data["client_cpu_s"],
         "client_cpu_cons": cons.data["client_cpu_s"],
         "proxy_us_msg": proxy_cpu / (produced + cons.data["messages"]) * 1e6,
+        "proxy_us_req": probe.proxy_cpu_s / probe.data["messages"] * 1e6,
         "messages": float(produced),
         "noise_cores": noise,
     }
@@ -281,6 +284,7 @@ CPU_HEADERS = [
     "messages",
     "proxy CPU s produce / consume",
     "proxy CPU us/msg",
+    "proxy CPU us/request (probe)",
     "Tansu CPU s produce / consume",
     "client CPU s produce / consume",
 ]
@@ -291,7 +295,7 @@ def cpu_rows(med: dict[str, dict[str, float]], paths: list[str]) -> list[list[st
     for path in paths:
         m = med.get(path)
         if m is None:
-            rows.append([path, "failed", "", "", "", ""])
+            rows.append([path, "failed", "", "", "", "", ""])
             continue
         proxied = path != "direct"
         rows.append(
@@ -300,6 +304,7 @@ def cpu_rows(med: dict[str, dict[str, float]], paths: list[str]) -> list[list[st
                 f"{m['messages']:,.0f}",
                 f"{m['proxy_cpu_prod']:.2f} / {m['proxy_cpu_cons']:.2f}" if proxied else "-",
                 f"{m['proxy_us_msg']:.2f}" if proxied else "-",
+                f"{m['proxy_us_req']:.0f}" if proxied else "-",
                 f"{m['broker_cpu_prod']:.2f} / {m['broker_cpu_cons']:.2f}",
                 f"{m['client_cpu_prod']:.2f} / {m['client_cpu_cons']:.2f}",
             ]
@@ -355,9 +360,27 @@ class Target:
     detail: str
 
 
-def evaluate_targets(med: dict[str, dict[str, float]]) -> list[Target]:
+def _per_rep(runs: list[Run], a: str, b: str, fn: Callable[[Run, Run], float]) -> list[float]:
+    """fn(run of path a, run of path b) for every repetition where both succeeded."""
+    ok = {(r.path, r.rep): r for r in runs if r.error is None}
+    reps = sorted({r.rep for r in runs})
+    return [fn(ok[(a, rep)], ok[(b, rep)]) for rep in reps if (a, rep) in ok and (b, rep) in ok]
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    if len(values) < 2:
+        return ""
+    return f"; per repetition {fmt.format(min(values))} to {fmt.format(max(values))}"
+
+
+def evaluate_targets(med: dict[str, dict[str, float]], runs: list[Run]) -> list[Target]:
+    """The targets, each with the medians' verdict and the spread over paired repetitions."""
     k, d, t = med.get("kipside"), med.get("direct"), med.get("tansu-proxy")
     out: list[Target] = []
+
+    def ratios(other: str, key: str) -> str:
+        vals = _per_rep(runs, "kipside", other, lambda a, b: a.metrics[key] / b.metrics[key])
+        return _spread(vals, "{:.2f}x")
 
     def add(name: str, ok: bool | None, detail: str) -> None:
         status = "not measured" if ok is None else ("met" if ok else "missed")
@@ -367,23 +390,29 @@ def evaluate_targets(med: dict[str, dict[str, float]]) -> list[Target]:
         name = f"kipside {what} throughput >= {THROUGHPUT_RATIO}x direct"
         if k and d:
             ratio = k[key] / d[key]
-            add(name, ratio >= THROUGHPUT_RATIO, f"{ratio:.2f}x ({_k(k[key])} vs {_k(d[key])})")
+            detail = f"{ratio:.2f}x ({_k(k[key])} vs {_k(d[key])}{ratios('direct', key)})"
+            add(name, ratio >= THROUGHPUT_RATIO, detail)
         else:
             add(name, None, "kipside or direct has no result")
     for key, what in (("prod_msgs", "producer"), ("cons_msgs", "consumer")):
         name = f"kipside {what} throughput >= tansu proxy"
         if k and t:
             ratio = k[key] / t[key]
-            add(name, ratio >= 1.0, f"{ratio:.2f}x ({_k(k[key])} vs {_k(t[key])})")
+            detail = f"{ratio:.2f}x ({_k(k[key])} vs {_k(t[key])}{ratios('tansu-proxy', key)})"
+            add(name, ratio >= 1.0, detail)
         else:
             add(name, None, "kipside or tansu proxy has no result")
     name = f"added p50 produce latency <= {LATENCY_BUDGET_MS} ms vs direct (probe)"
     if k and d:
         added = k["probe_p50"] - d["probe_p50"]
+        diffs = _per_rep(
+            runs, "kipside", "direct", lambda a, b: a.metrics["probe_p50"] - b.metrics["probe_p50"]
+        )
         add(
             name,
             added <= LATENCY_BUDGET_MS,
-            f"{added:+.3f} ms ({k['probe_p50']:.3f} vs {d['probe_p50']:.3f} ms)",
+            f"{added:+.3f} ms ({k['probe_p50']:.3f} vs {d['probe_p50']:.3f} ms"
+            f"{_spread(diffs, '{:+.3f} ms')})",
         )
     else:
         add(name, None, "kipside or direct has no result")
@@ -579,6 +608,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    exit_cleanly_on_sigterm()
     started = utc_now()
     load = os.getloadavg()[0]
     t_start = time.monotonic()
@@ -611,7 +641,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(run)
     wall = time.monotonic() - t_start
     med = medians(runs)
-    targets = evaluate_targets(med)
+    targets = evaluate_targets(med, runs)
 
     print(f"\nmedian of {args.repeats} runs per path ({wall:.0f} s)\n")
     print(text_table(RESULT_HEADERS, result_rows(med, paths)))

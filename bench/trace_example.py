@@ -129,9 +129,7 @@ def show(spans: tuple[ReadableSpan, ...]) -> None:
     print(best.to_json(indent=2))
     for span_id in dict.fromkeys(link.context.span_id for link in best.links):
         print(by_id[span_id].to_json(indent=2))
-    held = [
-        s for s in spans if any(e.name == "kipside.txn.hold.begin" for e in s.events)
-    ]
+    held = [s for s in spans if any(e.name == "kipside.txn.hold.begin" for e in s.events)]
     print("\n# A transaction's first registration, held through CONCURRENT_TRANSACTIONS\n")
     print(held[-1].to_json(indent=2) if held else "(no hold happened in this run)")
     local = [s for s in spans if any(e.name == "kipside.txn.answered_locally" for e in s.events)]
