@@ -211,61 +211,42 @@ class TransactionManager:
         pool = self._pools(target)
         state = self._state(txn_id)
         answer = Pending()
+        if header.api_key not in (ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OFFSETS_TO_TXN):
+            self._spawn(answer, self._forward_and_track, pool, state, header, frame, answer)
+            return answer
         if header.api_key == ApiKey.ADD_PARTITIONS_TO_TXN:
             wanted = {
                 (topic.name, int(p))
                 for topic in request.v3_and_below_topics
                 for p in topic.partitions
             }
-            pid, epoch = (
-                int(request.v3_and_below_producer_id),
-                int(request.v3_and_below_producer_epoch),
-            )
-            if state.open and state.confirmed(pid, epoch) and wanted <= state.partitions:
-                self.stats.txn_local_answers += 1
-                event(span, "kipside.txn.answered_locally", partitions=len(wanted))
-                answer.resolve(self._add_partitions_answer(header, request, {}))
-                return answer
-            add = _ClientAdd(
-                pool,
-                rule,
-                state,
-                header,
-                request,
-                answer,
-                client_id or "kipside",
-                pid,
-                epoch,
-                wanted,
-                None,
-                span,
-            )
-            self._spawn(answer, self._client_add, add)
-        elif header.api_key == ApiKey.ADD_OFFSETS_TO_TXN:
-            pid, epoch = int(request.producer_id), int(request.producer_epoch)
-            group = str(request.group_id)
-            if state.open and state.confirmed(pid, epoch) and group in state.groups:
-                self.stats.txn_local_answers += 1
-                event(span, "kipside.txn.answered_locally", group=group)
-                answer.resolve(self._add_offsets_answer(header, NONE))
-                return answer
-            add = _ClientAdd(
-                pool,
-                rule,
-                state,
-                header,
-                request,
-                answer,
-                client_id or "kipside",
-                pid,
-                epoch,
-                set(),
-                group,
-                span,
-            )
-            self._spawn(answer, self._client_add, add)
+            group = None
+            pid = int(request.v3_and_below_producer_id)
+            epoch = int(request.v3_and_below_producer_epoch)
         else:
-            self._spawn(answer, self._forward_and_track, pool, state, header, frame, answer)
+            wanted, group = set(), str(request.group_id)
+            pid, epoch = int(request.producer_id), int(request.producer_epoch)
+        add = _ClientAdd(
+            pool,
+            rule,
+            state,
+            header,
+            request,
+            answer,
+            client_id or "kipside",
+            pid,
+            epoch,
+            wanted,
+            group,
+            span,
+        )
+        covered = wanted <= state.partitions and (group is None or group in state.groups)
+        if state.open and state.confirmed(pid, epoch) and covered:
+            self.stats.txn_local_answers += 1
+            event(span, "kipside.txn.answered_locally", partitions=len(wanted), group=group or "")
+            self._answer(add, {}, {})
+            return answer
+        self._spawn(answer, self._client_add, add)
         return answer
 
     def _spawn(self, answer: Pending, fn: Callable[..., Awaitable[None]], *args: object) -> None:
