@@ -24,5 +24,9 @@ class DecodeError(ProtocolError):
     """A message body could not be decoded (malformed, or a shape kipside does not know)."""
 
 
+class UnsupportedVersionError(ProtocolError):
+    """The broker speaks no version of an API that kipside also speaks."""
+
+
 class LocalProtocolError(Exception):
     """kipside misused this package: a bug in kipside, not in the peer."""

@@ -9,8 +9,11 @@ decide to pass the bytes through or fail clearly. Never does I/O.
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import io
 import struct
+import typing
 from functools import cache
 from pkgutil import resolve_name
 from typing import Any
@@ -99,3 +102,54 @@ def response_class(api_key: int, api_version: int) -> Any:
 
 def request_class(api_key: int, api_version: int) -> Any:
     return _message_class(api_key, api_version, EntityType.request)
+
+
+def _entity_class(hint: Any) -> type | None:
+    """The entity class of a field hint that holds a kio entity or a tuple of them."""
+    while True:
+        origin = typing.get_origin(hint)
+        if origin is tuple:
+            hint = typing.get_args(hint)[0]
+        elif origin is not None:  # Optional[...] and other unions
+            options = [a for a in typing.get_args(hint) if a is not type(None)]
+            if len(options) != 1:
+                return None
+            hint = options[0]
+        else:
+            return hint if dataclasses.is_dataclass(hint) else None
+
+
+def build(cls: Any, fields: dict[str, Any]) -> Message:
+    """A kio entity from plain values: nested entities as dicts, arrays as lists.
+
+    Keys the class doesn't have at this version are left out, so one description serves every
+    version (a field Kafka added later is simply not sent to an older broker). Durations go in
+    as milliseconds.
+    """
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in fields:
+            continue
+        value = fields[f.name]
+        hint = hints[f.name]
+        nested = _entity_class(hint)
+        if nested is not None and isinstance(value, list | tuple):
+            value = tuple(build(nested, v) if isinstance(v, dict) else v for v in value)
+        elif nested is not None and isinstance(value, dict):
+            value = build(nested, value)
+        elif _is_timedelta(hint) and isinstance(value, int):
+            value = datetime.timedelta(milliseconds=value)
+        elif isinstance(value, list):
+            value = tuple(value)
+        values[f.name] = value
+    return cls(**values)
+
+
+def _is_timedelta(hint: Any) -> bool:
+    return isinstance(hint, type) and issubclass(hint, datetime.timedelta)
+
+
+def build_request(api_key: int, api_version: int, fields: dict[str, Any]) -> Message:
+    """A request of this API and version from plain values (see `build`)."""
+    return build(request_class(api_key, api_version), fields)

@@ -43,6 +43,8 @@ class PartitionBatch:
     topic: str
     partition: int
     records: memoryview | None
+    prefix: bytes = b""
+    """Bytes sent before `records` (a re-stamped batch header), so neither is copied."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,8 +188,9 @@ def encode_produce_request(
                 size = b"\x00" if flexible else INT32.pack(-1)
                 chunks.append(INT32.pack(item.partition) + size)
             else:
-                size = write_uvarint(len(records) + 1) if flexible else INT32.pack(len(records))
-                chunks.append(INT32.pack(item.partition) + size)
+                length = len(item.prefix) + len(records)
+                size = write_uvarint(length + 1) if flexible else INT32.pack(length)
+                chunks.append(INT32.pack(item.partition) + size + item.prefix)
                 chunks.append(records)
             if flexible:
                 chunks.append(b"\x00")

@@ -27,11 +27,14 @@ __all__ = [
     "LOG_OVERHEAD",
     "MIN_BATCH_LENGTH",
     "Compression",
+    "ControlType",
     "RecordBatchError",
     "RecordBatchView",
     "TimestampType",
     "as_plain_producer",
+    "control_type",
     "iter_batches",
+    "restamp",
 ]
 
 
@@ -52,6 +55,13 @@ class TimestampType(IntEnum):
     LOG_APPEND_TIME = 1
 
 
+class ControlType(IntEnum):
+    """The type in a control record's key: how a transaction ended."""
+
+    ABORT = 0
+    COMMIT = 1
+
+
 # baseOffset, batchLength, partitionLeaderEpoch, magic, crc, attributes,
 # lastOffsetDelta, baseTimestamp, maxTimestamp, producerId, producerEpoch,
 # baseSequence, recordsCount.
@@ -59,6 +69,7 @@ _HEADER: Final = struct.Struct(">qiibIhiqqqhii")
 # The CRC-covered part of the header that as_plain_producer rewrites wholesale.
 _CRC_COVERED_HEADER: Final = struct.Struct(">hiqqqhii")
 _INT32: Final = struct.Struct(">i")
+_CONTROL_KEY: Final = struct.Struct(">hh")  # version, type
 _UINT32: Final = struct.Struct(">I")
 
 HEADER_SIZE: Final = _HEADER.size
@@ -280,11 +291,14 @@ def iter_batches(
         pos += batch.size
 
 
-def as_plain_producer(batch: RecordBatchView) -> bytes:
-    """Copy ``batch`` re-headed as if sent by a plain (non-idempotent) producer.
+def restamp(
+    batch: RecordBatchView, producer_id: int, producer_epoch: int, base_sequence: int
+) -> tuple[bytes, memoryview]:
+    """``batch`` re-headed for another producer, as (new header, untouched records).
 
-    producerId, producerEpoch and baseSequence become -1, the transactional bit is
-    cleared and the CRC is recomputed; compression and the records bytes are kept.
+    producerId, producerEpoch and baseSequence take the given values (-1 for a plain producer),
+    the transactional bit is cleared and the CRC is recomputed; compression and the records
+    bytes are kept, and the records come back as the same memoryview so they are never copied.
     baseOffset and partitionLeaderEpoch are left as they are: the broker assigns both.
     """
     if batch.is_control:
@@ -297,13 +311,59 @@ def as_plain_producer(batch: RecordBatchView) -> bytes:
         batch.last_offset_delta,
         batch.base_timestamp,
         batch.max_timestamp,
-        -1,
-        -1,
-        -1,
+        producer_id,
+        producer_epoch,
+        base_sequence,
         batch.records_count,
     )
     body = batch.records
     # Chaining the CRC avoids concatenating the records just to checksum them.
     crc = crc32c.crc32c(body, crc32c.crc32c(covered_header))
-    raw = batch.raw
-    return b"".join((raw[:_CRC_OFFSET], _UINT32.pack(crc), covered_header, body))
+    return b"".join((batch.raw[:_CRC_OFFSET], _UINT32.pack(crc), covered_header)), body
+
+
+def as_plain_producer(batch: RecordBatchView) -> bytes:
+    """Copy ``batch`` re-headed as if sent by a plain (non-idempotent) producer (see restamp)."""
+    header, body = restamp(batch, -1, -1, -1)
+    return header + bytes(body)
+
+
+def control_type(batch: RecordBatchView) -> ControlType:
+    """How the transaction ended, from a control batch's one record's key (version, type).
+
+    Control batches are never compressed; the record is length, attributes, timestampDelta,
+    offsetDelta (varints), then the key. Raises RecordBatchError on anything else.
+    """
+    where = f"control batch at offset {batch.base_offset}"
+    if not batch.is_control:
+        raise RecordBatchError(f"batch at offset {batch.base_offset} is not a control batch")
+    if batch.compression != Compression.NONE or batch.records_count < 1:
+        raise RecordBatchError(f"{where} is compressed or empty")
+    records = batch.records
+    pos = 0
+    _length, pos = _read_varint(records, pos, where)
+    pos += 1  # attributes: one unused byte
+    _timestamp_delta, pos = _read_varint(records, pos, where)
+    _offset_delta, pos = _read_varint(records, pos, where)
+    key_length, pos = _read_varint(records, pos, where)
+    if key_length < 4 or pos + 4 > len(records):
+        raise RecordBatchError(f"{where} has a {key_length}-byte key; a control key has 4")
+    kind: int = _CONTROL_KEY.unpack_from(records, pos)[1]
+    if kind not in (ControlType.ABORT, ControlType.COMMIT):
+        raise RecordBatchError(f"{where} has control type {kind}, neither ABORT nor COMMIT")
+    return ControlType(kind)
+
+
+def _read_varint(buf: memoryview, pos: int, where: str) -> tuple[int, int]:
+    """A zigzag varint (record fields are signed)."""
+    value = 0
+    shift = 0
+    while True:
+        if pos >= len(buf) or shift > 63:
+            raise RecordBatchError(f"{where}: truncated varint at byte {pos} of the records")
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return (value >> 1) ^ -(value & 1), pos
+        shift += 7

@@ -1,0 +1,233 @@
+"""Topic and consumer-group operations the pipelines need: describe and create topics, read and
+commit a group's offsets. Each is one or two Kafka requests under the client's retry policy."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from protocol.apis import ApiKey
+from protocol.client import VersionRange
+from protocol.kafka_errors import ErrorCode, error_name
+from protocol.messages import build_request, encode_message
+
+from .client import KafkaClient, check_error
+from .errors import BrokerError, RetriableError, TopicNotFound
+
+__all__ = [
+    "NewTopic",
+    "commit_group_offsets",
+    "create_topics",
+    "describe_topic_configs",
+    "group_offsets",
+    "partition_counts",
+]
+
+TopicPartition = tuple[str, int]
+DESCRIBE_CONFIGS: Final = VersionRange(1, 4)
+CREATE_TOPICS: Final = VersionRange(2, 7)
+FIND_COORDINATOR: Final = VersionRange(1, 3)
+OFFSET_FETCH: Final = VersionRange(1, 9)
+_OFFSET_FETCH_BATCHED: Final = 8
+OFFSET_COMMIT: Final = VersionRange(2, 8)
+_TOPIC_RESOURCE: Final = 2
+_TOPIC_CONFIG_SOURCE: Final = 1  # DYNAMIC_TOPIC_CONFIG: set on the topic itself
+_GROUP_KEY: Final = 0
+_ALREADY_EXISTS: Final = int(ErrorCode.topic_already_exists)
+
+
+@dataclass(frozen=True, slots=True)
+class NewTopic:
+    name: str
+    partitions: int
+    configs: Mapping[str, str]
+
+
+def partition_counts(client: KafkaClient, topics: Sequence[str]) -> dict[str, int]:
+    """How many partitions each existing topic has; missing topics are left out."""
+    meta = client.retrying("reading topic metadata", lambda: client.metadata(topics))
+    return {
+        name: len(info.partitions)
+        for name, info in meta.topics.items()
+        if info.error_code == 0 and info.partitions
+    }
+
+
+def describe_topic_configs(client: KafkaClient, topics: Sequence[str]) -> dict[str, dict[str, str]]:
+    """The configs set on each topic itself (not broker defaults), sensitive ones left out."""
+
+    def body(version: int) -> bytes:
+        resources = [
+            {"resource_type": _TOPIC_RESOURCE, "resource_name": t, "configuration_keys": None}
+            for t in topics
+        ]
+        return encode_message(
+            build_request(
+                ApiKey.DESCRIBE_CONFIGS,
+                version,
+                {"resources": resources, "include_synonyms": False, "include_documentation": False},
+            )
+        )
+
+    def attempt() -> dict[str, dict[str, str]]:
+        response = client.request(None, ApiKey.DESCRIBE_CONFIGS, DESCRIBE_CONFIGS, body).decode()
+        out: dict[str, dict[str, str]] = {}
+        for result in response.results:
+            name = str(result.resource_name)
+            check_error(int(result.error_code), f"DescribeConfigs for topic {name}", client.where)
+            out[name] = {
+                str(c.name): str(c.value)
+                for c in result.configs
+                if c.value is not None
+                and not c.is_sensitive
+                and int(getattr(c, "config_source", _TOPIC_CONFIG_SOURCE)) == _TOPIC_CONFIG_SOURCE
+            }
+        return out
+
+    return client.retrying("describing topic configs", attempt)
+
+
+def create_topics(
+    client: KafkaClient, topics: Iterable[NewTopic], *, timeout_ms: int = 30_000
+) -> None:
+    """Create topics with the broker's default replication factor; existing ones are fine."""
+    wanted = list(topics)
+    if not wanted:
+        return
+
+    def body(version: int) -> bytes:
+        return encode_message(
+            build_request(
+                ApiKey.CREATE_TOPICS,
+                version,
+                {
+                    "topics": [
+                        {
+                            "name": t.name,
+                            "num_partitions": t.partitions,
+                            "replication_factor": -1,
+                            "assignments": [],
+                            "configs": [{"name": k, "value": v} for k, v in t.configs.items()],
+                        }
+                        for t in wanted
+                    ],
+                    "timeout": timeout_ms,
+                    "validate_only": False,
+                },
+            )
+        )
+
+    def attempt() -> None:
+        controller = client.metadata().controller
+        node = controller if controller >= 0 else None
+        response = client.request(node, ApiKey.CREATE_TOPICS, CREATE_TOPICS, body).decode()
+        for result in response.topics:
+            code = int(result.error_code)
+            if code in (0, _ALREADY_EXISTS):
+                continue
+            detail = getattr(result, "error_message", None)
+            text = f"CreateTopics for {result.name}: {client.where} answered {error_name(code)}" + (
+                f" ({detail})" if detail else ""
+            )
+            if ErrorCode(code).retriable:
+                raise RetriableError(text, code=code)
+            raise BrokerError(
+                text + ". Create the topic on the destination yourself, or fix the broker's "
+                "topic policy",
+                code=code,
+            )
+
+    client.retrying("creating topics", attempt)
+
+
+def _coordinator(client: KafkaClient, group: str) -> int:
+    def body(version: int) -> bytes:
+        return encode_message(
+            build_request(ApiKey.FIND_COORDINATOR, version, {"key": group, "key_type": _GROUP_KEY})
+        )
+
+    response = client.request(None, ApiKey.FIND_COORDINATOR, FIND_COORDINATOR, body).decode()
+    check_error(int(response.error_code), f"FindCoordinator for group {group!r}", client.where)
+    node = int(response.node_id)
+    client.remember_broker(node, str(response.host), int(response.port))
+    return node
+
+
+def group_offsets(client: KafkaClient, group: str) -> dict[TopicPartition, int]:
+    """The group's committed offsets (next offset to read) for every partition it committed.
+
+    OffsetFetch v8+ asks in the batched form (one group here); older brokers get v1-7.
+    """
+
+    def body(version: int) -> bytes:
+        fields: dict[str, object] = (
+            {"groups": [{"group_id": group, "topics": None}], "require_stable": True}
+            if version >= _OFFSET_FETCH_BATCHED
+            else {"group_id": group, "topics": None, "require_stable": True}
+        )
+        return encode_message(build_request(ApiKey.OFFSET_FETCH, version, fields))
+
+    def attempt() -> dict[TopicPartition, int]:
+        node = _coordinator(client, group)
+        response = client.request(node, ApiKey.OFFSET_FETCH, OFFSET_FETCH, body).decode()
+        answer = response.groups[0] if hasattr(response, "groups") else response
+        what = f"OffsetFetch for group {group!r}"
+        check_error(int(getattr(answer, "error_code", 0)), what, client.where)
+        out = {}
+        for topic in answer.topics:
+            for p in topic.partitions:
+                check_error(
+                    int(p.error_code), f"{what} on {topic.name}-{p.partition_index}", client.where
+                )
+                if int(p.committed_offset) >= 0:
+                    out[(str(topic.name), int(p.partition_index))] = int(p.committed_offset)
+        return out
+
+    offsets = client.retrying(f"reading the offsets of group {group!r}", attempt)
+    if not offsets:
+        raise TopicNotFound(
+            f"group {group!r} has no committed offsets in {client.where}: check the group name"
+        )
+    return offsets
+
+
+def commit_group_offsets(
+    client: KafkaClient, group: str, offsets: Mapping[TopicPartition, int]
+) -> None:
+    """Commit offsets for a group with no active members (as kafka-consumer-groups
+    --reset-offsets does); a group with live members answers UNKNOWN_MEMBER_ID or similar."""
+    topics: dict[str, list[dict[str, object]]] = {}
+    for (topic, partition), offset in sorted(offsets.items()):
+        topics.setdefault(topic, []).append(
+            {"partition_index": partition, "committed_offset": offset, "committed_metadata": ""}
+        )
+
+    def body(version: int) -> bytes:
+        return encode_message(
+            build_request(
+                ApiKey.OFFSET_COMMIT,
+                version,
+                {
+                    "group_id": group,
+                    "generation_id_or_member_epoch": -1,
+                    "member_id": "",
+                    "group_instance_id": None,
+                    "topics": [{"name": t, "partitions": parts} for t, parts in topics.items()],
+                },
+            )
+        )
+
+    def attempt() -> None:
+        node = _coordinator(client, group)
+        response = client.request(node, ApiKey.OFFSET_COMMIT, OFFSET_COMMIT, body).decode()
+        for topic in response.topics:
+            for p in topic.partitions:
+                check_error(
+                    int(p.error_code),
+                    f"OffsetCommit for group {group!r} on {topic.name}-{p.partition_index} (stop "
+                    "the group's consumers first)",
+                    client.where,
+                )
+
+    client.retrying(f"committing the offsets of group {group!r}", attempt)

@@ -1,0 +1,57 @@
+"""What can go wrong talking to Kafka from the pipeline, in words a user can act on.
+
+Every error names the cluster (source or destination), what was being done, Kafka's own error
+name where the broker gave one, and what to do. `RetriableError` is the only kind the client
+retries by itself; everything else reaches the job and fails it clearly.
+"""
+
+from __future__ import annotations
+
+from protocol.kafka_errors import error_name
+
+__all__ = [
+    "BrokerError",
+    "ClusterUnreachable",
+    "CorruptBatchError",
+    "DataLossError",
+    "KafkaError",
+    "RetriableError",
+    "TopicNotFound",
+]
+
+
+class KafkaError(Exception):
+    """A Kafka operation of the pipeline failed; the message says what, where and what to do."""
+
+
+class RetriableError(KafkaError):
+    """Worth another try after a metadata refresh and a backoff (librdkafka's retriable set)."""
+
+    def __init__(self, message: str, *, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class BrokerError(KafkaError):
+    """The broker answered with an error that retrying won't fix."""
+
+    def __init__(self, message: str, *, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+        self.name = error_name(code)
+
+
+class ClusterUnreachable(KafkaError):
+    """No broker of a cluster answered before the deadline."""
+
+
+class TopicNotFound(KafkaError):
+    """A topic the job was told to use does not exist."""
+
+
+class DataLossError(KafkaError):
+    """Offsets the job must read are gone (retention, deletion) and failOnDataLoss is on."""
+
+
+class CorruptBatchError(KafkaError):
+    """A record batch read from the broker fails its CRC or can't be parsed."""

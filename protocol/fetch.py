@@ -1,0 +1,277 @@
+"""FetchRequest and FetchResponse, written and read by hand so records are never copied.
+
+A Fetch response can carry megabytes of record batches per partition. Readers of whole batches
+(the shallow mirror) and of records (the lake) both want them as views of the received frame,
+so the records of each partition come back as a memoryview slice of it; kio would copy them.
+Versions 4-12 are handled: v4 is the first with an isolation level and aborted transactions,
+v13 names topics by id, which the pipeline doesn't map. Field presence by version follows
+Apache Kafka's FetchRequest.json / FetchResponse.json. Never does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from .apis import ApiKey, is_flexible
+from .errors import DecodeError
+from .primitives import (
+    INT8,
+    INT16,
+    INT32,
+    INT64,
+    iter_tagged_fields,
+    read_compact_nullable_string,
+    read_int16,
+    read_int32,
+    read_nullable_string,
+    read_uvarint,
+    skip_tagged_fields,
+    write_uvarint,
+)
+
+__all__ = [
+    "MAX_VERSION",
+    "MIN_VERSION",
+    "READ_COMMITTED",
+    "READ_UNCOMMITTED",
+    "AbortedTransaction",
+    "FetchPartition",
+    "FetchResponseData",
+    "PartitionData",
+    "encode_fetch_request",
+    "parse_fetch_response",
+]
+
+MIN_VERSION: Final = 4
+MAX_VERSION: Final = 12
+READ_UNCOMMITTED: Final = 0
+READ_COMMITTED: Final = 1
+_CONSUMER_REPLICA_ID: Final = -1
+_NO_SESSION: Final = 0
+_FULL_FETCH_EPOCH: Final = -1  # sessionless fetch (KIP-227)
+_NO_LEADER_EPOCH: Final = -1
+
+Buffer = bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class FetchPartition:
+    """One partition to fetch, in a request."""
+
+    topic: str
+    partition: int
+    fetch_offset: int
+    partition_max_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class AbortedTransaction:
+    producer_id: int
+    first_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionData:
+    """One partition's answer; `records` is a view into the response frame."""
+
+    topic: str
+    partition: int
+    error_code: int
+    high_watermark: int
+    last_stable_offset: int
+    log_start_offset: int
+    aborted_transactions: tuple[AbortedTransaction, ...] | None
+    """None when the broker sent no list (read_uncommitted, or a broker that keeps none)."""
+    records: memoryview
+    current_leader: tuple[int, int] | None = None
+    """(leader id, leader epoch) from tag 1 (v12+), when the broker names a new leader."""
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResponseData:
+    throttle_time_ms: int
+    error_code: int
+    partitions: tuple[PartitionData, ...]
+
+
+def _check_version(version: int) -> None:
+    if not MIN_VERSION <= version <= MAX_VERSION:
+        raise DecodeError(
+            f"Fetch v{version} is outside the v{MIN_VERSION}-v{MAX_VERSION} range kipside reads"
+        )
+
+
+def _string(value: str | None, flexible: bool) -> bytes:
+    if value is None:
+        return b"\x00" if flexible else INT16.pack(-1)
+    raw = value.encode("utf-8")
+    return (write_uvarint(len(raw) + 1) if flexible else INT16.pack(len(raw))) + raw
+
+
+def _array_length(length: int, flexible: bool) -> bytes:
+    return write_uvarint(length + 1) if flexible else INT32.pack(length)
+
+
+def encode_fetch_request(
+    version: int,
+    partitions: Sequence[FetchPartition],
+    *,
+    max_wait_ms: int,
+    min_bytes: int,
+    max_bytes: int,
+    isolation_level: int,
+    rack_id: str = "",
+) -> bytes:
+    """A sessionless FetchRequest body (no header) as a consumer (replica id -1) sends it."""
+    _check_version(version)
+    flexible = is_flexible(ApiKey.FETCH, version)
+    out = bytearray()
+    out += INT32.pack(_CONSUMER_REPLICA_ID) + INT32.pack(max_wait_ms) + INT32.pack(min_bytes)
+    out += INT32.pack(max_bytes) + INT8.pack(isolation_level)
+    if version >= 7:
+        out += INT32.pack(_NO_SESSION) + INT32.pack(_FULL_FETCH_EPOCH)
+    topics: dict[str, list[FetchPartition]] = {}
+    for p in partitions:
+        topics.setdefault(p.topic, []).append(p)
+    out += _array_length(len(topics), flexible)
+    for topic, items in topics.items():
+        out += _string(topic, flexible) + _array_length(len(items), flexible)
+        for p in items:
+            out += INT32.pack(p.partition)
+            if version >= 9:
+                out += INT32.pack(_NO_LEADER_EPOCH)
+            out += INT64.pack(p.fetch_offset)
+            if version >= 12:
+                out += INT32.pack(_NO_LEADER_EPOCH)  # last fetched epoch: unknown
+            if version >= 5:
+                out += INT64.pack(-1)  # log start offset: only followers send one
+            out += INT32.pack(p.partition_max_bytes)
+            if flexible:
+                out += b"\x00"
+        if flexible:
+            out += b"\x00"
+    if version >= 7:
+        out += _array_length(0, flexible)  # forgotten topics: none, sessionless
+    if version >= 11:
+        out += _string(rack_id, flexible)
+    if flexible:
+        out += b"\x00"
+    return bytes(out)
+
+
+def _read_array_length(buf: Buffer, offset: int, flexible: bool) -> tuple[int, int]:
+    if flexible:
+        length, offset = read_uvarint(buf, offset)
+        return length - 1, offset
+    return read_int32(buf, offset)
+
+
+def _read_int64(buf: Buffer, offset: int) -> tuple[int, int]:
+    if offset + 8 > len(buf):
+        raise DecodeError("truncated int64 in FetchResponse")
+    return INT64.unpack_from(buf, offset)[0], offset + 8
+
+
+def _checked_count(count: int, offset: int, end: int, min_size: int, what: str) -> int:
+    # Reject counts the remaining bytes can't hold before looping over them.
+    if count > (end - offset) // min_size:
+        raise DecodeError(f"FetchResponse claims {count} {what} in {end - offset} bytes")
+    return max(count, 0)
+
+
+def _read_aborted(
+    view: memoryview, offset: int, flexible: bool
+) -> tuple[tuple[AbortedTransaction, ...] | None, int]:
+    count, offset = _read_array_length(view, offset, flexible)
+    if count < 0:
+        return None, offset
+    count = _checked_count(count, offset, len(view), 16, "aborted transactions")
+    out = []
+    for _ in range(count):
+        producer_id, offset = _read_int64(view, offset)
+        first_offset, offset = _read_int64(view, offset)
+        if flexible:
+            offset = skip_tagged_fields(view, offset)
+        out.append(AbortedTransaction(producer_id, first_offset))
+    return tuple(out), offset
+
+
+def _read_partition(
+    view: memoryview, offset: int, topic: str, version: int, flexible: bool
+) -> tuple[PartitionData, int]:
+    partition, offset = read_int32(view, offset)
+    error_code, offset = read_int16(view, offset)
+    high_watermark, offset = _read_int64(view, offset)
+    last_stable_offset, offset = _read_int64(view, offset)
+    log_start_offset = -1
+    if version >= 5:
+        log_start_offset, offset = _read_int64(view, offset)
+    aborted, offset = _read_aborted(view, offset, flexible)
+    if version >= 11:
+        _preferred_read_replica, offset = read_int32(view, offset)
+    if flexible:
+        size, offset = read_uvarint(view, offset)
+        size -= 1
+    else:
+        size, offset = read_int32(view, offset)
+    if size > len(view) - offset:
+        raise DecodeError(f"records of {topic}-{partition} run past the end of the response")
+    records = view[offset : offset + max(size, 0)]
+    offset += max(size, 0)
+    current_leader = None
+    if flexible:
+        for tag, start, end in iter_tagged_fields(view, offset):
+            if tag == 1 and end - start >= 8:  # CurrentLeader: leader id, leader epoch
+                leader_id, pos = read_int32(view, start)
+                leader_epoch, _ = read_int32(view, pos)
+                current_leader = (leader_id, leader_epoch)
+        offset = skip_tagged_fields(view, offset)
+    data = PartitionData(
+        topic,
+        partition,
+        error_code,
+        high_watermark,
+        last_stable_offset,
+        log_start_offset,
+        aborted,
+        records,
+        current_leader,
+    )
+    return data, offset
+
+
+def parse_fetch_response(frame: Buffer, body_offset: int, version: int) -> FetchResponseData:
+    """Read a FetchResponse body that runs from body_offset to the end of frame."""
+    _check_version(version)
+    flexible = is_flexible(ApiKey.FETCH, version)
+    view = memoryview(frame)
+    offset = body_offset
+    throttle, offset = read_int32(view, offset)
+    error_code = 0
+    if version >= 7:
+        error_code, offset = read_int16(view, offset)
+        _session_id, offset = read_int32(view, offset)
+    n_topics, offset = _read_array_length(view, offset, flexible)
+    n_topics = _checked_count(n_topics, offset, len(view), 2, "topics")
+    partitions: list[PartitionData] = []
+    for _ in range(n_topics):
+        if flexible:
+            topic, offset = read_compact_nullable_string(view, offset)
+        else:
+            topic, offset = read_nullable_string(view, offset)
+        if topic is None:
+            raise DecodeError("FetchResponse names a null topic")
+        count, offset = _read_array_length(view, offset, flexible)
+        count = _checked_count(count, offset, len(view), 30, f"partitions of {topic}")
+        for _ in range(count):
+            data, offset = _read_partition(view, offset, topic, version, flexible)
+            partitions.append(data)
+        if flexible:
+            offset = skip_tagged_fields(view, offset)
+    if flexible:
+        offset = skip_tagged_fields(view, offset)
+    if offset != len(view):
+        raise DecodeError(f"FetchResponse v{version} has {len(view) - offset} trailing bytes")
+    return FetchResponseData(throttle, error_code, tuple(partitions))
