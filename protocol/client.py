@@ -77,8 +77,8 @@ class ClientConnection:
 
     @property
     def in_flight(self) -> int:
-        """Requests sent and not answered yet."""
-        return len(self._in_flight)
+        """Requests sent whose response has not been taken with next_response yet."""
+        return len(self._in_flight) + len(self._ready)
 
     def send_request(
         self, api_key: int, api_version: int, body: Sequence[Chunk] | Chunk

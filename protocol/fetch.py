@@ -175,10 +175,14 @@ def _read_int64(buf: Buffer, offset: int) -> tuple[int, int]:
 
 
 def _checked_count(count: int, offset: int, end: int, min_size: int, what: str) -> int:
+    # Only AbortedTransactions is nullable (read before this check); Kafka rejects a null
+    # Responses or Partitions array, so a negative count here is a malformed response.
+    if count < 0:
+        raise DecodeError(f"FetchResponse sends {what} as a null array ({count})")
     # Reject counts the remaining bytes can't hold before looping over them.
     if count > (end - offset) // min_size:
         raise DecodeError(f"FetchResponse claims {count} {what} in {end - offset} bytes")
-    return max(count, 0)
+    return count
 
 
 def _read_aborted(

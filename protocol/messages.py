@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import enum
 import io
 import struct
 import typing
@@ -140,6 +141,9 @@ def build(cls: Any, fields: dict[str, Any]) -> Message:
             value = build(nested, value)
         elif _is_timedelta(hint) and isinstance(value, int):
             value = datetime.timedelta(milliseconds=value)
+        elif _is_int_enum(hint) and isinstance(value, int) and not isinstance(value, hint):
+            # kio writes error codes through the enum (`.value`): a bare int fails to encode.
+            value = hint(value)
         elif isinstance(value, list):
             value = tuple(value)
         values[f.name] = value
@@ -148,6 +152,10 @@ def build(cls: Any, fields: dict[str, Any]) -> Message:
 
 def _is_timedelta(hint: Any) -> bool:
     return isinstance(hint, type) and issubclass(hint, datetime.timedelta)
+
+
+def _is_int_enum(hint: Any) -> bool:
+    return isinstance(hint, type) and issubclass(hint, enum.IntEnum)
 
 
 def build_request(api_key: int, api_version: int, fields: dict[str, Any]) -> Message:

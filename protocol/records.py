@@ -32,6 +32,7 @@ __all__ = [
     "RecordBatchView",
     "TimestampType",
     "as_plain_producer",
+    "batch_extent",
     "control_type",
     "iter_batches",
     "restamp",
@@ -69,6 +70,7 @@ _HEADER: Final = struct.Struct(">qiibIhiqqqhii")
 # The CRC-covered part of the header that as_plain_producer rewrites wholesale.
 _CRC_COVERED_HEADER: Final = struct.Struct(">hiqqqhii")
 _INT32: Final = struct.Struct(">i")
+_INT64: Final = struct.Struct(">q")
 _CONTROL_KEY: Final = struct.Struct(">hh")  # version, type
 _UINT32: Final = struct.Struct(">I")
 
@@ -81,6 +83,8 @@ _BATCH_LENGTH_OFFSET: Final = 8
 _MAGIC_OFFSET: Final = 16
 _CRC_OFFSET: Final = 17
 _ATTRIBUTES_OFFSET: Final = 21
+_LAST_OFFSET_DELTA_OFFSET: Final = 23
+_LAST_OFFSET_DELTA_END: Final = 27
 # Legacy message sets put magic at the same position, so one byte is enough to
 # tell the formats apart before trusting anything else in the header.
 _MAGIC_VISIBLE: Final = _MAGIC_OFFSET + 1
@@ -252,6 +256,20 @@ class RecordBatchView:
 
     def crc_valid(self) -> bool:
         return self.compute_crc() == self.crc
+
+
+def batch_extent(buffer: bytes | bytearray | memoryview) -> tuple[int, int, int] | None:
+    """(base offset, size in bytes, offsets spanned) of the batch starting the buffer, read from
+    its header even when the rest was cut off; None when not even that much is there."""
+    view = _byte_view(buffer)
+    if len(view) < _LAST_OFFSET_DELTA_END or view[_MAGIC_OFFSET] != 2:
+        return None
+    base_offset: int = _INT64.unpack_from(view, 0)[0]
+    batch_length: int = _INT32.unpack_from(view, _BATCH_LENGTH_OFFSET)[0]
+    last_offset_delta: int = _INT32.unpack_from(view, _LAST_OFFSET_DELTA_OFFSET)[0]
+    if batch_length < MIN_BATCH_LENGTH or last_offset_delta < 0:
+        return None
+    return base_offset, LOG_OVERHEAD + batch_length, last_offset_delta + 1
 
 
 def _is_partial_tail(view: memoryview, pos: int) -> bool:

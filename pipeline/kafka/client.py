@@ -11,8 +11,7 @@ per thread (Spark runs one task at a time per Python worker).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
@@ -29,6 +28,7 @@ from .retry import RetryPolicy, call_with_retries
 __all__ = [
     "ClientConfig",
     "ClusterMetadata",
+    "DedicatedConnection",
     "KafkaClient",
     "PartitionMetadata",
     "TopicMetadata",
@@ -77,6 +77,15 @@ class ClusterMetadata:
     topics: dict[str, TopicMetadata]
     cluster_id: str | None
     controller: int
+
+
+@dataclass(frozen=True, slots=True)
+class DedicatedConnection:
+    connection: BrokerConnection
+    versions: dict[int, VersionRange]
+
+    def version(self, api_key: int, ours: VersionRange) -> int:
+        return pick_version(api_key, self.versions, ours, broker_name=self.connection.name)
 
 
 class KafkaClient:
@@ -224,15 +233,20 @@ class KafkaClient:
         except ConnectionFailed as exc:
             raise RetriableError(f"{api_name(api_key)}: {exc}") from exc
 
-    @contextmanager
-    def pipelined(self, node: int) -> Iterator[BrokerConnection]:
-        """The connection to `node` for several requests in flight; closed if anything fails."""
-        _key, conn = self.connection(node)
+    def dedicated(self, node: int) -> DedicatedConnection:
+        """A new connection to `node` that only its caller uses, for requests kept in flight
+        (the shared ones answer one request at a time, and must not interleave with these)."""
+        address = self._brokers.get(node)
+        if address is None:
+            self.metadata(refresh=True)
+            address = self._brokers.get(node)
+        if address is None:
+            raise RetriableError(f"node {node} of {self.where} is not in the cluster's metadata")
         try:
-            yield conn
-        except BaseException:
-            conn.close()
-            raise
+            conn, versions = self._open(address, f"{self.role} node {node} ({address})")
+        except ConnectionFailed as exc:
+            raise RetriableError(str(exc)) from exc
+        return DedicatedConnection(conn, versions)
 
     def remember_broker(self, node: int, host: str, port: int) -> None:
         """A broker address learned outside Metadata (FindCoordinator)."""

@@ -30,6 +30,7 @@ from protocol.fetch import (
 )
 from protocol.kafka_errors import ErrorCode
 from protocol.messages import build_request, encode_message
+from protocol.records import batch_extent
 
 from .client import KafkaClient, check_error
 from .errors import RetriableError
@@ -49,6 +50,7 @@ LATEST: Final = -1
 LIST_OFFSETS: Final = VersionRange(2, 9)
 FETCH: Final = VersionRange(FETCH_MIN, FETCH_MAX)
 _OUT_OF_RANGE: Final = int(ErrorCode.offset_out_of_range)
+_PROBE_BYTES: Final = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +58,8 @@ class Watermarks:
     log_start: int
     high_watermark: int
     last_stable: int
+    bytes_per_offset: float | None = None
+    """Size per offset of the batch at the probed offset, when the answer carried one."""
 
     def end(self, committed_only: bool) -> int:
         """Where a reader stops: the last stable offset for read_committed, else the HW."""
@@ -145,7 +149,9 @@ def _probe(
     offsets: Mapping[TopicPartition, int],
     out_of_range: dict[TopicPartition, int],
 ) -> dict[TopicPartition, Watermarks]:
-    parts = [FetchPartition(t, p, max(o, 0), 1) for (t, p), o in offsets.items()]
+    # A few KiB per partition: enough for a batch header (the size estimate), and a broker
+    # returns at least one batch of the first partition anyway.
+    parts = [FetchPartition(t, p, max(o, 0), _PROBE_BYTES) for (t, p), o in offsets.items()]
 
     def body(version: int) -> bytes:
         return encode_fetch_request(
@@ -167,7 +173,9 @@ def _probe(
             out_of_range[tp] = offsets[tp]
             continue
         check_error(p.error_code, f"Fetch for {tp[0]}-{tp[1]}", client.where)
-        found[tp] = Watermarks(p.log_start_offset, p.high_watermark, p.last_stable_offset)
+        extent = batch_extent(p.records)
+        density = extent[1] / extent[2] if extent is not None else None
+        found[tp] = Watermarks(p.log_start_offset, p.high_watermark, p.last_stable_offset, density)
     return found
 
 

@@ -37,7 +37,7 @@ from protocol.produce import (
 )
 from protocol.records import RecordBatchView, restamp
 
-from .client import KafkaClient, check_error
+from .client import DedicatedConnection, KafkaClient, check_error
 from .connection import BrokerConnection, ConnectionFailed
 from .errors import BrokerError, KafkaError, RetriableError
 
@@ -116,6 +116,8 @@ class IdempotentProducer(Generic[Tag]):
         self._queues: dict[TopicPartition, deque[_Outgoing[Tag]]] = {}
         self._queued_bytes = 0
         self._order = count()
+        # Produce requests stay in flight, so they get connections of their own.
+        self._connections: dict[int, DedicatedConnection] = {}
 
     @property
     def producer_id(self) -> int:
@@ -127,6 +129,7 @@ class IdempotentProducer(Generic[Tag]):
 
     def reset(self) -> None:
         """Forget the session (after a failure): the next batch starts a new one."""
+        self.close()
         self._session = None
         self._queues.clear()
         self._queued_bytes = 0
@@ -275,9 +278,21 @@ class IdempotentProducer(Generic[Tag]):
             self._queued_bytes -= head.size
         return taken
 
+    def _connection(self, leader: int) -> DedicatedConnection:
+        dedicated = self._connections.get(leader)
+        if dedicated is None or dedicated.connection.closed:
+            dedicated = self._connections[leader] = self.client.dedicated(leader)
+        return dedicated
+
+    def close(self) -> None:
+        for dedicated in self._connections.values():
+            dedicated.connection.close()
+        self._connections.clear()
+
     def _send(self, leader: int, batches: list[_Outgoing[Tag]]) -> _Request[Tag]:
-        key, conn = self.client.connection(leader)
-        version = self.client.version(key, ApiKey.PRODUCE, PRODUCE)
+        dedicated = self._connection(leader)
+        conn = dedicated.connection
+        version = dedicated.version(ApiKey.PRODUCE, PRODUCE)
         chunks = encode_produce_request(
             version,
             acks=_ACKS_ALL,

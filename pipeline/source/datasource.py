@@ -1,0 +1,231 @@
+"""The `kipside` Python data source: Kafka for PySpark through kipside's own protocol code.
+
+`spark.read.format("kipside")` and `spark.readStream.format("kipside")` take the options of
+Spark's Kafka source (pipeline.source.options). The driver plans offset ranges
+(pipeline.source.planner, pipeline.source.ranges); each Spark task reads one range with the
+blocking client (pipeline.kafka.fetcher) and yields pyarrow RecordBatches: whole record batches
+with `rows=batches`, records otherwise. Streaming reads have admission control
+(maxOffsetsPerTrigger, maxBytesPerTrigger) and Trigger.AvailableNow, as Spark's own source.
+
+Readers are pickled to executors, so they hold options only; Kafka clients live in a
+per-process cache (pipeline.kafka.shared). Nothing here decodes a protocol message.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from pipeline.kafka.errors import DataLossError, KafkaError
+from pipeline.kafka.fetcher import RangeReader
+from pipeline.kafka.shared import drop_client, shared_client
+
+from .batch_rows import BATCH_STRUCT, batch_rows
+from .options import OptionError, SourceOptions, parse_source_options
+from .planner import Planner
+from .ranges import (
+    OffsetRange,
+    Offsets,
+    byte_limit,
+    decode_offsets,
+    encode_offsets,
+    plan_ranges,
+    rate_limit,
+)
+from .record_rows import record_rows, record_struct
+
+__all__ = ["KipsideDataSource", "RangePartition"]
+
+log = logging.getLogger("kipside.source")
+ROLE = "source cluster"
+TopicPartition = tuple[str, int]
+
+
+class RangePartition(InputPartition):
+    """One Spark task: one partition's offset range."""
+
+    def __init__(self, offset_range: OffsetRange) -> None:
+        super().__init__(offset_range)
+        self.range = offset_range
+
+
+class KipsideDataSource(DataSource):
+    """Spark discovers it as `kipside` (pyspark_kipside.DefaultSource)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "kipside"
+
+    def schema(self) -> StructType:
+        rows = str(self.options.get("rows", "records")).strip().lower()
+        if rows == "batches":
+            return BATCH_STRUCT
+        headers = str(self.options.get("includeHeaders", "false")).strip().lower() == "true"
+        return record_struct(include_headers=headers)
+
+    def _options(self, schema: StructType, *, streaming: bool) -> SourceOptions:
+        options = parse_source_options(dict(self.options), streaming=streaming)
+        expected = self.schema()
+        if schema.simpleString() != expected.simpleString():
+            raise OptionError(
+                "the kipside source has a fixed schema and cannot be set with a custom one: "
+                f"it is {expected.simpleString()}; remove .schema(...)"
+            )
+        return options
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return KipsideBatchReader(self._options(schema, streaming=False))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return KipsideStreamReader(self._options(schema, streaming=True))
+
+
+def _planner(options: SourceOptions) -> Planner:
+    return Planner(shared_client(options.bootstrap, ROLE, options.client), options)
+
+
+def read_range(options: SourceOptions, offset_range: OffsetRange) -> Iterator[pa.RecordBatch]:
+    """What one Spark task yields for its range (shared by batch and streaming reads)."""
+    client = shared_client(options.bootstrap, ROLE, options.client)
+    reader = RangeReader(client, options.fetch, on_data_loss=log.warning)
+    r = offset_range
+    try:
+        batches = reader.read(r.topic, r.partition, r.start, r.end)
+        if options.rows == "batches":
+            yield from batch_rows(r, batches)
+        else:
+            yield from record_rows(r, batches, include_headers=options.include_headers)
+    except (KafkaError, OSError):
+        drop_client(client)
+        raise
+
+
+class KipsideBatchReader(DataSourceReader):
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> Sequence[InputPartition]:
+        planner = _planner(self.options)
+        tps = planner.partitions()
+        assert self.options.ending is not None
+        start = planner.resolve(self.options.starting, tps, starting=True)
+        end = planner.resolve(self.options.ending, tps, starting=False)
+        for tp, begin in start.items():
+            if begin > end[tp]:
+                raise OptionError(
+                    f"option {self.options.starting.option or 'startingOffsets'}: {tp[0]}-{tp[1]} "
+                    f"starts at {begin}, after its end {end[tp]}"
+                )
+        ranges = plan_ranges(start, end, self.options.min_partitions)
+        return [RangePartition(r) for r in ranges]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, RangePartition)
+        return read_range(self.options, partition.range)
+
+
+class KipsideStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches over offsets JSON `{topic: {partition: next_offset}}`."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self._target: Offsets | None = None
+        self._latest: Offsets | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Executors need the options only; driver-side progress stays on the driver.
+        return {"options": self.options, "_target": None, "_latest": None}
+
+    def initialOffset(self) -> dict[str, dict[str, int]]:
+        planner = _planner(self.options)
+        start = planner.resolve(self.options.starting, planner.partitions(), starting=True)
+        return encode_offsets(start)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_offsets_per_trigger is not None:
+            return ReadMaxRows(self.options.max_offsets_per_trigger)
+        if self.options.max_bytes_per_trigger is not None:
+            return ReadMaxBytes(self.options.max_bytes_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        planner = _planner(self.options)
+        tps = planner.partitions()
+        self._target = planner.latest(planner.earliest(tps))[0]
+
+    def latestOffset(
+        self, start: dict[str, dict[str, int]], limit: ReadLimit
+    ) -> dict[str, dict[str, int]]:
+        planner = _planner(self.options)
+        begin = self._with_current_partitions(planner, decode_offsets(start))
+        latest, marks = planner.latest(begin)
+        if self._target is not None:
+            latest = {tp: min(end, self._target.get(tp, begin[tp])) for tp, end in latest.items()}
+        self._latest = latest
+        if isinstance(limit, ReadMaxRows):
+            end = rate_limit(begin, latest, limit.max_rows)
+        elif isinstance(limit, ReadMaxBytes):
+            density = {tp: m.bytes_per_offset or 1.0 for tp, m in marks.items()}
+            end = byte_limit(begin, latest, limit.max_bytes, density)
+        else:
+            end = latest
+        # Never move backwards (a truncated log shows as data loss when read, not here).
+        return encode_offsets({tp: max(off, begin[tp]) for tp, off in end.items()})
+
+    def _with_current_partitions(self, planner: Planner, start: Offsets) -> Offsets:
+        """`start` plus new partitions (from their earliest offset, as Spark does), minus
+        deleted ones (data loss unless failOnDataLoss=false)."""
+        current = set(planner.partitions())
+        gone = sorted(set(start) - current)
+        if gone:
+            names = ", ".join(f"{t}-{p}" for t, p in gone)
+            text = f"partitions {names} no longer exist in {planner.client.where}"
+            if self.options.fail_on_data_loss:
+                raise DataLossError(
+                    f"{text}: records not yet read from them are lost. Set "
+                    "failOnDataLoss=false to go on without them"
+                )
+            log.warning("%s; going on without them (failOnDataLoss=false)", text)
+        begin = {tp: off for tp, off in start.items() if tp in current}
+        begin.update(planner.earliest(current - set(begin)))
+        return begin
+
+    def reportLatestOffset(self) -> dict[str, dict[str, int]] | None:
+        return None if self._latest is None else encode_offsets(self._latest)
+
+    def partitions(
+        self, start: dict[str, dict[str, int]], end: dict[str, dict[str, int]]
+    ) -> Sequence[InputPartition]:
+        begin = decode_offsets(start)
+        stop = decode_offsets(end)
+        new = [tp for tp in stop if tp not in begin]
+        if new:
+            begin.update(_planner(self.options).earliest(new))
+        return [RangePartition(r) for r in plan_ranges(begin, stop, self.options.min_partitions)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, RangePartition)
+        return read_range(self.options, partition.range)
+
+    def commit(self, end: dict[str, dict[str, int]]) -> None:
+        """Nothing to do: the checkpoint keeps the offsets, no consumer group is involved."""
+
+    def stop(self) -> None:
+        """Clients are per process and closed with it."""
