@@ -117,7 +117,7 @@ def _entity_class(hint: Any) -> type | None:
                 return None
             hint = options[0]
         else:
-            return hint if dataclasses.is_dataclass(hint) else None
+            return hint if isinstance(hint, type) and dataclasses.is_dataclass(hint) else None
 
 
 def build(cls: Any, fields: dict[str, Any]) -> Message:

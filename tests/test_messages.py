@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import sys
 import uuid
+from typing import Any
 
 import pytest
 from kio.schema.errors import ErrorCode
@@ -15,6 +18,8 @@ from protocol.apis import ApiKey
 from protocol.errors import DecodeError
 from protocol.headers import build_frame, encode_response_header, parse_response_header
 from protocol.messages import (
+    build,
+    build_request,
     decode_request,
     decode_response,
     encode_message,
@@ -166,3 +171,129 @@ def test_classes_and_known_versions() -> None:
     low, high = known_versions(ApiKey.PRODUCE) or (None, None)
     assert low == 3
     assert high is not None and high >= 12
+
+
+# ---- build: kio entities from plain values ------------------------------------------------
+
+
+def fetch_fields() -> dict[str, Any]:
+    """One description of a FetchRequest for every version, with fields only later ones have."""
+    return {
+        "replica_id": -1,
+        "max_wait": 500,
+        "min_bytes": 1,
+        "max_bytes": 1 << 20,
+        "isolation_level": 1,
+        "session_id": 0,
+        "session_epoch": -1,
+        "topics": [
+            {
+                "topic": "orders",
+                "partitions": [
+                    {
+                        "partition": 3,
+                        "current_leader_epoch": 7,
+                        "fetch_offset": 100,
+                        "last_fetched_epoch": 6,
+                        "log_start_offset": -1,
+                        "partition_max_bytes": 4096,
+                    }
+                ],
+            }
+        ],
+        "forgotten_topics_data": [{"topic": "old", "partitions": [1, 2]}],
+        "rack_id": "rack-a",
+        "no_such_field": "dropped everywhere",
+    }
+
+
+@pytest.mark.parametrize("version", range(4, 13))
+def test_build_nested_entities(version: int) -> None:
+    message = build_request(ApiKey.FETCH, version, fetch_fields())
+    cls = request_class(ApiKey.FETCH, version)
+    assert type(message) is cls
+    (topic,) = message.topics
+    (partition,) = topic.partitions
+    module = sys.modules[cls.__module__]
+    assert type(topic) is module.FetchTopic
+    assert type(partition) is module.FetchPartition
+    assert (topic.topic, partition.partition, partition.fetch_offset) == ("orders", 3, 100)
+    assert message.max_wait == datetime.timedelta(milliseconds=500)
+    # Keys the version lacks are left out; the ones it has are kept.
+    have = {f.name for f in dataclasses.fields(partition)}
+    assert ("current_leader_epoch" in have) is (version >= 9)
+    assert ("last_fetched_epoch" in have) is (version >= 12)
+    if version >= 9:
+        assert partition.current_leader_epoch == 7
+    assert getattr(message, "rack_id", None) == ("rack-a" if version >= 11 else None)
+    if version >= 7:
+        (forgotten,) = message.forgotten_topics_data
+        assert type(forgotten) is module.ForgottenTopic
+        assert forgotten.partitions == (1, 2)  # a list of ints becomes a tuple
+    else:
+        assert not hasattr(message, "forgotten_topics_data")
+    assert not hasattr(message, "no_such_field")
+
+
+@pytest.mark.parametrize("version", range(4, 13))
+def test_build_encodes_and_decodes_back(version: int) -> None:
+    message = build_request(ApiKey.FETCH, version, fetch_fields())
+    body = encode_message(message)
+    assert decode_request(ApiKey.FETCH, version, body, 0) == message
+
+
+def test_build_response_with_nullable_and_durations() -> None:
+    cls = response_class(ApiKey.FETCH, 12)
+    partition = {
+        "partition_index": 0,
+        "error_code": 6,  # an int becomes kio's ErrorCode
+        "high_watermark": 5,
+        "aborted_transactions": None,
+        "records": None,
+        "current_leader": {"leader_id": 2, "leader_epoch": 9},
+    }
+    message = build(
+        cls,
+        {
+            "throttle_time": 1500,
+            "error_code": 0,
+            "responses": [{"topic": "t", "partitions": [partition]}],
+        },
+    )
+    assert message.throttle_time == datetime.timedelta(seconds=1.5)
+    (data,) = message.responses[0].partitions
+    assert data.error_code is ErrorCode.not_leader_or_follower
+    assert data.aborted_transactions is None and data.records is None
+    assert (data.current_leader.leader_id, data.current_leader.leader_epoch) == (2, 9)
+    assert decode_response(ApiKey.FETCH, 12, encode_message(message), 0) == message
+
+
+def test_build_keeps_values_already_typed() -> None:
+    delay = datetime.timedelta(milliseconds=250)
+    message = build(
+        response_class(ApiKey.API_VERSIONS, 3),
+        {"error_code": ErrorCode.none, "api_keys": (), "throttle_time": delay},
+    )
+    assert message.throttle_time is delay
+    assert message.error_code is ErrorCode.none
+
+
+def test_build_metadata_round_trip() -> None:
+    fields = {
+        "topics": [{"topic_id": TOPIC_ID, "name": None}, {"topic_id": None, "name": "orders"}],
+        "allow_auto_topic_creation": False,
+        "include_topic_authorized_operations": True,
+    }
+    message = build_request(ApiKey.METADATA, 12, fields)
+    assert message.topics[0].topic_id == TOPIC_ID
+    assert decode_request(ApiKey.METADATA, 12, encode_message(message), 0) == message
+    every_topic = build_request(ApiKey.METADATA, 12, {**fields, "topics": None})
+    assert every_topic.topics is None  # a null array stays null
+
+
+def test_build_refuses_what_kio_refuses() -> None:
+    # A field the version needs is never silently defaulted.
+    with pytest.raises(TypeError, match="min_bytes"):
+        build_request(ApiKey.FETCH, 4, {"max_wait": 1, "topics": []})
+    with pytest.raises(ValueError, match="12345"):
+        build(response_class(ApiKey.API_VERSIONS, 0), {"error_code": 12345, "api_keys": []})

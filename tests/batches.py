@@ -1,0 +1,119 @@
+"""Record batches for tests, with every header field chosen: data batches and control batches.
+
+Control batches are written out by hand from Kafka's format (DefaultRecordBatch /
+ControlRecordType / EndTransactionMarker in Apache Kafka's clients), not through any code under
+test, so the decoders in protocol/ are checked against the format and not against themselves.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Final
+
+import crc32c
+
+from protocol.batch_builder import Record, encode_batch
+
+TRANSACTIONAL: Final = 0x10
+CONTROL: Final = 0x20
+ABORT: Final = 0
+COMMIT: Final = 1
+TIMESTAMP: Final = 1_700_000_000_000
+
+# baseOffset, batchLength, partitionLeaderEpoch, magic, crc, then the CRC-covered fields:
+# attributes, lastOffsetDelta, baseTimestamp, maxTimestamp, producerId, producerEpoch,
+# baseSequence, recordsCount.
+_HEAD: Final = struct.Struct(">qiib")
+_COVERED: Final = struct.Struct(">hiqqqhii")
+_HEADER_SIZE: Final = 61
+
+
+def assemble(
+    records: bytes,
+    *,
+    records_count: int,
+    base_offset: int = 0,
+    attributes: int = 0,
+    last_offset_delta: int = 0,
+    base_timestamp: int = TIMESTAMP,
+    max_timestamp: int = TIMESTAMP,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    leader_epoch: int = -1,
+) -> bytes:
+    """A magic-v2 batch around already encoded `records`, with a correct CRC-32C."""
+    covered = _COVERED.pack(
+        attributes,
+        last_offset_delta,
+        base_timestamp,
+        max_timestamp,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        records_count,
+    )
+    crc = crc32c.crc32c(covered + records)
+    batch_length = _HEADER_SIZE - 12 + len(records)
+    head = _HEAD.pack(base_offset, batch_length, leader_epoch, 2)
+    return head + struct.pack(">I", crc) + covered + records
+
+
+def control_record(kind: int, coordinator_epoch: int = 0, *, key_version: int = 0) -> bytes:
+    """The one record of a transaction marker batch, byte by byte."""
+    key = struct.pack(">hh", key_version, kind)  # ControlRecordType key: version, type
+    value = struct.pack(">hi", 0, coordinator_epoch)  # EndTransactionMarker: version, epoch
+    body = (
+        b"\x00"  # attributes (int8, unused)
+        b"\x00"  # timestampDelta (varlong 0)
+        b"\x00"  # offsetDelta (varint 0)
+        + b"\x08"  # key length 4 (zigzag varint)
+        + key
+        + b"\x0c"  # value length 6
+        + value
+        + b"\x00"  # no headers
+    )
+    assert len(body) == 16
+    return b"\x20" + body  # record length 16 (zigzag varint)
+
+
+def control_batch(
+    kind: int,
+    *,
+    producer_id: int,
+    producer_epoch: int = 0,
+    base_offset: int = 0,
+    coordinator_epoch: int = 0,
+) -> bytes:
+    """A COMMIT or ABORT marker as a broker writes it: transactional and control bits set."""
+    return assemble(
+        control_record(kind, coordinator_epoch),
+        records_count=1,
+        base_offset=base_offset,
+        attributes=TRANSACTIONAL | CONTROL,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+    )
+
+
+def data_batch(
+    *,
+    base_offset: int,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    transactional: bool = False,
+    values: tuple[bytes, ...] = (b"v",),
+) -> bytes:
+    """A data batch of one record per value, re-headed with the producer fields given."""
+    built = encode_batch([Record(b"k", v) for v in values], base_timestamp=TIMESTAMP)
+    return assemble(
+        built[_HEADER_SIZE:],
+        records_count=len(values),
+        base_offset=base_offset,
+        attributes=TRANSACTIONAL if transactional else 0,
+        last_offset_delta=len(values) - 1,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+    )
