@@ -21,11 +21,15 @@ RUN groupadd --system --gid 10001 kipside \
     && useradd --system --uid 10001 --gid kipside --no-create-home --home-dir /nonexistent \
         --shell /usr/sbin/nologin kipside
 
-# Only what the package build needs; dependency versions are the pins in pyproject.toml.
+# Only what the package build needs; dependency versions are the pins in pyproject.toml. The
+# Spark pipelines' code comes along (the package lists it) but not their `pipeline` extra:
+# the sidecar image has no PySpark, and `kipside mirror` there says how to get it.
 COPY pyproject.toml README.md /src/
 COPY protocol /src/protocol
 COPY proxy /src/proxy
 COPY rules /src/rules
+COPY pipeline /src/pipeline
+COPY pyspark_kipside /src/pyspark_kipside
 RUN pip install --no-cache-dir /src \
     && rm -rf /src
 

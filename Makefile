@@ -14,7 +14,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[test,bench,pipeline]'
 	touch $(STAMP)
 
 # From Debian: kcat (a real client for the tests), haproxy (the benchmarks' floor) and libpcap

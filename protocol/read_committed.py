@@ -116,6 +116,8 @@ class ReadCommittedFilter:
     def _end_transaction(self, marker: RecordBatchView) -> None:
         pid = marker.producer_id
         kind = control_type(marker)
+        if kind not in (ControlType.COMMIT, ControlType.ABORT):
+            return  # not a transaction marker
         verdict = Verdict.DATA if kind == ControlType.COMMIT else Verdict.ABORTED
         for entry in self._open.pop(pid, ()):
             entry.verdict = verdict

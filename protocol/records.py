@@ -57,10 +57,17 @@ class TimestampType(IntEnum):
 
 
 class ControlType(IntEnum):
-    """The type in a control record's key: how a transaction ended."""
+    """The type in a control record's key (Kafka's ControlRecordType). Only ABORT and COMMIT
+    end transactions; the others belong to KRaft's own logs, and readers skip them."""
 
+    UNKNOWN = -1
     ABORT = 0
     COMMIT = 1
+    LEADER_CHANGE = 2
+    SNAPSHOT_HEADER = 3
+    SNAPSHOT_FOOTER = 4
+    KRAFT_VERSION = 5
+    KRAFT_VOTERS = 6
 
 
 # baseOffset, batchLength, partitionLeaderEpoch, magic, crc, attributes,
@@ -367,9 +374,10 @@ def control_type(batch: RecordBatchView) -> ControlType:
     if key_length < 4 or pos + 4 > len(records):
         raise RecordBatchError(f"{where} has a {key_length}-byte key; a control key has 4")
     kind: int = _CONTROL_KEY.unpack_from(records, pos)[1]
-    if kind not in (ControlType.ABORT, ControlType.COMMIT):
-        raise RecordBatchError(f"{where} has control type {kind}, neither ABORT nor COMMIT")
-    return ControlType(kind)
+    try:
+        return ControlType(kind)
+    except ValueError:
+        return ControlType.UNKNOWN  # a newer Kafka's type: skipped, as Java's consumer does
 
 
 def _read_varint(buf: memoryview, pos: int, where: str) -> tuple[int, int]:

@@ -304,3 +304,15 @@ def test_random_log(
         assert rc.undecided and head.view.producer_id in rc.waiting_for
     else:
         assert not rc.undecided
+
+
+def test_a_control_batch_that_is_no_transaction_marker_decides_nothing() -> None:
+    # KRaft's LEADER_CHANGE (type 2) and types a newer Kafka adds are skipped, not taken for
+    # an ABORT of that producer's open transaction.
+    verdicts = ReadCommittedFilter()
+    verdicts.feed(batch("t1@0"))
+    verdicts.feed(RecordBatchView.from_buffer(control_batch(2, producer_id=1, base_offset=1)))
+    assert verdicts.take() == []
+    assert verdicts.waiting_for == {1: 0}
+    verdicts.feed(batch("c1@2"))
+    assert released(verdicts.take()) == [(0, DATA), (1, CONTROL), (2, CONTROL)]

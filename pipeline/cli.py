@@ -1,0 +1,165 @@
+"""`kipside mirror` (and its `translate`): the pipeline's commands, registered on the `kipside`
+command line through the `kipside.commands` entry point group.
+
+This module only parses arguments and hands over to pipeline.mirror; it must stay cheap to
+import (no pyspark here), because `kipside serve` loads it to build its parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+__all__ = ["register_mirror"]
+
+_MIRROR_EPILOG = """\
+examples:
+  kipside mirror --source src:9092 --dest dst:9092 --topics 'orders|payments' \\
+      --checkpoint /var/lib/kipside/mirror --once
+  kipside mirror translate --source src:9092 --dest dst:9092 --group billing --commit
+
+The mirror copies record batches as they are (never decompressed), read_committed by default,
+at least once across restarts. See docs/mirror.md.
+"""
+
+
+def _size(text: str) -> int:
+    """A byte count, with an optional K, M or G suffix (powers of 1024)."""
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    t = text.strip().lower().removesuffix("b").removesuffix("i")
+    factor = units.get(t[-1:], 1)
+    number = t[:-1] if t[-1:] in units else t
+    try:
+        value = int(float(number) * factor)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 268435456, 256M or 1G") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
+
+
+def _conf(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key.strip(), value
+
+
+def register_mirror(sub: Any) -> None:
+    parser = sub.add_parser(
+        "mirror",
+        help="copy topics between clusters as raw record batches (a Spark job)",
+        description="Copy topics between Kafka clusters batch for batch, never decompressing "
+        "them, as a Spark Structured Streaming job (KIP-712's shallow mirror).",
+        epilog=_MIRROR_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "action", nargs="?", choices=["translate"], help="translate: map a group's offsets"
+    )
+    parser.add_argument("--source", metavar="HOST:PORT[,...]", help="source cluster bootstrap")
+    parser.add_argument("--dest", metavar="HOST:PORT[,...]", help="destination cluster bootstrap")
+    parser.add_argument("--topics", metavar="REGEX", help="source topics to copy (whole names)")
+    parser.add_argument("--checkpoint", metavar="DIR", help="Spark checkpoint (progress) directory")
+    parser.add_argument("--rename", metavar="PREFIX", default="", help="prefix destination topic names")
+    parser.add_argument(
+        "--read-uncommitted",
+        action="store_true",
+        help="copy batches of aborted and open transactions too (read_committed by default)",
+    )
+    parser.add_argument(
+        "--max-bytes-per-trigger",
+        type=_size,
+        default=256 << 20,
+        metavar="N",
+        help="about how many source bytes one micro-batch copies (default 256M)",
+    )
+    parser.add_argument("--once", action="store_true", help="copy what is there now, then stop")
+    parser.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
+    parser.add_argument(
+        "--no-fail-on-data-loss",
+        action="store_true",
+        help="skip offsets deleted before they were copied instead of failing (failOnDataLoss=false)",
+    )
+    parser.add_argument(
+        "--offset-sync-topic",
+        default="kipside-mirror-offset-syncs",
+        metavar="TOPIC",
+        help="compacted topic on the destination recording where batches landed ('' for none)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=60.0, metavar="SECONDS",
+        help="how long to keep retrying an unreachable cluster (default 60)",
+    )
+    parser.add_argument("--conf", type=_conf, action="append", default=[], metavar="KEY=VALUE", help="extra Spark configuration")
+    parser.add_argument("--group", help="translate: the consumer group")
+    parser.add_argument("--commit", action="store_true", help="translate: commit on the destination")
+    parser.add_argument("--json", action="store_true", help="translate: print JSON")
+    parser.set_defaults(handler=_mirror)
+
+
+def _require(parser_name: str, args: argparse.Namespace, *names: str) -> str | None:
+    missing = [f"--{n.replace('_', '-')}" for n in names if not getattr(args, n)]
+    if missing:
+        return f"kipside {parser_name}: error: {', '.join(missing)} required"
+    return None
+
+
+def _pipeline_missing() -> str | None:
+    """Why the pipeline can't run here, if the `pipeline` extra is not installed."""
+    try:
+        import pyarrow  # noqa: F401
+        import pyspark  # noqa: F401
+    except ImportError as exc:
+        return (
+            f"{exc.name} is not installed: the pipelines need kipside's pipeline extra "
+            "(pip install 'kipside[pipeline]') and Java 17 for Spark"
+        )
+    return None
+
+
+def _mirror(args: argparse.Namespace) -> int:
+    missing = _pipeline_missing()
+    if missing:
+        print(f"kipside mirror: error: {missing}", file=sys.stderr)
+        return 2
+    if args.action == "translate":
+        problem = _require("mirror translate", args, "source", "dest", "group")
+        if problem:
+            print(problem, file=sys.stderr)
+            return 2
+        from pipeline.mirror.translate import TranslateJob, run_translate
+
+        job = TranslateJob(
+            source=args.source,
+            dest=args.dest,
+            group=args.group,
+            sync_topic=args.offset_sync_topic,
+            commit=args.commit,
+            as_json=args.json,
+            timeout_ms=int(args.timeout * 1000),
+        )
+        return run_translate(job, sys.stdout, sys.stderr)
+    problem = _require("mirror", args, "source", "dest", "topics", "checkpoint")
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
+    from pipeline.mirror.job import MirrorJob, run_mirror
+
+    mirror = MirrorJob(
+        source=args.source,
+        dest=args.dest,
+        topics=args.topics,
+        checkpoint=args.checkpoint,
+        rename=args.rename,
+        read_uncommitted=args.read_uncommitted,
+        max_bytes_per_trigger=args.max_bytes_per_trigger,
+        once=args.once,
+        master=args.master,
+        fail_on_data_loss=not args.no_fail_on_data_loss,
+        sync_topic=args.offset_sync_topic,
+        timeout_ms=int(args.timeout * 1000),
+        conf=dict(args.conf),
+    )
+    return run_mirror(mirror)

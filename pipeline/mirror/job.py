@@ -1,0 +1,204 @@
+"""`kipside mirror`: the shallow mirror as a Spark Structured Streaming query.
+
+source: format("kipside") with rows=batches and subscribePattern, from the earliest offsets
+   -> observe batches, records and bytes (Spark's progress events carry them)
+   -> coalesce to the session's parallelism, so a write task carries several partitions
+      and its ProduceRequests are multi-partition
+sink:   format("kipside-mirror"), checkpointed in --checkpoint.
+
+Before Spark starts, both clusters are dialled and the pattern must match a topic, so the
+common mistakes fail in a second with a clear line instead of a stack trace. A failed query
+is reported by its root cause (the kipside error in the Python traceback), not by Spark's
+wrapping. SIGINT/SIGTERM let the running micro-batch finish before stopping, so a restart
+copies as little again as possible.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any, Final, TextIO
+
+from pipeline.kafka.client import ClientConfig, KafkaClient
+from pipeline.kafka.connection import Address
+from pipeline.kafka.errors import KafkaError
+from pipeline.kafka.retry import RetryPolicy
+from pipeline.progress import LiveLine, ProgressListener, Totals, describe_lag
+from pipeline.source.options import parse_source_options
+from pipeline.source.planner import Planner
+from pipeline.spark import spark_log_path, start_session
+
+from .offset_sync import DEFAULT_TOPIC
+
+__all__ = ["MirrorJob", "root_cause", "run_mirror"]
+
+QUERY_NAME: Final = "kipside_mirror"
+OBSERVED: Final = "kipside_mirror"
+STOP_GRACE_SECONDS: Final = 60.0
+READ_UNCOMMITTED_WARNING: Final = (
+    "kipside mirror: warning: --read-uncommitted copies every data batch, including those of "
+    "transactions that were aborted or are still open; on the destination they become "
+    "ordinary records that every consumer reads as committed data"
+)
+
+
+@dataclass(frozen=True)
+class MirrorJob:
+    source: str
+    dest: str
+    topics: str
+    checkpoint: str
+    rename: str = ""
+    read_uncommitted: bool = False
+    max_bytes_per_trigger: int = 256 * 1024 * 1024
+    once: bool = False
+    master: str = "local[*]"
+    fail_on_data_loss: bool = True
+    trigger_seconds: float = 1.0
+    sync_topic: str = DEFAULT_TOPIC
+    timeout_ms: int = 60_000
+    conf: Mapping[str, str] = field(default_factory=dict)
+
+    def source_options(self) -> dict[str, str]:
+        return {
+            "kafka.bootstrap.servers": self.source,
+            "subscribePattern": self.topics,
+            "rows": "batches",
+            "startingOffsets": "earliest",
+            "maxBytesPerTrigger": str(self.max_bytes_per_trigger),
+            "failOnDataLoss": str(self.fail_on_data_loss).lower(),
+            "kafka.isolation.level": "read_uncommitted" if self.read_uncommitted else "read_committed",
+            "kafka.default.api.timeout.ms": str(self.timeout_ms),
+            "kafka.client.id": "kipside-mirror",
+        }
+
+    def sink_options(self) -> dict[str, str]:
+        return {
+            "kafka.bootstrap.servers": self.dest,
+            "source.kafka.bootstrap.servers": self.source,
+            "rename": self.rename,
+            "offsetSyncTopic": self.sync_topic,
+            "checkpointLocation": self.checkpoint,
+        }
+
+
+class MirrorFailed(Exception):
+    """The mirror stopped on an error; the message is the root cause."""
+
+
+def preflight(job: MirrorJob) -> list[tuple[str, int]]:
+    """Dial both clusters and resolve the pattern; raises KafkaError or ValueError if either
+    is unreachable or nothing matches. Returns the partitions to mirror."""
+    options = parse_source_options(job.source_options(), streaming=True)
+    config = ClientConfig(client_id="kipside-mirror", retry=RetryPolicy(timeout_ms=job.timeout_ms))
+    with KafkaClient(options.bootstrap, role="source cluster", config=config) as source:
+        partitions = Planner(source, options).partitions()
+    dest_bootstrap = [Address.parse(p, what="--dest") for p in job.dest.split(",") if p.strip()]
+    with KafkaClient(dest_bootstrap, role="destination cluster", config=config) as dest:
+        dest.retrying("reading the destination's metadata", dest.metadata)
+    return partitions
+
+
+def _render(totals: Totals) -> str:
+    s, r = totals.sums, totals.rates
+    return (
+        f"kipside mirror: {int(s.get('batches', 0)):,} batches, {int(s.get('records', 0)):,} "
+        f"records, {s.get('bytes', 0) / 1e6:,.1f} MB copied | {r.get('batches', 0):,.0f} batches/s, "
+        f"{r.get('bytes', 0) / 1e6:,.1f} MB/s | {describe_lag(totals.lag)}"
+    )
+
+
+_CAUSE = re.compile(r"^((?:pipeline|protocol)\.[\w.]+\.\w+|[\w.]*OptionError): (.+)$", re.MULTILINE)
+
+
+def root_cause(exc: BaseException) -> str:
+    """The kipside error inside Spark's wrapping (the last one in the Python traceback)."""
+    text = str(exc)
+    found = _CAUSE.findall(text)
+    if found:
+        return found[-1][1].strip()
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return first[:500]
+
+
+def run_mirror(job: MirrorJob, out: TextIO | None = None) -> int:
+    """Run the mirror until --once drains the topics, or until SIGINT/SIGTERM."""
+    err = out or sys.stderr
+    try:
+        partitions = preflight(job)
+    except (KafkaError, ValueError) as exc:
+        err.write(f"kipside mirror: error: {exc}\n")
+        return 1
+    if job.read_uncommitted:
+        err.write(READ_UNCOMMITTED_WARNING + "\n")
+    topics = sorted({t for t, _ in partitions})
+    err.write(
+        f"kipside mirror: {len(topics)} topic(s), {len(partitions)} partition(s) from "
+        f"{job.source} to {job.dest}{' as ' + job.rename + '*' if job.rename else ''}; "
+        f"checkpoint {job.checkpoint}; Spark's log: {spark_log_path(job.checkpoint)}\n"
+    )
+    err.flush()
+    from pyspark.sql import functions as F
+
+    log_path = spark_log_path(job.checkpoint)
+    spark = start_session("kipside mirror", job.master, job.conf, log_path=log_path)
+    line = LiveLine(err)
+    listener = ProgressListener(QUERY_NAME, OBSERVED, _render, line)
+    spark.streams.addListener(listener)
+    stream = (
+        spark.readStream.format("kipside").options(**job.source_options()).load()
+        .observe(
+            OBSERVED,
+            F.count(F.lit(1)).alias("batches"),
+            F.sum("recordCount").alias("records"),
+            F.sum(F.length("batch")).alias("bytes"),
+        )
+        .coalesce(spark.sparkContext.defaultParallelism)
+    )
+    writer = stream.writeStream.format("kipside-mirror").options(**job.sink_options()).queryName(QUERY_NAME)
+    writer = writer.trigger(availableNow=True) if job.once else writer.trigger(processingTime=f"{job.trigger_seconds} seconds")
+    query = writer.start()
+    error = _wait(query)
+    listener.catch_up(query.recentProgress)
+    summary = _render(listener.totals).split(": ", 1)[1]
+    line.finish(f"kipside mirror: {'stopped' if error else 'done'}: {summary}")
+    if error:
+        err.write(f"kipside mirror: error: {error}\n")
+    spark.stop()
+    return 1 if error else 0
+
+
+def _wait(query: Any) -> str | None:
+    """Block until the query ends or a signal asks it to; the root cause if it failed."""
+    stopping = {"asked": False}
+
+    def ask_to_stop(signum: int, _frame: FrameType | None) -> None:
+        stopping["asked"] = True
+
+    previous = {s: signal.signal(s, ask_to_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while query.isActive and not stopping["asked"]:
+            query.awaitTermination(0.5)
+        if stopping["asked"] and query.isActive:
+            _stop_between_batches(query)
+            return None
+        query.awaitTermination()
+        return None
+    except Exception as exc:
+        return root_cause(exc)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _stop_between_batches(query: Any) -> None:
+    """Let the running micro-batch commit, then stop (within STOP_GRACE_SECONDS)."""
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    while time.monotonic() < deadline and query.status.get("isTriggerActive"):
+        time.sleep(0.1)
+    query.stop()

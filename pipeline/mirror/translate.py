@@ -1,0 +1,120 @@
+"""`kipside mirror translate`: a consumer group's source offsets, as destination offsets.
+
+Reads the group's committed offsets on the source (OffsetFetch), every offset sync on the
+destination (pipeline.mirror.offset_sync has the format), and prints where each partition's
+consumer should resume on the destination. With --commit it commits those offsets to the same
+group on the destination, as `kafka-consumer-groups --reset-offsets` would; the group must
+have no active members there.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import TextIO
+
+from pipeline.kafka.admin import commit_group_offsets, group_offsets, partition_counts
+from pipeline.kafka.client import ClientConfig, KafkaClient
+from pipeline.kafka.connection import Address
+from pipeline.kafka.errors import KafkaError
+from pipeline.kafka.fetcher import FetchConfig, RangeReader
+from pipeline.kafka.offsets import EARLIEST, list_offsets, watermarks
+from pipeline.kafka.retry import RetryPolicy
+from protocol.record_columns import decode_batch_records
+
+from .offset_sync import OffsetSync, SyncIndex, Translation, decode_sync, translate_all
+
+__all__ = ["TranslateJob", "read_syncs", "run_translate"]
+
+
+@dataclass(frozen=True)
+class TranslateJob:
+    source: str
+    dest: str
+    group: str
+    sync_topic: str
+    commit: bool = False
+    as_json: bool = False
+    timeout_ms: int = 30_000
+
+
+def read_syncs(dest: KafkaClient, topic: str) -> list[OffsetSync]:
+    """Every sync record in the topic, oldest first (read_uncommitted: syncs are not
+    transactional)."""
+    if topic not in partition_counts(dest, [topic]):
+        raise KafkaError(
+            f"{dest.where} has no offset-sync topic {topic!r}: nothing was mirrored there yet, "
+            "or the mirror ran with another --offset-sync-topic"
+        )
+    start = list_offsets(dest, {(topic, 0): EARLIEST})[(topic, 0)]
+    end = watermarks(dest, {(topic, 0): start})[(topic, 0)].high_watermark
+    reader = RangeReader(dest, FetchConfig(committed_only=False))
+    syncs = []
+    for batch in reader.read(topic, 0, start, end):
+        for key, value in decode_batch_records(batch):
+            if key is not None and value is not None:
+                syncs.append(decode_sync(key, value))
+    return syncs
+
+
+def _clients(job: TranslateJob) -> tuple[KafkaClient, KafkaClient]:
+    config = ClientConfig(client_id="kipside-mirror", retry=RetryPolicy(timeout_ms=job.timeout_ms))
+    source = KafkaClient(
+        [Address.parse(p, what="--source") for p in job.source.split(",") if p.strip()],
+        role="source cluster",
+        config=config,
+    )
+    dest = KafkaClient(
+        [Address.parse(p, what="--dest") for p in job.dest.split(",") if p.strip()],
+        role="destination cluster",
+        config=config,
+    )
+    return source, dest
+
+
+def run_translate(job: TranslateJob, out: TextIO, err: TextIO) -> int:
+    try:
+        source, dest = _clients(job)
+    except ValueError as exc:
+        err.write(f"kipside mirror translate: error: {exc}\n")
+        return 2
+    with source, dest:
+        try:
+            committed = group_offsets(source, job.group)
+            cluster = source.retrying("reading the cluster id", source.metadata).cluster_id
+            index = SyncIndex(cluster or job.source, read_syncs(dest, job.sync_topic))
+            done, missing = translate_all(index, committed)
+            if job.commit and done:
+                commit_group_offsets(dest, job.group, {(t.dest_topic, t.dest_partition): t.dest_offset for t in done})
+        except KafkaError as exc:
+            err.write(f"kipside mirror translate: error: {exc}\n")
+            return 1
+    _print(job, done, missing, out)
+    for topic, partition in missing:
+        err.write(
+            f"kipside mirror translate: warning: {topic}-{partition} has a committed offset but "
+            "nothing of it was mirrored; left out\n"
+        )
+    if any(not t.exact for t in done):
+        err.write(
+            "kipside mirror translate: warning: some offsets are older than the sync history; "
+            "their consumers resume at the oldest mirrored batch and may see records again\n"
+        )
+    if job.commit:
+        err.write(f"kipside mirror translate: committed {len(done)} offsets for group {job.group!r} on {job.dest}\n")
+    return 0
+
+
+def _print(job: TranslateJob, done: Sequence[Translation], missing: Sequence[tuple[str, int]], out: TextIO) -> None:
+    if job.as_json:
+        out.write(json.dumps({"group": job.group, "translations": [asdict(t) for t in done]}, indent=2) + "\n")
+        return
+    rows = [("SOURCE", "OFFSET", "DESTINATION", "OFFSET", "EXACT")]
+    rows += [
+        (f"{t.topic}-{t.partition}", str(t.source_offset), f"{t.dest_topic}-{t.dest_partition}", str(t.dest_offset), "yes" if t.exact else "no")
+        for t in done
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    for r in rows:
+        out.write("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n")

@@ -1,0 +1,93 @@
+"""The Spark session the pipeline's commands run on, and what it must not print.
+
+`kipside mirror` and `kipside lake` own the terminal: Spark's stage progress bars and INFO/WARN
+logs would bury their progress line, so the JVM logs errors only (pipeline/resources/
+log4j2.properties) and the console progress bar is off. Python workers run the same
+interpreter as the driver (PYSPARK_PYTHON), so they import this package and pyarrow. The
+kipside data sources are registered on the session, so jobs work whether or not Spark found the
+pyspark_kipside module on its own.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from importlib import resources
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+__all__ = ["spark_log_path", "start_session"]
+
+
+def spark_log_path(checkpoint: str) -> str:
+    """Where a job's Spark log goes: beside its checkpoint (`DIR.spark.log`), which the user
+    chose and which outlives the job; not inside it, since Spark owns what is inside."""
+    path = Path(checkpoint)
+    return str(path.parent / f"{path.name}.spark.log")
+
+
+@contextmanager
+def _stderr_to(path: str | None) -> Iterator[None]:
+    """File descriptor 2 points at `path` while the JVM is launched, so the JVM inherits it;
+    this process's stderr is restored afterwards."""
+    if path is None:
+        yield
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(log, 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(log)
+
+
+def _log4j_config() -> str:
+    return str(resources.files("pipeline") / "resources" / "log4j2.properties")
+
+
+def start_session(
+    app_name: str,
+    master: str,
+    conf: Mapping[str, str] | None = None,
+    *,
+    log_path: str | None = None,
+) -> SparkSession:
+    """A session on `master` with kipside's sources registered and Spark kept quiet.
+
+    With `log_path`, the JVM (and the Python workers it starts) write their stderr there: the
+    JVM prints a few lines at start that no log setting silences.
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    warnings.filterwarnings("ignore", module="pyspark")
+    java_options = f"-Dlog4j2.configurationFile=file:{_log4j_config()}"
+    builder = (
+        SparkSession.builder.appName(app_name)
+        .master(master)
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.extraJavaOptions", java_options)
+        .config("spark.executor.extraJavaOptions", java_options)
+        .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
+    )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    with _stderr_to(log_path):
+        spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    from pipeline.mirror.sink import MirrorSink
+    from pipeline.source.datasource import KipsideDataSource
+
+    spark.dataSource.register(KipsideDataSource)
+    spark.dataSource.register(MirrorSink)
+    return spark
