@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from importlib.metadata import entry_points
 
 from rules import RuleError, RuleSet, default_rules, load_rules
 
@@ -140,7 +141,16 @@ def build_parser() -> argparse.ArgumentParser:
     rules_sub = rules.add_subparsers(dest="rules_command", required=True)
     check = rules_sub.add_parser("check", help="validate a rule file, print the effective rules")
     check.add_argument("file")
+    _add_plugin_commands(sub)
     return parser
+
+
+def _add_plugin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Subcommands registered by other parts of kipside (the Spark pipelines) through the
+    `kipside.commands` entry point group; each sets `handler` on its parser."""
+    for entry in entry_points(group="kipside.commands"):
+        register = entry.load()
+        register(sub)
 
 
 def _config(args: argparse.Namespace, upstreams: list[Address]) -> ServerConfig:
@@ -184,6 +194,9 @@ def _dev(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    handler = getattr(args, "handler", None)
+    if handler is not None:
+        return int(handler(args))
     _setup_logging(getattr(args, "log_level", "info"))
     try:
         if args.command == "serve":
