@@ -51,7 +51,7 @@ def call_with_retries(
     retrying = tenacity.Retrying(
         retry=tenacity.retry_if_exception_type(RetriableError),
         wait=tenacity.wait_exponential_jitter(
-            initial=policy.backoff_ms / 1000,
+            multiplier=policy.backoff_ms / 1000,
             max=policy.backoff_max_ms / 1000,
             jitter=policy.backoff_ms / 1000 / 5,
         ),

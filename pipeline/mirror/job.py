@@ -126,6 +126,34 @@ def root_cause(exc: BaseException) -> str:
     return first[:500]
 
 
+def start_query(spark: Any, job: MirrorJob) -> Any:
+    """Start the mirror's streaming query on `spark`; returns the StreamingQuery."""
+    from pyspark.sql import functions as F
+
+    stream = (
+        spark.readStream.format("kipside")
+        .options(**job.source_options())
+        .load()
+        .observe(
+            OBSERVED,
+            F.count(F.lit(1)).alias("batches"),
+            F.sum("recordCount").alias("records"),
+            F.sum(F.length("batch")).alias("bytes"),
+        )
+        .coalesce(spark.sparkContext.defaultParallelism)
+    )
+    writer = (
+        stream.writeStream.format("kipside-mirror")
+        .options(**job.sink_options())
+        .queryName(QUERY_NAME)
+    )
+    if job.once:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=f"{job.trigger_seconds} seconds")
+    return writer.start()
+
+
 def run_mirror(job: MirrorJob, out: TextIO | None = None) -> int:
     """Run the mirror until --once drains the topics, or until SIGINT/SIGTERM."""
     err = out or sys.stderr
@@ -143,28 +171,18 @@ def run_mirror(job: MirrorJob, out: TextIO | None = None) -> int:
         f"checkpoint {job.checkpoint}; Spark's log: {spark_log_path(job.checkpoint)}\n"
     )
     err.flush()
-    from pyspark.sql import functions as F
-
     log_path = spark_log_path(job.checkpoint)
     spark = start_session("kipside mirror", job.master, job.conf, log_path=log_path)
     line = LiveLine(err)
     listener = ProgressListener(QUERY_NAME, OBSERVED, _render, line)
     spark.streams.addListener(listener)
-    stream = (
-        spark.readStream.format("kipside").options(**job.source_options()).load()
-        .observe(
-            OBSERVED,
-            F.count(F.lit(1)).alias("batches"),
-            F.sum("recordCount").alias("records"),
-            F.sum(F.length("batch")).alias("bytes"),
-        )
-        .coalesce(spark.sparkContext.defaultParallelism)
-    )
-    writer = stream.writeStream.format("kipside-mirror").options(**job.sink_options()).queryName(QUERY_NAME)
-    writer = writer.trigger(availableNow=True) if job.once else writer.trigger(processingTime=f"{job.trigger_seconds} seconds")
-    query = writer.start()
-    error = _wait(query)
-    listener.catch_up(query.recentProgress)
+    try:
+        query = start_query(spark, job)
+    except Exception as exc:  # planning failed: Spark wraps the data source's own error
+        error: str | None = root_cause(exc)
+    else:
+        error = _wait(query)
+        listener.catch_up(query.recentProgress)
     summary = _render(listener.totals).split(": ", 1)[1]
     line.finish(f"kipside mirror: {'stopped' if error else 'done'}: {summary}")
     if error:

@@ -1,0 +1,132 @@
+"""Harness of the pipeline tests: two real brokers, Spark, and the `kipside` CLI with deadlines.
+
+Fixtures:
+  source_broker, dest_broker  session: two in-memory Tansu brokers (the mirror's two clusters).
+  spark                       session: a local[2] SparkSession with kipside's sources registered
+                              (Java 17 needed; `make system-deps` installs it).
+  topic_name                  function: a topic name unique to the test.
+  kipside_cli                 function: runs `kipside ARGS...` to completion within a deadline.
+
+Tests that start Spark (a session or a CLI job) are marked `spark`; the slowest are `slow`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import _CHILDREN, Broker, unique_name
+
+from proxy.devbroker import start_tansu
+
+REPO = Path(__file__).resolve().parents[2]
+KIPSIDE = REPO / ".venv" / "bin" / "kipside"
+CLI_TIMEOUT = 240.0
+
+
+def _broker() -> Iterator[Broker]:
+    proc, port = start_tansu("127.0.0.1")
+    _CHILDREN.append(proc)
+    try:
+        yield Broker(host="127.0.0.1", port=port, pid=proc.pid, proc=proc)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+@pytest.fixture(scope="session")
+def source_broker() -> Iterator[Broker]:
+    yield from _broker()
+
+
+@pytest.fixture(scope="session")
+def dest_broker() -> Iterator[Broker]:
+    yield from _broker()
+
+
+def require_java() -> None:
+    if shutil.which("java") is None:
+        raise RuntimeError(
+            "Spark needs Java 17 and `java` is not on PATH: run `make system-deps` (it installs "
+            "openjdk-17-jre-headless from Debian)"
+        )
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    require_java()
+    from pipeline.spark import start_session
+
+    log = tmp_path_factory.mktemp("spark") / "spark.log"
+    session = start_session("kipside-tests", "local[2]", log_path=str(log))
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture
+def topic_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
+    def make(prefix: str = "t") -> str:
+        return unique_name(prefix, request)[:200]
+
+    return make
+
+
+@dataclass(frozen=True)
+class CliResult:
+    args: tuple[str, ...]
+    code: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    def explain(self) -> str:
+        return (
+            f"kipside {' '.join(self.args)} exited {self.code} after {self.seconds:.1f} s\n"
+            f"--- stdout ---\n{self.stdout[-4000:]}\n--- stderr ---\n{self.stderr[-4000:]}"
+        )
+
+
+def run_cli(
+    *args: str, timeout: float = CLI_TIMEOUT, env: dict[str, str] | None = None
+) -> CliResult:
+    """`kipside ARGS` to completion; a hang past `timeout` fails the test with its output."""
+    require_java()
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [str(KIPSIDE), *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable, **(env or {})},
+    )
+    _CHILDREN.append(proc)  # type: ignore[arg-type]
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate(timeout=10)
+        raise AssertionError(
+            f"kipside {' '.join(args)} still running after {timeout} s\n"
+            f"--- stderr ---\n{err[-4000:]}"
+        ) from None
+    return CliResult(tuple(args), proc.returncode, out, err, time.monotonic() - started)
+
+
+@pytest.fixture
+def kipside_cli() -> Callable[..., CliResult]:
+    return run_cli

@@ -1,0 +1,202 @@
+"""Known records for the pipeline tests: produced with real clients, read back independently.
+
+`produce_dataset` writes records with every compression codec, keys (some null), headers,
+explicit timestamps, a committed transaction and an aborted one whose records were flushed
+before the abort (Tansu only writes what was flushed). It returns the records a read_committed
+reader must see and the ones it must not, so tests compare with what was sent, never with what
+a consumer of Tansu returns (Tansu serves aborted records to read_committed consumers).
+`consume_all` reads a topic from the beginning with confluent-kafka, with a deadline.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import confluent_kafka as ck
+
+FLUSH_TIMEOUT = 30.0
+CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
+BASE_TIMESTAMP = 1_700_000_000_000
+
+
+@dataclass(frozen=True)
+class Rec:
+    """A record as a consumer sees it (offsets left out: they differ between clusters)."""
+
+    partition: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+    timestamp: int
+
+
+@dataclass(frozen=True)
+class Dataset:
+    topic: str
+    partitions: int
+    committed: list[Rec]
+    """What a read_committed reader must see, in produce order."""
+    aborted: list[Rec]
+    """Records of the aborted transaction: only read_uncommitted readers see them."""
+
+
+def by_partition(records: Iterable[Rec]) -> dict[int, list[Rec]]:
+    out: dict[int, list[Rec]] = defaultdict(list)
+    for r in records:
+        out[r.partition].append(r)
+    return dict(out)
+
+
+def _config(bootstrap: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "bootstrap.servers": bootstrap,
+        "socket.timeout.ms": 5000,
+        "client.id": "kipside-pipeline-tests",
+        "linger.ms": 5,
+        **extra,
+    }
+
+
+def _record(i: int, partition: int, tag: str) -> Rec:
+    key = None if i % 7 == 0 else f"{tag}-key-{i}".encode()
+    pad = "x" * (i % 50)
+    value = None if i % 13 == 5 else f'{{"n": {i}, "tag": "{tag}", "pad": "{pad}"}}'.encode()
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+    if i % 3 == 0:
+        headers = (("seq", str(i).encode()), ("tag", tag.encode()), ("empty", None))
+    return Rec(partition, key, value, headers, BASE_TIMESTAMP + i)
+
+
+def _send(producer: ck.Producer, topic: str, records: Sequence[Rec], errors: list[str]) -> None:
+    def on_delivery(err: Any, _msg: Any) -> None:
+        if err is not None:
+            errors.append(str(err))
+
+    for r in records:
+        while True:
+            try:
+                producer.produce(
+                    topic,
+                    key=r.key,
+                    value=r.value,
+                    partition=r.partition,
+                    headers=list(r.headers) or None,
+                    timestamp=r.timestamp,
+                    on_delivery=on_delivery,
+                )
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+
+
+def _flush(producer: ck.Producer, errors: list[str]) -> None:
+    left = producer.flush(FLUSH_TIMEOUT)
+    assert left == 0 and not errors, f"{left} undelivered, errors {errors[:3]}"
+
+
+def produce_dataset(bootstrap: str, topic: str, partitions: int, per_codec: int = 300) -> Dataset:
+    """Plain records in every codec, then a committed and an aborted transaction (zstd)."""
+    committed: list[Rec] = []
+    i = 0
+    for codec in CODECS:
+        producer = ck.Producer(_config(bootstrap, **{"compression.type": codec}))
+        errors: list[str] = []
+        batch = [_record(i + n, (i + n) % partitions, codec) for n in range(per_codec)]
+        i += per_codec
+        _send(producer, topic, batch, errors)
+        _flush(producer, errors)
+        committed += batch
+    txn = ck.Producer(
+        _config(bootstrap, **{"transactional.id": f"{topic}-txn", "compression.type": "zstd"})
+    )
+    txn.init_transactions(30)
+    errors = []
+    txn.begin_transaction()
+    kept = [_record(i + n, (i + n) % partitions, "committed-txn") for n in range(40)]
+    i += 40
+    _send(txn, topic, kept, errors)
+    txn.commit_transaction(30)
+    txn.begin_transaction()
+    dropped = [_record(i + n, (i + n) % partitions, "aborted-txn") for n in range(40)]
+    i += 40
+    _send(txn, topic, dropped, errors)
+    _flush(txn, errors)  # Tansu writes only what was flushed before the abort
+    txn.abort_transaction(30)
+    # Plain records after the transactions, so markers sit between data on every partition.
+    tail = ck.Producer(_config(bootstrap, **{"compression.type": "lz4"}))
+    after = [_record(i + n, (i + n) % partitions, "after") for n in range(60)]
+    _send(tail, topic, after, errors)
+    _flush(tail, errors)
+    return Dataset(topic, partitions, committed + kept + after, dropped)
+
+
+def produce_plain(
+    bootstrap: str, topic: str, partitions: int, count: int, start: int = 0, codec: str = "lz4"
+) -> list[Rec]:
+    producer = ck.Producer(_config(bootstrap, **{"compression.type": codec}))
+    errors: list[str] = []
+    records = [_record(start + n, (start + n) % partitions, "plain") for n in range(count)]
+    _send(producer, topic, records, errors)
+    _flush(producer, errors)
+    return records
+
+
+def _rec(m: Any) -> Rec:
+    headers = tuple((k, bytes(v) if v is not None else None) for k, v in (m.headers() or ()))
+    return Rec(m.partition(), m.key(), m.value(), headers, m.timestamp()[1])
+
+
+def consume_all(
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    *,
+    timeout: float = 60.0,
+    isolation: str = "read_uncommitted",
+) -> dict[int, list[tuple[int, Rec]]]:
+    """Every record of every partition from the beginning to the end, as (offset, Rec)."""
+    consumer = ck.Consumer(
+        _config(
+            bootstrap,
+            **{
+                "group.id": f"kipside-tests-reader-{topic}",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                "isolation.level": isolation,
+                "fetch.wait.max.ms": 100,
+            },
+        )
+    )
+    try:
+        consumer.assign(
+            [ck.TopicPartition(topic, p, ck.OFFSET_BEGINNING) for p in range(partitions)]
+        )
+        out: dict[int, list[tuple[int, Rec]]] = {p: [] for p in range(partitions)}
+        at_end: set[int] = set()
+        deadline = time.monotonic() + timeout
+        while len(at_end) < partitions:
+            assert time.monotonic() < deadline, (
+                f"{topic}: not at the end after {timeout} s ({sorted(at_end)})"
+            )
+            m = consumer.poll(0.2)
+            if m is None:
+                continue
+            if m.error() is not None:
+                if m.error().code() == ck.KafkaError._PARTITION_EOF:
+                    at_end.add(m.partition())
+                    continue
+                raise AssertionError(f"consumer error on {topic}: {m.error()}")
+            at_end.discard(m.partition())
+            out[m.partition()].append((m.offset(), _rec(m)))
+        return out
+    finally:
+        consumer.close()
+
+
+def records_of(consumed: dict[int, list[tuple[int, Rec]]]) -> dict[int, list[Rec]]:
+    return {p: [r for _, r in items] for p, items in consumed.items() if items}
