@@ -9,11 +9,11 @@ id's AddPartitionsToTxn (v0-3: every requested partition gets error 51) and AddO
 (error 51) itself, and forwards everything else unchanged. It is a SIMULATION of the real
 broker's behaviour, in front of the real (Tansu) broker.
 
-It is Kafka-frame aware in both directions: requests are read whole, responses are matched to
-the requests they answer by correlation id, and a local answer is queued behind every response
-still owed on its connection, so each connection's responses stay in request order (clients
-and kipside require that). Local answers use the request's API version, header version and
-correlation id.
+It is a filter on tests/relaykit's Relay, which is Kafka-frame aware in both directions:
+requests are read whole, responses are matched to the requests they answer by correlation id,
+and a local answer is queued behind every response still owed on its connection, so each
+connection's responses stay in request order (clients and kipside require that). Local answers
+use the request's API version, header version and correlation id.
 
 Independently of kipside it counts, per transactional id: forwarded ("accepted") and locally
 rejected AddPartitionsToTxn / AddOffsetsToTxn, and EndTxn (with the broker's answer), as an
@@ -28,45 +28,29 @@ refused that way by the relay (counted as "refused", never forwarded).
 2 * delay_ms more): a way to give the simulated broker a network RTT. Frames keep their order.
 
 It runs trio in a background thread; the public methods are called from the test's thread.
-It binds and dials loopback only. start_tansu_advertising() starts the Tansu to put behind it
-(the broker must advertise the relay's address, or clients would bypass the relay).
+It binds and dials loopback only. start_tansu_advertising() (from relaykit) starts the Tansu to
+put behind it (the broker must advertise the relay's address, or clients would bypass it).
 """
 
 from __future__ import annotations
 
-import datetime
 import math
-import subprocess
-import threading
 import time
-import typing
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
 import trio
 from kio.schema.errors import ErrorCode
-from kio.static.primitive import i32, i32Timedelta
+from relaykit.base import FORWARD, Answer, Conn, Decision, Relay, Request, response_frame
+from relaykit.tansu import start_tansu_advertising as start_tansu_advertising  # re-exported
 
 from protocol.apis import ApiKey
 from protocol.errors import ProtocolError
-from protocol.framing import FrameDecoder
-from protocol.headers import (
-    RequestHeader,
-    build_frame,
-    encode_response_header,
-    parse_request_header,
-    parse_response_header,
-    response_correlation_id,
-)
-from protocol.messages import decode_request, decode_response, encode_message, response_class
-from proxy.devbroker import free_port, tansu_path, wait_for_port
+from protocol.headers import RequestHeader, parse_response_header
+from protocol.messages import build, decode_request, decode_response, encode_message, response_class
 
-LOOPBACK: Final = "127.0.0.1"
-CONNECT_TIMEOUT: Final = 5.0
-CONTROL_TIMEOUT: Final = 10.0
-READ_SIZE: Final = 256 * 1024
 CONCURRENT_TRANSACTIONS: Final = int(ErrorCode.concurrent_transactions)  # 51
 MAX_V3_ADD_PARTITIONS: Final = 3  # v4+ is the broker-to-broker batch form: forwarded as is
 
@@ -127,20 +111,7 @@ class TxnCounts:
     connections: int
 
 
-@dataclass(slots=True)
-class _Slot:
-    """One response owed to the client side of a connection, in request order."""
-
-    correlation_id: int
-    api_key: int
-    api_version: int
-    done: trio.Event = field(default_factory=trio.Event)
-    frame: bytes | None = None
-    ready_at: float = 0.0  # trio clock: when the (simulated) broker sent it
-    end_txn: tuple[str, bool] | None = None  # (transactional id, committed) for EndTxn
-
-
-class MarkerWindowRelay:
+class MarkerWindowRelay(Relay):
     """Relay on 127.0.0.1:0 to one broker, answering CONCURRENT_TRANSACTIONS in the window.
 
     Usage: `relay = MarkerWindowRelay(window_ms=50).start()`, start the broker advertising
@@ -156,38 +127,25 @@ class MarkerWindowRelay:
         delay_ms: float = 0.0,
         unknown_topics: Iterable[str] = (),
     ) -> None:
-        self.upstream = upstream
+        super().__init__(upstream)
         self.window_ms = window_ms
         self.delay_ms = delay_ms
         self.unknown_topics = frozenset(unknown_topics)
-        self.port = 0
-        self._lock = threading.Lock()
         self._events: dict[str, list[TxnEvent]] = {}
         self._window_until: dict[str, float] = {}  # trio clock
         self._forwarded: Counter[int] = Counter()
         self._local_answers = 0
-        self._connections = 0
-        self._problems: list[str] = []
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._stop: trio.Event | None = None
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._crash: BaseException | None = None
-
-    # Control (test thread) --------------------------------------------------------------
-
-    def start(self) -> MarkerWindowRelay:
-        self._thread = threading.Thread(
-            target=self._thread_main, name="MarkerWindowRelay", daemon=True
-        )
-        self._thread.start()
-        if not self._ready.wait(CONTROL_TIMEOUT) or self._crash is not None:
-            raise RuntimeError(f"MarkerWindowRelay did not start: {self._crash!r}")
-        return self
 
     @property
-    def bootstrap(self) -> str:
-        return f"{LOOPBACK}:{self.port}"
+    def delay_ms(self) -> float:
+        """The one-way delay of each direction (a simulated network RTT of 2 * delay_ms)."""
+        return self.request_delay_ms
+
+    @delay_ms.setter
+    def delay_ms(self, value: float) -> None:
+        self.request_delay_ms = self.response_delay_ms = value
+
+    # Control (test thread) --------------------------------------------------------------
 
     def events(self, transactional_id: str) -> list[TxnEvent]:
         with self._lock:
@@ -228,153 +186,44 @@ class MarkerWindowRelay:
                 end_txn_ok=sum(1 for e in every if e.kind == END_TXN and e.error_code == 0),
                 forwarded=Counter(self._forwarded),
                 local_answers=self._local_answers,
-                connections=self._connections,
+                connections=self.link_counts().accepted,
             )
-
-    def problems(self) -> list[str]:
-        """Frames the relay could not read or match (there should be none)."""
-        with self._lock:
-            return list(self._problems)
 
     def open_window(self, transactional_id: str, window_ms: float) -> None:
         """Start a window for an id now, as if an EndTxn had just been answered."""
-        assert self._token is not None
 
         def start() -> None:
             self._window_until[transactional_id] = trio.current_time() + window_ms / 1000
 
-        trio.from_thread.run_sync(start, trio_token=self._token)
+        self._call(start)
 
-    def close(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            return
-        assert self._token is not None and self._stop is not None
-        stop = self._stop
-        trio.from_thread.run_sync(stop.set, trio_token=self._token)
-        self._thread.join(CONTROL_TIMEOUT)
-        if self._thread.is_alive():
-            raise RuntimeError("MarkerWindowRelay did not stop")
+    # Hooks (the relay's trio thread) ----------------------------------------------------
 
-    # The relay (trio thread) ------------------------------------------------------------
-
-    def _thread_main(self) -> None:
-        try:
-            trio.run(self._main)
-        except BaseException as exc:  # reported by start() or problems()
-            self._crash = exc
-            with self._lock:
-                self._problems.append(f"relay crashed: {exc!r}")
-            self._ready.set()
-
-    async def _main(self) -> None:
-        self._token = trio.lowlevel.current_trio_token()
-        self._stop = trio.Event()
-        listeners = await trio.open_tcp_listeners(0, host=LOOPBACK)
-        self.port = listeners[0].socket.getsockname()[1]
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(trio.serve_listeners, self._carry, listeners)
-            self._ready.set()
-            await self._stop.wait()
-            nursery.cancel_scope.cancel()
-
-    async def _carry(self, client: trio.SocketStream) -> None:
+    def on_request(self, conn: Conn, request: Request) -> Decision:
+        answer = self._local_answer(conn, request.header, request.frame)
         with self._lock:
-            self._connections += 1
-            number = self._connections
-        broker: trio.SocketStream | None = None
-        try:
-            if self.upstream is None:
-                raise OSError("MarkerWindowRelay.upstream was never set")
-            with trio.fail_after(CONNECT_TIMEOUT):
-                broker = await trio.open_tcp_stream(*self.upstream)
-            requests_in, requests_out = trio.open_memory_channel[tuple[float, bytes]](math.inf)
-            slots_in, slots_out = trio.open_memory_channel[_Slot](math.inf)
-            awaiting: deque[_Slot] = deque()  # forwarded, not yet answered by the broker
-            async with trio.open_nursery() as nursery:
-                done = nursery.cancel_scope
-                nursery.start_soon(self._read_client, client, requests_in, number, done)
-                nursery.start_soon(
-                    self._forward, requests_out, slots_in, awaiting, broker, number, done
-                )
-                nursery.start_soon(self._read_broker, broker, awaiting, number, done)
-                nursery.start_soon(self._write_client, slots_out, client, done)
-        except (OSError, trio.TooSlowError) as exc:
-            self._problem(f"connection {number}: cannot reach the broker: {exc!r}")
-        finally:
-            if broker is not None:
-                await trio.aclose_forcefully(broker)
-            await trio.aclose_forcefully(client)
+            if answer is None:
+                self._forwarded[request.header.api_key] += 1
+            else:
+                self._local_answers += 1
+        return FORWARD if answer is None else Answer(answer)
 
-    async def _read_client(
-        self,
-        client: trio.SocketStream,
-        requests: trio.MemorySendChannel[tuple[float, bytes]],
-        number: int,
-        done: trio.CancelScope,
-    ) -> None:
-        decoder = FrameDecoder()
-        try:
-            while data := await client.receive_some(READ_SIZE):
-                decoder.receive_data(data)
-                while (frame := decoder.next_frame()) is not None:
-                    requests.send_nowait((trio.current_time(), frame))
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        except ProtocolError as exc:
-            self._problem(f"connection {number}: client sent bytes that are not Kafka: {exc}")
-        done.cancel()
+    def on_response(self, conn: Conn, request: Request, frame: bytes) -> bytes | None:
+        if request.header.api_key == ApiKey.END_TXN:
+            self._end_txn(conn, request, frame)
+        return frame
 
-    async def _forward(
-        self,
-        requests: trio.MemoryReceiveChannel[tuple[float, bytes]],
-        slots: trio.MemorySendChannel[_Slot],
-        awaiting: deque[_Slot],
-        broker: trio.SocketStream,
-        number: int,
-        done: trio.CancelScope,
-    ) -> None:
-        try:
-            async for arrived, frame in requests:
-                await trio.sleep_until(arrived + self.delay_ms / 1000)
-                try:
-                    header = parse_request_header(frame)
-                except ProtocolError as exc:
-                    self._problem(f"connection {number}: bad request header: {exc}")
-                    break
-                slot = _Slot(header.correlation_id, header.api_key, header.api_version)
-                local = self._local_answer(header, frame, slot, number)
-                if local is not None:
-                    slot.frame, slot.ready_at = local, trio.current_time()
-                    slot.done.set()
-                    slots.send_nowait(slot)
-                    continue
-                with self._lock:
-                    self._forwarded[header.api_key] += 1
-                # Registered before the write, so the broker's answer always finds its slot.
-                awaiting.append(slot)
-                slots.send_nowait(slot)
-                await broker.send_all(frame)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        done.cancel()
-
-    def _local_answer(
-        self, header: RequestHeader, frame: bytes, slot: _Slot, number: int
-    ) -> bytes | None:
+    def _local_answer(self, conn: Conn, header: RequestHeader, frame: bytes) -> bytes | None:
         """Classify a request; return the relay's own answer if it is in a window, else None."""
         kind = _KINDS.get(header.api_key)
-        if kind is None:
+        if kind is None or kind == END_TXN:
             return None
         if kind == ADD_PARTITIONS and header.api_version > MAX_V3_ADD_PARTITIONS:
             return None
         try:
             request = decode_request(header.api_key, header.api_version, frame, header.body_offset)
         except ProtocolError as exc:
-            self._problem(f"connection {number}: unreadable {kind} request: {exc}")
-            return None
-        now = trio.current_time()
-        if kind == END_TXN:
-            slot.end_txn = (str(request.transactional_id), bool(request.committed))
+            self.note_problem(f"connection {conn.number}: unreadable {kind} request: {exc}")
             return None
         if kind == ADD_PARTITIONS:
             txn_id = str(request.v3_and_below_transactional_id)
@@ -397,99 +246,43 @@ class MarkerWindowRelay:
                     UNKNOWN_TOPIC_OR_PARTITION if topic in unknown else OPERATION_NOT_ATTEMPTED
                 ),
             )
-        elif now < self._window_until.get(txn_id, -math.inf):
+        elif trio.current_time() < self._window_until.get(txn_id, -math.inf):
             outcome, code = REJECTED, CONCURRENT_TRANSACTIONS
             if kind == ADD_PARTITIONS:
                 answer = _add_partitions_answer(header, request, lambda _: CONCURRENT_TRANSACTIONS)
             else:
-                answer = _add_offsets_answer(header, CONCURRENT_TRANSACTIONS)
+                answer = _answer(header, {"error_code": ErrorCode(CONCURRENT_TRANSACTIONS)})
         else:
             outcome, code, answer = ACCEPTED, None, None
         self._record(
             txn_id,
             TxnEvent(time.monotonic(), kind, outcome, code, partitions=partitions, group=group),
         )
-        if answer is not None:
-            with self._lock:
-                self._local_answers += 1
         return answer
 
-    async def _read_broker(
-        self,
-        broker: trio.SocketStream,
-        awaiting: deque[_Slot],
-        number: int,
-        done: trio.CancelScope,
-    ) -> None:
-        decoder = FrameDecoder()
+    def _end_txn(self, conn: Conn, request: Request, frame: bytes) -> None:
+        key, version = request.header.api_key, request.header.api_version
         try:
-            while data := await broker.receive_some(READ_SIZE):
-                decoder.receive_data(data)
-                while (frame := decoder.next_frame()) is not None:
-                    if not awaiting:
-                        self._problem(f"connection {number}: a response nobody asked for")
-                        done.cancel()
-                        return
-                    slot = awaiting.popleft()
-                    got = response_correlation_id(frame)
-                    if got != slot.correlation_id:
-                        self._problem(
-                            f"connection {number}: response correlation id {got}, expected "
-                            f"{slot.correlation_id}"
-                        )
-                        done.cancel()
-                        return
-                    if slot.end_txn is not None:
-                        self._end_txn(slot, frame, number)
-                    slot.frame, slot.ready_at = frame, trio.current_time()
-                    slot.done.set()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
+            sent = decode_request(key, version, request.frame, request.header.body_offset)
+            header = parse_response_header(frame, key, version)
+            code = int(decode_response(key, version, frame, header.body_offset).error_code)
         except ProtocolError as exc:
-            self._problem(f"connection {number}: broker sent bytes that are not Kafka: {exc}")
-        done.cancel()
-
-    def _end_txn(self, slot: _Slot, frame: bytes, number: int) -> None:
-        assert slot.end_txn is not None
-        txn_id, committed = slot.end_txn
-        try:
-            header = parse_response_header(frame, slot.api_key, slot.api_version)
-            response = decode_response(slot.api_key, slot.api_version, frame, header.body_offset)
-            code = int(response.error_code)
-        except ProtocolError as exc:
-            self._problem(f"connection {number}: unreadable EndTxn response: {exc}")
+            self.note_problem(f"connection {conn.number}: unreadable EndTxn: {exc}")
             return
+        txn_id = str(sent.transactional_id)
         if code == 0:
             # The coordinator now "writes markers" for window_ms.
             self._window_until[txn_id] = trio.current_time() + self.window_ms / 1000
         self._record(
             txn_id,
-            TxnEvent(time.monotonic(), END_TXN, ACCEPTED, error_code=code, committed=committed),
+            TxnEvent(
+                time.monotonic(), END_TXN, ACCEPTED, error_code=code, committed=bool(sent.committed)
+            ),
         )
-
-    async def _write_client(
-        self,
-        slots: trio.MemoryReceiveChannel[_Slot],
-        client: trio.SocketStream,
-        done: trio.CancelScope,
-    ) -> None:
-        try:
-            async for slot in slots:
-                await slot.done.wait()
-                await trio.sleep_until(slot.ready_at + self.delay_ms / 1000)
-                assert slot.frame is not None
-                await client.send_all(slot.frame)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        done.cancel()
 
     def _record(self, txn_id: str, event: TxnEvent) -> None:
         with self._lock:
             self._events.setdefault(txn_id, []).append(event)
-
-    def _problem(self, text: str) -> None:
-        with self._lock:
-            self._problems.append(text)
 
 
 def _segment(counts: Counter[tuple[str, str]], end: TxnEvent | None) -> TxnSegment:
@@ -505,77 +298,29 @@ def _segment(counts: Counter[tuple[str, str]], end: TxnEvent | None) -> TxnSegme
 
 # --------------------------------------------------------------------------- local answers
 
-_ZERO: Final = datetime.timedelta(0)
-
-
-def _element_class(cls: type, name: str) -> Any:
-    """The element class of a tuple-of-entities field of a kio message class."""
-    hint = typing.get_type_hints(cls)[name]
-    while typing.get_origin(hint) is not tuple:
-        hint = next(a for a in typing.get_args(hint) if a is not type(None))
-    return typing.get_args(hint)[0]
-
 
 def _add_partitions_answer(
     header: RequestHeader, request: Any, error_for: Callable[[str], int]
 ) -> bytes:
     """AddPartitionsToTxn v0-3: every requested partition, in request order, with
     error_for(topic)."""
-    cls = response_class(header.api_key, header.api_version)
-    topic_cls = _element_class(cls, "results_by_topic_v3_and_below")
-    partition_cls = _element_class(topic_cls, "results_by_partition")
-    message = cls(
-        throttle_time=i32Timedelta.parse(_ZERO),
-        results_by_topic_v3_and_below=tuple(
-            topic_cls(
-                name=topic.name,
-                results_by_partition=tuple(
-                    partition_cls(
-                        partition_index=i32(int(p)),
-                        partition_error_code=ErrorCode(error_for(str(topic.name))),
-                    )
-                    for p in topic.partitions
-                ),
-            )
-            for topic in request.v3_and_below_topics
-        ),
-    )
-    return _response_frame(header, message)
-
-
-def _add_offsets_answer(header: RequestHeader, code: int) -> bytes:
-    cls = response_class(header.api_key, header.api_version)
-    message = cls(throttle_time=i32Timedelta.parse(_ZERO), error_code=ErrorCode(code))
-    return _response_frame(header, message)
-
-
-def _response_frame(header: RequestHeader, message: Any) -> bytes:
-    head = encode_response_header(header.api_key, header.api_version, header.correlation_id)
-    return build_frame(head, encode_message(message))
-
-
-def start_tansu_advertising(advertised_port: int) -> tuple[subprocess.Popen[bytes], int]:
-    """Start an in-memory Tansu on a free loopback port that advertises 127.0.0.1:advertised_port
-    (the relay's) as its address; returns the process and its real port once it listens."""
-    port = free_port()
-    args = [
-        str(tansu_path()),
-        "broker",
-        "--listener-url",
-        f"tcp://{LOOPBACK}:{port}",
-        "--advertised-listener-url",
-        f"tcp://{LOOPBACK}:{advertised_port}",
-        "--storage-engine",
-        "memory://tansu/",
-        "--silent",
+    results = [
+        {
+            "name": topic.name,
+            "results_by_partition": [
+                {
+                    "partition_index": p,
+                    "partition_error_code": ErrorCode(error_for(str(topic.name))),
+                }
+                for p in topic.partitions
+            ],
+        }
+        for topic in request.v3_and_below_topics
     ]
-    proc = subprocess.Popen(
-        args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        wait_for_port(LOOPBACK, port)
-    except Exception:
-        proc.kill()
-        proc.wait(timeout=5)
-        raise
-    return proc, port
+    return _answer(header, {"results_by_topic_v3_and_below": results})
+
+
+def _answer(header: RequestHeader, fields: dict[str, Any]) -> bytes:
+    cls = response_class(header.api_key, header.api_version)
+    message = build(cls, {"throttle_time": 0, **fields})
+    return response_frame(header, encode_message(message))

@@ -67,13 +67,14 @@ from conftest import (
     start_kipside,
     unique_name,
 )
+from relaykit.tansu import start_tansu_advertising
 from relays import BatchSeen, CountingRelay, produce_batches
 
 from protocol.apis import ApiKey
 from protocol.framing import FrameDecoder
 from protocol.headers import parse_request_header
 from protocol.records import Compression
-from proxy.devbroker import free_port, tansu_path, wait_for_port
+from proxy.devbroker import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -150,29 +151,8 @@ class Stack:
 
 
 def _start_tansu_advertising(advertised_port: int) -> tuple[subprocess.Popen[bytes], int]:
-    # proxy.devbroker.start_tansu advertises its own port; here clients of the broker must be
-    # sent to the relay, so the arguments are built here.
-    port = free_port()
-    args = [
-        str(tansu_path()),
-        "broker",
-        "--listener-url",
-        f"tcp://127.0.0.1:{port}",
-        "--advertised-listener-url",
-        f"tcp://127.0.0.1:{advertised_port}",
-        "--storage-engine",
-        "memory://tansu/",
-        "--silent",
-    ]
-    proc = subprocess.Popen(
-        args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    proc, port = start_tansu_advertising(advertised_port)
     _CHILDREN.append(proc)
-    try:
-        wait_for_port("127.0.0.1", port)
-    except Exception:
-        proc.kill()
-        raise
     return proc, port
 
 
