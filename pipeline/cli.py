@@ -32,8 +32,10 @@ def _size(text: str) -> int:
     number = t[:-1] if t[-1:] in units else t
     try:
         value = int(float(number) * factor)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 268435456, 256M or 1G") from None
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size like 268435456, 256M or 1G"
+        ) from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be positive")
     return value
@@ -62,7 +64,9 @@ def register_mirror(sub: Any) -> None:
     parser.add_argument("--dest", metavar="HOST:PORT[,...]", help="destination cluster bootstrap")
     parser.add_argument("--topics", metavar="REGEX", help="source topics to copy (whole names)")
     parser.add_argument("--checkpoint", metavar="DIR", help="Spark checkpoint (progress) directory")
-    parser.add_argument("--rename", metavar="PREFIX", default="", help="prefix destination topic names")
+    parser.add_argument(
+        "--rename", metavar="PREFIX", default="", help="prefix destination topic names"
+    )
     parser.add_argument(
         "--read-uncommitted",
         action="store_true",
@@ -89,12 +93,24 @@ def register_mirror(sub: Any) -> None:
         help="compacted topic on the destination recording where batches landed ('' for none)",
     )
     parser.add_argument(
-        "--timeout", type=float, default=60.0, metavar="SECONDS",
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
         help="how long to keep retrying an unreachable cluster (default 60)",
     )
-    parser.add_argument("--conf", type=_conf, action="append", default=[], metavar="KEY=VALUE", help="extra Spark configuration")
+    parser.add_argument(
+        "--conf",
+        type=_conf,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra Spark configuration",
+    )
     parser.add_argument("--group", help="translate: the consumer group")
-    parser.add_argument("--commit", action="store_true", help="translate: commit on the destination")
+    parser.add_argument(
+        "--commit", action="store_true", help="translate: commit on the destination"
+    )
     parser.add_argument("--json", action="store_true", help="translate: print JSON")
     parser.set_defaults(handler=_mirror)
 

@@ -11,6 +11,7 @@ listener, the query's recentProgress) sees the same figures.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import threading
 import time
@@ -34,7 +35,7 @@ class LiveLine:
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
         self.plain_interval = plain_interval
-        self._last_plain = 0.0
+        self._last_plain = -math.inf
         self._lock = threading.Lock()
         self._shown = False
 
@@ -109,9 +110,11 @@ class ProgressListener(StreamingQueryListener):
 
     def record(self, progress: Any) -> bool:
         """Add one micro-batch's figures (once per batch id); False if not ours or seen."""
-        if progress.name != self.query_name or progress.batchId in self._seen:
+        if progress.name != self.query_name:
             return False
         with self._lock:
+            if progress.batchId in self._seen:
+                return False
             self._seen.add(progress.batchId)
             self._order.append(progress.batchId)
             if len(self._order) > _SEEN_KEPT:

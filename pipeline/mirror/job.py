@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 from typing import Any, Final, TextIO
 
@@ -72,10 +73,18 @@ class MirrorJob:
             "startingOffsets": "earliest",
             "maxBytesPerTrigger": str(self.max_bytes_per_trigger),
             "failOnDataLoss": str(self.fail_on_data_loss).lower(),
-            "kafka.isolation.level": "read_uncommitted" if self.read_uncommitted else "read_committed",
+            "kafka.isolation.level": "read_uncommitted"
+            if self.read_uncommitted
+            else "read_committed",
             "kafka.default.api.timeout.ms": str(self.timeout_ms),
             "kafka.client.id": "kipside-mirror",
+            "kipside.stopMarker": self.stop_marker,
         }
+
+    @property
+    def stop_marker(self) -> str:
+        """Created on SIGINT/SIGTERM so no new micro-batch starts (beside the checkpoint)."""
+        return str(Path(self.checkpoint).parent / f"{Path(self.checkpoint).name}.stopping")
 
     def sink_options(self) -> dict[str, str]:
         return {
@@ -176,23 +185,26 @@ def run_mirror(job: MirrorJob, out: TextIO | None = None) -> int:
     line = LiveLine(err)
     listener = ProgressListener(QUERY_NAME, OBSERVED, _render, line)
     spark.streams.addListener(listener)
+    Path(job.stop_marker).unlink(missing_ok=True)  # left by a stop that was itself killed
     try:
         query = start_query(spark, job)
     except Exception as exc:  # planning failed: Spark wraps the data source's own error
         error: str | None = root_cause(exc)
+        outcome = "stopped"
     else:
-        error = _wait(query)
+        outcome, error = _wait(query, job.stop_marker)
         listener.catch_up(query.recentProgress)
     summary = _render(listener.totals).split(": ", 1)[1]
-    line.finish(f"kipside mirror: {'stopped' if error else 'done'}: {summary}")
+    line.finish(f"kipside mirror: {outcome}: {summary}")
     if error:
         err.write(f"kipside mirror: error: {error}\n")
     spark.stop()
     return 1 if error else 0
 
 
-def _wait(query: Any) -> str | None:
-    """Block until the query ends or a signal asks it to; the root cause if it failed."""
+def _wait(query: Any, stop_marker: str) -> tuple[str, str | None]:
+    """Block until the query ends or a signal asks it to: ("done" | "stopped", root cause of a
+    failure or None)."""
     stopping = {"asked": False}
 
     def ask_to_stop(signum: int, _frame: FrameType | None) -> None:
@@ -203,20 +215,30 @@ def _wait(query: Any) -> str | None:
         while query.isActive and not stopping["asked"]:
             query.awaitTermination(0.5)
         if stopping["asked"] and query.isActive:
-            _stop_between_batches(query)
-            return None
+            _stop_between_batches(query, stop_marker)
+            return "stopped", None
         query.awaitTermination()
-        return None
+        return "done", None
     except Exception as exc:
-        return root_cause(exc)
+        return "stopped", root_cause(exc)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
 
 
-def _stop_between_batches(query: Any) -> None:
-    """Let the running micro-batch commit, then stop (within STOP_GRACE_SECONDS)."""
-    deadline = time.monotonic() + STOP_GRACE_SECONDS
-    while time.monotonic() < deadline and query.status.get("isTriggerActive"):
-        time.sleep(0.1)
-    query.stop()
+def _stop_between_batches(query: Any, stop_marker: str) -> None:
+    """Let the running micro-batch commit, then stop (within STOP_GRACE_SECONDS).
+
+    The marker file makes the source report no new data, so once the running trigger ends
+    no other one starts a micro-batch; stopping then interrupts nothing.
+    """
+    marker = Path(stop_marker)
+    marker.touch()
+    try:
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        time.sleep(0.2)
+        while time.monotonic() < deadline and query.status.get("isTriggerActive"):
+            time.sleep(0.05)
+        query.stop()
+    finally:
+        marker.unlink(missing_ok=True)

@@ -71,18 +71,21 @@ def encode_sync(sync: OffsetSync) -> tuple[bytes, bytes]:
 
 def decode_sync(key: bytes, value: bytes) -> OffsetSync:
     """The sync in a record; ValueError if it isn't one."""
-    k = json.loads(key)
-    v = json.loads(value)
-    return OffsetSync(
-        str(k["cluster"]),
-        str(k["topic"]),
-        int(k["partition"]),
-        int(v["source_offset"]),
-        int(v["source_last_offset"]),
-        str(v["dest_topic"]),
-        int(v["dest_partition"]),
-        int(v["dest_offset"]),
-    )
+    try:
+        k = json.loads(key)
+        v = json.loads(value)
+        return OffsetSync(
+            str(k["cluster"]),
+            str(k["topic"]),
+            int(k["partition"]),
+            int(v["source_offset"]),
+            int(v["source_last_offset"]),
+            str(v["dest_topic"]),
+            int(v["dest_partition"]),
+            int(v["dest_offset"]),
+        )
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"not an offset sync record: {exc!r}") from None
 
 
 @dataclass(frozen=True, slots=True)

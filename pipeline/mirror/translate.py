@@ -39,9 +39,9 @@ class TranslateJob:
     timeout_ms: int = 30_000
 
 
-def read_syncs(dest: KafkaClient, topic: str) -> list[OffsetSync]:
+def read_syncs(dest: KafkaClient, topic: str) -> tuple[list[OffsetSync], int]:
     """Every sync record in the topic, oldest first (read_uncommitted: syncs are not
-    transactional)."""
+    transactional), and how many records there were not syncs (skipped, reported)."""
     if topic not in partition_counts(dest, [topic]):
         raise KafkaError(
             f"{dest.where} has no offset-sync topic {topic!r}: nothing was mirrored there yet, "
@@ -51,11 +51,16 @@ def read_syncs(dest: KafkaClient, topic: str) -> list[OffsetSync]:
     end = watermarks(dest, {(topic, 0): start})[(topic, 0)].high_watermark
     reader = RangeReader(dest, FetchConfig(committed_only=False))
     syncs = []
+    foreign = 0
     for batch in reader.read(topic, 0, start, end):
         for key, value in decode_batch_records(batch):
-            if key is not None and value is not None:
+            try:
+                if key is None or value is None:
+                    raise ValueError("a sync has a key and a value")
                 syncs.append(decode_sync(key, value))
-    return syncs
+            except ValueError:
+                foreign += 1
+    return syncs, foreign
 
 
 def _clients(job: TranslateJob) -> tuple[KafkaClient, KafkaClient]:
@@ -83,14 +88,22 @@ def run_translate(job: TranslateJob, out: TextIO, err: TextIO) -> int:
         try:
             committed = group_offsets(source, job.group)
             cluster = source.retrying("reading the cluster id", source.metadata).cluster_id
-            index = SyncIndex(cluster or job.source, read_syncs(dest, job.sync_topic))
+            syncs, foreign = read_syncs(dest, job.sync_topic)
+            index = SyncIndex(cluster or job.source, syncs)
             done, missing = translate_all(index, committed)
             if job.commit and done:
-                commit_group_offsets(dest, job.group, {(t.dest_topic, t.dest_partition): t.dest_offset for t in done})
+                commit_group_offsets(
+                    dest, job.group, {(t.dest_topic, t.dest_partition): t.dest_offset for t in done}
+                )
         except KafkaError as exc:
             err.write(f"kipside mirror translate: error: {exc}\n")
             return 1
     _print(job, done, missing, out)
+    if foreign:
+        err.write(
+            f"kipside mirror translate: warning: {foreign} records of {job.sync_topic} are not "
+            "offset syncs (something else writes to that topic); skipped\n"
+        )
     for topic, partition in missing:
         err.write(
             f"kipside mirror translate: warning: {topic}-{partition} has a committed offset but "
@@ -102,17 +115,30 @@ def run_translate(job: TranslateJob, out: TextIO, err: TextIO) -> int:
             "their consumers resume at the oldest mirrored batch and may see records again\n"
         )
     if job.commit:
-        err.write(f"kipside mirror translate: committed {len(done)} offsets for group {job.group!r} on {job.dest}\n")
+        err.write(
+            f"kipside mirror translate: committed {len(done)} offsets for group {job.group!r} on {job.dest}\n"
+        )
     return 0
 
 
-def _print(job: TranslateJob, done: Sequence[Translation], missing: Sequence[tuple[str, int]], out: TextIO) -> None:
+def _print(
+    job: TranslateJob, done: Sequence[Translation], missing: Sequence[tuple[str, int]], out: TextIO
+) -> None:
     if job.as_json:
-        out.write(json.dumps({"group": job.group, "translations": [asdict(t) for t in done]}, indent=2) + "\n")
+        out.write(
+            json.dumps({"group": job.group, "translations": [asdict(t) for t in done]}, indent=2)
+            + "\n"
+        )
         return
     rows = [("SOURCE", "OFFSET", "DESTINATION", "OFFSET", "EXACT")]
     rows += [
-        (f"{t.topic}-{t.partition}", str(t.source_offset), f"{t.dest_topic}-{t.dest_partition}", str(t.dest_offset), "yes" if t.exact else "no")
+        (
+            f"{t.topic}-{t.partition}",
+            str(t.source_offset),
+            f"{t.dest_topic}-{t.dest_partition}",
+            str(t.dest_offset),
+            "yes" if t.exact else "no",
+        )
         for t in done
     ]
     widths = [max(len(r[i]) for r in rows) for i in range(5)]

@@ -14,6 +14,7 @@ per-process cache (pipeline.kafka.shared). Nothing here decodes a protocol messa
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -173,6 +174,9 @@ class KipsideStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(
         self, start: dict[str, dict[str, int]], limit: ReadLimit
     ) -> dict[str, dict[str, int]]:
+        marker = self.options.stop_marker
+        if marker is not None and os.path.exists(marker):
+            return start  # the job is stopping: no new micro-batch
         planner = _planner(self.options)
         begin = self._with_current_partitions(planner, decode_offsets(start))
         latest, marks = planner.latest(begin)

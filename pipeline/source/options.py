@@ -88,6 +88,9 @@ class SourceOptions:
     min_partitions: int | None
     client: ClientConfig
     fetch: FetchConfig
+    stop_marker: str | None = None
+    """kipside.stopMarker: while this file exists, no new micro-batch starts (kipside's jobs
+    use it to stop between micro-batches)."""
 
     @property
     def committed_only(self) -> bool:
@@ -154,6 +157,7 @@ _KNOWN: Final = (
         "includeheaders",
         "rows",
         "path",
+        "kipside.stopmarker",
     }
     | _KAFKA_INT
     | _KAFKA_IGNORED
@@ -309,7 +313,9 @@ def _subscription(raw: _Raw) -> Subscription:
         )
     partitions: list[TopicPartition] = []
     for topic, indexes in value.items():
-        if not isinstance(indexes, list) or not all(isinstance(i, int) and i >= 0 for i in indexes):
+        if not isinstance(indexes, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in indexes
+        ):
             raise OptionError(
                 f"option {raw.name(key)}: topic {topic!r} must map to a list of partition numbers"
             )
@@ -391,20 +397,21 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
     """Check and convert the options of one `format("kipside")` read."""
     raw = _Raw(options)
     _check_known(raw)
-    servers = raw.get("kafka.bootstrap.servers")
-    if not servers or not servers.strip():
-        raise OptionError(
-            "option kafka.bootstrap.servers must be set, e.g. "
-            '.option("kafka.bootstrap.servers", "broker-1:9092,broker-2:9092")'
-        )
+    servers = raw.get("kafka.bootstrap.servers") or ""
+    name = raw.name("kafka.bootstrap.servers")
     try:
         bootstrap = tuple(
-            Address.parse(part, what="option kafka.bootstrap.servers")
+            Address.parse(part, what=f"option {name}")
             for part in servers.split(",")
             if part.strip()
         )
     except ValueError as exc:
         raise OptionError(str(exc)) from None
+    if not bootstrap:
+        raise OptionError(
+            f"option {name} must be set, e.g. "
+            '.option("kafka.bootstrap.servers", "broker-1:9092,broker-2:9092")'
+        )
     subscription = _subscription(raw)
     starting = _offset_spec(
         raw, prefix="starting", default=OffsetSpec("latest" if streaming else "earliest")
@@ -429,7 +436,10 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
     max_offsets = raw.integer("maxoffsetspertrigger", minimum=1)
     max_bytes = raw.integer("maxbytespertrigger", minimum=1)
     if max_offsets is not None and max_bytes is not None:
-        raise OptionError("set at most one of maxOffsetsPerTrigger and maxBytesPerTrigger")
+        raise OptionError(
+            f"set at most one of {raw.name('maxoffsetspertrigger')} and "
+            f"{raw.name('maxbytespertrigger')}"
+        )
     return SourceOptions(
         bootstrap=bootstrap,
         subscription=subscription,
@@ -443,22 +453,25 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         min_partitions=raw.integer("minpartitions", minimum=1),
         client=_client_config(raw),
         fetch=_fetch_config(raw),
+        stop_marker=raw.get("kipside.stopmarker"),
     )
 
 
 def _check_batch_offsets(starting: OffsetSpec, ending: OffsetSpec) -> None:
+    start_name = starting.option or "startingOffsets"
+    end_name = ending.option or "endingOffsets"
     if starting.kind == "latest":
-        raise OptionError("option startingOffsets can't be latest for batch queries")
+        raise OptionError(f"option {start_name} can't be latest for batch queries")
     if ending.kind == "earliest":
-        raise OptionError("option endingOffsets can't be earliest for batch queries")
+        raise OptionError(f"option {end_name} can't be earliest for batch queries")
     for tp, offset in starting.per_partition.items():
         if starting.kind == "offsets" and offset == LATEST:
             raise OptionError(
-                f"option startingOffsets: {tp[0]}-{tp[1]} can't be latest (-1) in batch queries"
+                f"option {start_name}: {tp[0]}-{tp[1]} can't be latest (-1) in batch queries"
             )
     for tp, offset in ending.per_partition.items():
         if ending.kind == "offsets" and offset == EARLIEST:
-            raise OptionError(f"option endingOffsets: {tp[0]}-{tp[1]} can't be earliest (-2)")
+            raise OptionError(f"option {end_name}: {tp[0]}-{tp[1]} can't be earliest (-2)")
     if starting.kind == ending.kind and starting.kind in ("offsets", "timestamps"):
         if set(starting.per_partition) != set(ending.per_partition):
             raise OptionError(

@@ -121,7 +121,8 @@ def plan_ranges(
     total = sum(r.size for r in ranges)
     out = []
     for r in ranges:
-        parts = max(round(r.size / total * min_partitions), 1)
+        # Half up, as Scala's math.round in Spark (Python's round() goes to even).
+        parts = max(math.floor(r.size / total * min_partitions + 0.5), 1)
         remaining = r.size
         begin = r.start
         for part in range(parts):

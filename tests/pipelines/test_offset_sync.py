@@ -100,11 +100,6 @@ def test_decode_rejects_a_record_that_is_not_json() -> None:
         decode_sync(b"not json", b"{}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: offset_sync.py decode_sync promises ValueError for a record that isn't a sync, "
-    "but a JSON record missing a field raises KeyError (and a non-object TypeError)",
-)
 @pytest.mark.parametrize(
     ("key", "value"),
     [

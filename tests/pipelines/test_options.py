@@ -621,21 +621,11 @@ def test_bootstrap_servers_malformed(servers: str, fragment: str) -> None:
     assert fragment in message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: options.py parse_source_options: kafka.bootstrap.servers=',' passes the "
-    "'must be set' check (the text is not blank) but yields no address at all",
-)
 def test_bootstrap_servers_with_only_separators_is_an_error() -> None:
     message = error({"kafka.bootstrap.servers": " , ,", "subscribe": "a"})
     assert "kafka.bootstrap.servers" in message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: options.py _subscription: assign accepts JSON booleans as partition numbers "
-    "(isinstance(True, int)), so true silently means partition 1",
-)
 def test_assign_rejects_booleans() -> None:
     message = error({**BOOTSTRAP, "assign": '{"a": [true]}'})
     assert "assign" in message
@@ -676,13 +666,6 @@ SPELLING: list[tuple[str, dict[str, str], bool, str]] = [
 ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: these messages name the option in Spark's spelling, not the user's: "
-    "options.py parse_source_options (Address.parse what='option kafka.bootstrap.servers', and "
-    "the maxOffsetsPerTrigger/maxBytesPerTrigger message) and _check_batch_offsets (hard-coded "
-    "startingOffsets/endingOffsets instead of starting.option/ending.option)",
-)
 @pytest.mark.parametrize(
     ("options", "streaming", "spelled"),
     [case[1:] for case in SPELLING],

@@ -148,12 +148,6 @@ def test_plain_stream_gets_a_line_at_most_every_interval(monkeypatch: pytest.Mon
     assert out.getvalue() == "one\nthree\ndone\n"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: progress.py LiveLine starts _last_plain at 0.0, a time on time.monotonic()'s "
-    "arbitrary scale: when the clock reads less than plain_interval (a machine up for under "
-    "10 s) the first line is not shown",
-)
 def test_plain_stream_shows_the_first_line_whatever_the_clock(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -293,12 +287,6 @@ class Paused(SimpleNamespace):
         return super().__getattribute__(name)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: progress.py ProgressListener.record checks batchId in self._seen before taking "
-    "self._lock, so the listener thread (onQueryProgress) and catch_up on the main thread can "
-    "both count the same batch",
-)
 def test_a_batch_is_counted_once_across_threads() -> None:
     lst = listener()
     lock = ContendedLock()

@@ -9,7 +9,6 @@ import itertools
 import json
 import math
 
-import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
@@ -236,12 +235,6 @@ def test_plan_ranges_never_makes_empty_pieces() -> None:
     ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: ranges.py plan_ranges uses Python's round() (half to even) where Spark's "
-    "KafkaOffsetRangeCalculator uses Scala's math.round (half up): sizes 5 and 5 with "
-    "minPartitions=5 give 2.5 parts each, so 4 ranges (fewer than asked) instead of Spark's 6",
-)
 def test_plan_ranges_rounds_half_up_like_spark() -> None:
     ranges = plan_ranges({("t", 0): 0, ("t", 1): 0}, {("t", 0): 5, ("t", 1): 5}, 5)
     assert [(r.partition, r.start, r.end) for r in ranges] == [
