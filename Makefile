@@ -18,8 +18,8 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	touch $(STAMP)
 
 # From Debian: kcat (a real client for the tests), haproxy (the benchmarks' floor) and libpcap
-# (the coalescing test captures loopback traffic with scapy); chromium, if it can be installed,
-# for the status page test (skipped without it).
+# (the coalescing test captures loopback traffic with scapy); Java 17 for Spark (the pipelines);
+# chromium, if it can be installed, for the status page test (skipped without it).
 system-deps:
 	@command -v kcat >/dev/null 2>&1 && command -v haproxy >/dev/null 2>&1 \
 	  && ldconfig -p | grep -q 'libpcap\.so' || { \
@@ -27,6 +27,11 @@ system-deps:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq kcat haproxy libpcap0.8 >/dev/null; }
+	@command -v java >/dev/null 2>&1 || { \
+	  echo "installing Java 17 from Debian (Spark runs the pipelines)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq openjdk-17-jre-headless >/dev/null; }
 	@command -v chromium >/dev/null 2>&1 || { \
 	  echo "installing chromium from Debian (the status page test runs it headless)"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
@@ -39,7 +44,7 @@ run: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check protocol proxy rules
+	$(BIN)/ruff format --check protocol proxy rules pipeline pyspark_kipside tests/pipelines
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

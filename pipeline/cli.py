@@ -84,7 +84,8 @@ def register_mirror(sub: Any) -> None:
     parser.add_argument(
         "--no-fail-on-data-loss",
         action="store_true",
-        help="skip offsets deleted before they were copied instead of failing (failOnDataLoss=false)",
+        help="skip offsets deleted before they were copied, instead of failing "
+        "(failOnDataLoss=false)",
     )
     parser.add_argument(
         "--offset-sync-topic",

@@ -79,7 +79,7 @@ def decompress(batch: RecordBatchView) -> bytes | memoryview:
         ) from exc
 
 
-@njit(cache=True, nogil=True)  # type: ignore[misc]
+@njit(cache=True, nogil=True)
 def _varint(buf: U8, pos: int) -> tuple[int, int]:
     value = 0
     shift = 0
@@ -94,7 +94,7 @@ def _varint(buf: U8, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-@njit(cache=True, nogil=True)  # type: ignore[misc]
+@njit(cache=True, nogil=True)
 def _scan(buf: U8, count: int, fields: I64, headers: I64) -> tuple[int, int, int]:
     """Walk `count` records. fields[i] = (timestampDelta, offsetDelta, keyStart, keyLength,
     valueStart, valueLength, firstHeader, headerCount); headers[j] = (keyStart, keyLength,
@@ -152,7 +152,7 @@ def _scan(buf: U8, count: int, fields: I64, headers: I64) -> tuple[int, int, int
     return 0, pos, n_headers
 
 
-@njit(cache=True, nogil=True)  # type: ignore[misc]
+@njit(cache=True, nogil=True)
 def _gather(buf: U8, starts: I64, lengths: I64, offsets: I64, out: U8) -> None:
     """Copy buf[starts[i]:starts[i]+lengths[i]] to out[offsets[i]:], nulls (-1) as empty."""
     for i in range(starts.shape[0]):

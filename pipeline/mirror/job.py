@@ -115,11 +115,12 @@ def preflight(job: MirrorJob) -> list[tuple[str, int]]:
 
 def _render(totals: Totals) -> str:
     s, r = totals.sums, totals.rates
-    return (
-        f"kipside mirror: {int(s.get('batches', 0)):,} batches, {int(s.get('records', 0)):,} "
-        f"records, {s.get('bytes', 0) / 1e6:,.1f} MB copied | {r.get('batches', 0):,.0f} batches/s, "
-        f"{r.get('bytes', 0) / 1e6:,.1f} MB/s | {describe_lag(totals.lag)}"
+    copied = (
+        f"{int(s.get('batches', 0)):,} batches, {int(s.get('records', 0)):,} records, "
+        f"{s.get('bytes', 0) / 1e6:,.1f} MB copied"
     )
+    rates = f"{r.get('batches', 0):,.0f} batches/s, {r.get('bytes', 0) / 1e6:,.1f} MB/s"
+    return f"kipside mirror: {copied} | {rates} | {describe_lag(totals.lag)}"
 
 
 _CAUSE = re.compile(r"^((?:pipeline|protocol)\.[\w.]+\.\w+|[\w.]*OptionError): (.+)$", re.MULTILINE)
@@ -130,7 +131,7 @@ def root_cause(exc: BaseException) -> str:
     text = str(exc)
     found = _CAUSE.findall(text)
     if found:
-        return found[-1][1].strip()
+        return str(found[-1][1]).strip()
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
     return first[:500]
 

@@ -116,7 +116,8 @@ def run_translate(job: TranslateJob, out: TextIO, err: TextIO) -> int:
         )
     if job.commit:
         err.write(
-            f"kipside mirror translate: committed {len(done)} offsets for group {job.group!r} on {job.dest}\n"
+            f"kipside mirror translate: committed {len(done)} offsets for group {job.group!r} "
+            f"on {job.dest}\n"
         )
     return 0
 

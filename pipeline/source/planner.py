@@ -107,7 +107,7 @@ class Planner:
             given = dict(spec.per_partition)
             _check_names_all(spec, given, partitions)
             return self._fill_special(given)
-        queries = (
+        queries: dict[TopicPartition, int | None] = (
             dict.fromkeys(partitions, spec.timestamp)
             if spec.kind == "timestamp"
             else dict(spec.per_partition)
