@@ -56,7 +56,6 @@ def _config(bootstrap: str, **extra: Any) -> dict[str, Any]:
         "bootstrap.servers": bootstrap,
         "socket.timeout.ms": 5000,
         "client.id": "kipside-pipeline-tests",
-        "linger.ms": 5,
         **extra,
     }
 
@@ -69,6 +68,10 @@ def _record(i: int, partition: int, tag: str) -> Rec:
     if i % 3 == 0:
         headers = (("seq", str(i).encode()), ("tag", tag.encode()), ("empty", None))
     return Rec(partition, key, value, headers, BASE_TIMESTAMP + i)
+
+
+def _producer(bootstrap: str, **extra: Any) -> ck.Producer:
+    return ck.Producer(_config(bootstrap, **{"linger.ms": 5, **extra}))
 
 
 def _send(producer: ck.Producer, topic: str, records: Sequence[Rec], errors: list[str]) -> None:
@@ -104,16 +107,14 @@ def produce_dataset(bootstrap: str, topic: str, partitions: int, per_codec: int 
     committed: list[Rec] = []
     i = 0
     for codec in CODECS:
-        producer = ck.Producer(_config(bootstrap, **{"compression.type": codec}))
+        producer = _producer(bootstrap, **{"compression.type": codec})
         errors: list[str] = []
         batch = [_record(i + n, (i + n) % partitions, codec) for n in range(per_codec)]
         i += per_codec
         _send(producer, topic, batch, errors)
         _flush(producer, errors)
         committed += batch
-    txn = ck.Producer(
-        _config(bootstrap, **{"transactional.id": f"{topic}-txn", "compression.type": "zstd"})
-    )
+    txn = _producer(bootstrap, **{"transactional.id": f"{topic}-txn", "compression.type": "zstd"})
     txn.init_transactions(30)
     errors = []
     txn.begin_transaction()
@@ -128,7 +129,7 @@ def produce_dataset(bootstrap: str, topic: str, partitions: int, per_codec: int 
     _flush(txn, errors)  # Tansu writes only what was flushed before the abort
     txn.abort_transaction(30)
     # Plain records after the transactions, so markers sit between data on every partition.
-    tail = ck.Producer(_config(bootstrap, **{"compression.type": "lz4"}))
+    tail = _producer(bootstrap, **{"compression.type": "lz4"})
     after = [_record(i + n, (i + n) % partitions, "after") for n in range(60)]
     _send(tail, topic, after, errors)
     _flush(tail, errors)
@@ -138,7 +139,7 @@ def produce_dataset(bootstrap: str, topic: str, partitions: int, per_codec: int 
 def produce_plain(
     bootstrap: str, topic: str, partitions: int, count: int, start: int = 0, codec: str = "lz4"
 ) -> list[Rec]:
-    producer = ck.Producer(_config(bootstrap, **{"compression.type": codec}))
+    producer = _producer(bootstrap, **{"compression.type": codec})
     errors: list[str] = []
     records = [_record(start + n, (start + n) % partitions, "plain") for n in range(count)]
     _send(producer, topic, records, errors)

@@ -1,0 +1,123 @@
+"""Bad input to `kipside mirror`: each gives one clear line naming what and where, exit 1, and
+never a silent skip of data."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from conftest import Broker, create_topics, free_port, unique_name
+
+from pipeline.kafka.admin import partition_counts
+from pipeline.kafka.client import KafkaClient
+from pipeline.kafka.connection import Address
+
+from .conftest import run_cli
+from .fault_relays import CorruptingFetchRelay, RefusingProduceRelay, broker_behind
+from .kafka_data import consume_all, produce_plain, records_of
+
+pytestmark = [pytest.mark.integration]
+
+
+def _mirror(source: str, dest: str, topics: str, checkpoint: Path, *extra: str) -> tuple[int, str]:
+    args = ["--source", source, "--dest", dest, "--topics", topics, "--checkpoint", str(checkpoint)]
+    result = run_cli("mirror", *args, "--once", "--timeout", "3", *extra, timeout=180)
+    return result.code, result.stderr
+
+
+def _error_line(stderr: str) -> str:
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("kipside mirror: error: ")]
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr, stderr
+    return lines[0]
+
+
+def test_unreachable_source(dest_broker: Broker, tmp_path: Path) -> None:
+    port = free_port()
+    code, stderr = _mirror(f"127.0.0.1:{port}", dest_broker.bootstrap, "t", tmp_path / "ck")
+    assert code == 1
+    line = _error_line(stderr)
+    assert f"source cluster at 127.0.0.1:{port}" in line and "gave up after" in line, line
+    assert "Connection refused" in line or "connection refused" in line.lower(), line
+
+
+def test_unreachable_destination(source_broker: Broker, tmp_path: Path) -> None:
+    topic = unique_name("err-dest")
+    create_topics(source_broker.bootstrap, [topic], 1)
+    port = free_port()
+    code, stderr = _mirror(
+        source_broker.bootstrap, f"127.0.0.1:{port}", re.escape(topic), tmp_path / "ck"
+    )
+    assert code == 1
+    line = _error_line(stderr)
+    assert f"destination cluster at 127.0.0.1:{port}" in line and "gave up after" in line, line
+
+
+def test_no_topic_matches(source_broker: Broker, dest_broker: Broker, tmp_path: Path) -> None:
+    code, stderr = _mirror(
+        source_broker.bootstrap, dest_broker.bootstrap, "no-such-topic-.*", tmp_path / "ck"
+    )
+    assert code == 1
+    line = _error_line(stderr)
+    assert "'no-such-topic-.*' matches no topic of the source cluster" in line, line
+    assert "must match whole names" in line, line
+
+
+def test_a_bad_regex_names_the_option(
+    source_broker: Broker, dest_broker: Broker, tmp_path: Path
+) -> None:
+    code, stderr = _mirror(
+        source_broker.bootstrap, dest_broker.bootstrap, "orders[", tmp_path / "ck"
+    )
+    assert code == 1
+    assert "is not a valid regex" in _error_line(stderr)
+
+
+@pytest.mark.spark
+def test_a_corrupt_batch_stops_the_mirror_before_it(dest_broker: Broker, tmp_path: Path) -> None:
+    topic = unique_name("err-crc")
+    with broker_behind(CorruptingFetchRelay(topic, base_offset=0)) as source:
+        create_topics(source.bootstrap, [topic], 1)
+        produce_plain(source.bootstrap, topic, 1, 50, codec="none")
+        code, stderr = _mirror(
+            source.bootstrap,
+            dest_broker.bootstrap,
+            re.escape(topic),
+            tmp_path / "ck",
+            "--rename",
+            "crc.",
+        )
+        assert source.relay.problems() == []
+        assert isinstance(source.relay, CorruptingFetchRelay) and source.relay.corrupted > 0
+    assert code == 1
+    line = _error_line(stderr)
+    assert (
+        f"{topic}-0: the record batch at offset 0" in line and "fails its CRC-32C check" in line
+    ), line
+    # Nothing at or after a corrupt batch may be copied (here: nothing at all).
+    dest = KafkaClient([Address(dest_broker.host, dest_broker.port)], role="destination")
+    if "crc." + topic in partition_counts(dest, ["crc." + topic]):
+        assert not records_of(consume_all(dest_broker.bootstrap, "crc." + topic, 1, timeout=30))
+
+
+@pytest.mark.spark
+def test_a_destination_that_refuses_writes(source_broker: Broker, tmp_path: Path) -> None:
+    topic = unique_name("err-refused")
+    create_topics(source_broker.bootstrap, [topic], 2)
+    produce_plain(source_broker.bootstrap, topic, 2, 40)
+    with broker_behind(RefusingProduceRelay("denied.")) as dest:
+        code, stderr = _mirror(
+            source_broker.bootstrap,
+            dest.bootstrap,
+            re.escape(topic),
+            tmp_path / "ck",
+            "--rename",
+            "denied.",
+        )
+        assert isinstance(dest.relay, RefusingProduceRelay) and dest.relay.refused > 0
+        assert dest.relay.problems() == []
+    assert code == 1
+    line = _error_line(stderr)
+    assert "the destination refused a write" in line and "TOPIC_AUTHORIZATION_FAILED" in line, line
+    assert re.search(rf"denied\.{re.escape(topic)}-[01]", line), line
