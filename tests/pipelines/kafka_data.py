@@ -147,7 +147,7 @@ def produce_plain(
     return records
 
 
-def _rec(m: Any) -> Rec:
+def as_rec(m: Any) -> Rec:
     headers = tuple((k, bytes(v) if v is not None else None) for k, v in (m.headers() or ()))
     return Rec(m.partition(), m.key(), m.value(), headers, m.timestamp()[1])
 
@@ -193,7 +193,7 @@ def consume_all(
                     continue
                 raise AssertionError(f"consumer error on {topic}: {m.error()}")
             at_end.discard(m.partition())
-            out[m.partition()].append((m.offset(), _rec(m)))
+            out[m.partition()].append((m.offset(), as_rec(m)))
         return out
     finally:
         consumer.close()

@@ -9,10 +9,12 @@ the source's, and check the offset syncs against both clusters.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import confluent_kafka as ck
 import pytest
 from conftest import Broker, create_topics, unique_name
 
@@ -26,6 +28,8 @@ from protocol.records import RecordBatchView
 from .conftest import CliResult, run_cli
 from .kafka_data import (
     Dataset,
+    Rec,
+    as_rec,
     by_partition,
     consume_all,
     produce_dataset,
@@ -189,3 +193,59 @@ def test_a_second_run_copies_only_what_is_new(
     assert re.search(r"done: [\d,]+ batches, 300 records", run.stderr), run.explain()
     got = records_of(consume_all(dest_broker.bootstrap, topic, 2))
     assert got == by_partition(first + second)
+
+
+def _first_per_partition(bootstrap: str, topic: str, group: str, partitions: int) -> dict[int, Rec]:
+    """What a consumer of `group` reads first in each partition when it (re)joins."""
+    consumer = ck.Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": 6000,
+            "fetch.wait.max.ms": 100,
+        }
+    )
+    first: dict[int, Rec] = {}
+    try:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + 60
+        while len(first) < partitions:
+            assert time.monotonic() < deadline, f"group {group} read only {sorted(first)}"
+            m = consumer.poll(0.2)
+            if m is None or m.error() is not None:
+                continue
+            first.setdefault(m.partition(), as_rec(m))
+    finally:
+        consumer.close()
+    return first
+
+
+def test_translated_offsets_resume_a_group_at_the_same_record(mirrored: Mirrored) -> None:
+    topic = mirrored.data.topic
+    source = consume_all(mirrored.source.bootstrap, topic, PARTITIONS, isolation="read_uncommitted")
+    aborted = set(mirrored.data.aborted)
+    # Where the group stopped on the source, per partition: inside a run of records, on an
+    # aborted record (not copied) and on a transaction marker (an offset with no record).
+    offsets = {p: [off for off, _ in items] for p, items in source.items()}
+    first_aborted = min(off for off, r in source[1] if r in aborted)
+    marker = next(o for o in range(offsets[2][0], offsets[2][-1]) if o not in set(offsets[2]))
+    stops = {0: offsets[0][len(offsets[0]) // 2], 1: first_aborted, 2: marker}
+    group = unique_name("translate")
+    committer = ck.Consumer({"bootstrap.servers": mirrored.source.bootstrap, "group.id": group})
+    committer.commit(
+        offsets=[ck.TopicPartition(topic, p, o) for p, o in stops.items()], asynchronous=False
+    )
+    committer.close()
+
+    args = ["--source", mirrored.source.bootstrap, "--dest", mirrored.dest.bootstrap]
+    run = run_cli("mirror", "translate", *args, "--group", group, "--commit", timeout=120)
+    assert run.code == 0, run.explain()
+    assert f"committed 3 offsets for group '{group}'" in run.stderr, run.explain()
+
+    expected = {
+        p: next(r for off, r in source[p] if off >= stop and r not in aborted)
+        for p, stop in stops.items()
+    }
+    assert _first_per_partition(mirrored.dest.bootstrap, mirrored.dest_topic, group, 3) == expected
