@@ -1,0 +1,67 @@
+"""The mirror where Spark runs it for real: tasks in separate executor JVMs and Python workers
+(local-cluster), and the figures it leaves in Spark's own streaming progress events."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Broker, create_topics, unique_name
+
+from pipeline.mirror.job import OBSERVED, MirrorJob, start_query
+
+from .conftest import run_cli
+from .kafka_data import by_partition, consume_all, produce_dataset, produce_plain, records_of
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+
+@pytest.mark.slow
+def test_mirror_on_a_local_cluster_of_two_executors(
+    source_broker: Broker, dest_broker: Broker, tmp_path: Path
+) -> None:
+    topic = unique_name("mirror-cluster")
+    create_topics(source_broker.bootstrap, [topic], 4)
+    data = produce_dataset(source_broker.bootstrap, topic, 4, per_codec=100)
+    clusters = ["--source", source_broker.bootstrap, "--dest", dest_broker.bootstrap]
+    job = ["--topics", re.escape(topic), "--checkpoint", str(tmp_path / "ck"), "--once"]
+    spark = ["--master", "local-cluster[2,1,1024]", "--conf", "spark.executor.memory=512m"]
+    run = run_cli("mirror", *clusters, *job, "--rename", "lc.", *spark, timeout=300)
+    assert run.code == 0, run.explain()
+    got = records_of(consume_all(dest_broker.bootstrap, "lc." + topic, 4))
+    assert got == by_partition(data.committed)
+
+
+def test_progress_events_carry_batches_bytes_and_lag(
+    spark: Any, source_broker: Broker, dest_broker: Broker, tmp_path: Path
+) -> None:
+    topic = unique_name("mirror-progress")
+    create_topics(source_broker.bootstrap, [topic], 2)
+    sent = produce_plain(source_broker.bootstrap, topic, 2, 2_000)
+    job = MirrorJob(
+        source=source_broker.bootstrap,
+        dest=dest_broker.bootstrap,
+        topics=re.escape(topic),
+        checkpoint=str(tmp_path / "ck"),
+        rename="pe.",
+        once=True,
+        max_bytes_per_trigger=4096,
+    )
+    query = start_query(spark, job)
+    query.awaitTermination(120)
+    assert not query.isActive
+    progress = [p for p in query.recentProgress if p.numInputRows > 0]
+    assert len(progress) >= 2, "a small maxBytesPerTrigger must give several micro-batches"
+    observed = [p.observedMetrics[OBSERVED].asDict() for p in progress]
+    assert sum(o["records"] for o in observed) == len(sent)
+    assert all(o["batches"] == p.numInputRows for o, p in zip(observed, progress, strict=True))
+    assert all(o["bytes"] > 0 for o in observed)
+    first = progress[0].sources[0]
+    end, latest = json.loads(first.endOffset), json.loads(first.latestOffset)
+    lag = sum(latest[topic][p] - end[topic][p] for p in end[topic])
+    assert lag > 0, "the first of several micro-batches leaves a lag"
+    last = progress[-1].sources[0]
+    assert json.loads(last.endOffset) == json.loads(last.latestOffset), "drained: no lag left"
