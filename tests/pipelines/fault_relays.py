@@ -1,17 +1,20 @@
-"""Faults the mirror must report, simulated by filters on the shared relay base (tests/relaykit).
-
-Both are SIMULATIONS in front of a real Tansu broker, which never corrupts a batch and accepts
-every write:
+"""Faults and Kafka behaviours the mirror must handle, simulated by filters on the shared relay
+base (tests/relaykit), each in front of a real Tansu broker:
 - CorruptingFetchRelay flips one byte inside the records of one record batch of a topic in every
   Fetch response that carries it: what a bad disk or a broken network path does. The batch's
   CRC-32C no longer matches.
 - RefusingProduceRelay answers every ProduceRequest that names a topic with a prefix with an
   error code for every partition of that request (by default TOPIC_AUTHORIZATION_FAILED): a
   destination that refuses the mirror's writes (ACLs, a topic policy).
+- LeaderElectionRelay answers the first Fetch and Produce requests of each partition with
+  NOT_LEADER_OR_FOLLOWER, as brokers do while a leader moves.
+- KafkaConfigSourcesRelay reports topic configs the way Apache Kafka does (Tansu marks them
+  all as defaults), so the mirror's config copying can be checked.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,6 +29,7 @@ from protocol.fetch import MIN_VERSION as FETCH_MIN
 from protocol.fetch import parse_fetch_response
 from protocol.headers import parse_response_header
 from protocol.kafka_errors import ErrorCode
+from protocol.messages import build, decode_request, decode_response, encode_message, response_class
 from protocol.produce import (
     PartitionResult,
     ProduceResponseData,
@@ -33,6 +37,8 @@ from protocol.produce import (
     parse_produce_request,
 )
 from protocol.records import HEADER_SIZE, iter_batches
+
+NOT_LEADER = int(ErrorCode.not_leader_or_follower)
 
 
 class CorruptingFetchRelay(Relay):
@@ -116,3 +122,102 @@ def broker_behind(relay: Relay) -> Iterator[RelayedBroker]:
         relay.close()
         proc.kill()
         proc.wait(timeout=5)
+
+
+class LeaderElectionRelay(Relay):
+    """SIMULATION of partition leader elections: the first `refusals` Fetch and Produce requests
+    for each partition are answered NOT_LEADER_OR_FOLLOWER by the relay (never reaching the
+    broker, so nothing is written), as a broker answers while leadership moves. Metadata still
+    names the same node, which then serves the retries, as after an election back to it."""
+
+    def __init__(self, refusals: int = 3) -> None:
+        super().__init__()
+        self.refusals = refusals
+        self._left: dict[tuple[int, str, int], int] = {}
+        self.refused = 0
+
+    def _refuse(self, api: int, partitions: list[tuple[str, int]]) -> bool:
+        with self._lock:
+            due = [self._left.setdefault((api, t, p), self.refusals) for t, p in partitions]
+            if not any(due):
+                return False
+            for t, p in partitions:
+                key = (api, t, p)
+                self._left[key] = max(self._left[key] - 1, 0)
+            self.refused += 1
+            return True
+
+    def on_request(self, conn: Conn, request: Request) -> Decision:
+        h = request.header
+        if h.api_key == ApiKey.PRODUCE and h.api_version >= 3:
+            produce = parse_produce_request(request.frame, h.body_offset, h.api_version)
+            parts = [(p.topic, p.partition) for p in produce.partitions]
+            if not self._refuse(ApiKey.PRODUCE, parts):
+                return FORWARD
+            results = tuple(PartitionResult(t, p, NOT_LEADER) for t, p in parts)
+            body = encode_produce_response(h.api_version, ProduceResponseData(results))
+            return Answer(response_frame(h, body))
+        if h.api_key == ApiKey.FETCH and FETCH_MIN <= h.api_version <= FETCH_MAX:
+            fetch = decode_request(ApiKey.FETCH, h.api_version, request.frame, h.body_offset)
+            parts = [(t.topic, int(p.partition)) for t in fetch.topics for p in t.partitions]
+            if not parts or not self._refuse(ApiKey.FETCH, parts):
+                return FORWARD
+            return Answer(response_frame(h, _fetch_errors(h.api_version, parts, NOT_LEADER)))
+        return super().on_request(conn, request)
+
+
+def _fetch_errors(version: int, parts: list[tuple[str, int]], code: int) -> bytes:
+    topics: dict[str, list[dict[str, object]]] = {}
+    for topic, partition in parts:
+        topics.setdefault(topic, []).append(
+            {
+                "partition_index": partition,
+                "error_code": code,
+                "high_watermark": -1,
+                "last_stable_offset": -1,
+                "log_start_offset": -1,
+                "aborted_transactions": None,
+                "preferred_read_replica": -1,
+                "records": None,
+            }
+        )
+    message = build(
+        response_class(ApiKey.FETCH, version),
+        {
+            "throttle_time": 0,
+            "error_code": 0,
+            "session_id": 0,
+            "responses": [{"topic": t, "partitions": ps} for t, ps in topics.items()],
+        },
+    )
+    return encode_message(message)
+
+
+class KafkaConfigSourcesRelay(Relay):
+    """SIMULATION of Apache Kafka's DescribeConfigs: a config set on the topic itself is reported
+    with source DYNAMIC_TOPIC_CONFIG (1), and broker defaults come along with source
+    DEFAULT_CONFIG (5). Tansu 0.6.0 reports a topic's own configs as DEFAULT_CONFIG and no
+    defaults at all. Here every config Tansu returns becomes DYNAMIC_TOPIC_CONFIG, and one
+    default, compression.type=producer, is added to each topic's answer."""
+
+    def on_response(self, conn: Conn, request: Request, frame: bytes) -> bytes | None:
+        h = request.header
+        if h.api_key != ApiKey.DESCRIBE_CONFIGS:
+            return super().on_response(conn, request, frame)
+        body_offset = parse_response_header(frame, h.api_key, h.api_version).body_offset
+        message = decode_response(h.api_key, h.api_version, frame, body_offset)
+        results = []
+        for result in message.results:
+            configs = [dataclasses.replace(c, config_source=1) for c in result.configs]
+            if configs:
+                default = dataclasses.replace(
+                    configs[0], name="compression.type", value="producer", config_source=5
+                )
+                configs.append(default)
+            results.append(dataclasses.replace(result, configs=tuple(configs)))
+        rebuilt = dataclasses.replace(message, results=tuple(results))
+        return response_frame(h, encode_message(rebuilt))
+
+
+class KafkaLikeSource(KafkaConfigSourcesRelay, LeaderElectionRelay):
+    """Both simulations above, in front of one source broker."""
