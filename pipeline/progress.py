@@ -49,6 +49,15 @@ class LiveLine:
                 self._last_plain = time.monotonic()
             self.stream.flush()
 
+    def notice(self, text: str) -> None:
+        """A line of its own, above the live line (which the next update redraws)."""
+        with self._lock:
+            if self.tty and self._shown:
+                self.stream.write("\r\x1b[K")
+                self._shown = False
+            self.stream.write(text + "\n")
+            self.stream.flush()
+
     def finish(self, text: str) -> None:
         with self._lock:
             if self.tty and self._shown:

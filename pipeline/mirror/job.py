@@ -19,7 +19,7 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -29,6 +29,7 @@ from pipeline.kafka.client import ClientConfig, KafkaClient
 from pipeline.kafka.connection import Address
 from pipeline.kafka.errors import KafkaError
 from pipeline.kafka.retry import RetryPolicy
+from pipeline.notices import NoticeReader
 from pipeline.progress import LiveLine, ProgressListener, Totals, describe_lag
 from pipeline.source.options import parse_source_options
 from pipeline.source.planner import Planner
@@ -79,7 +80,13 @@ class MirrorJob:
             "kafka.default.api.timeout.ms": str(self.timeout_ms),
             "kafka.client.id": "kipside-mirror",
             "kipside.stopMarker": self.stop_marker,
+            "kipside.noticeFile": self.notice_file,
         }
+
+    @property
+    def notice_file(self) -> str:
+        """Warnings from Spark's driver-side source for the terminal (beside the checkpoint)."""
+        return str(Path(self.checkpoint).parent / f"{Path(self.checkpoint).name}.notices")
 
     @property
     def stop_marker(self) -> str:
@@ -187,14 +194,22 @@ def run_mirror(job: MirrorJob, out: TextIO | None = None) -> int:
     listener = ProgressListener(QUERY_NAME, OBSERVED, _render, line)
     spark.streams.addListener(listener)
     Path(job.stop_marker).unlink(missing_ok=True)  # left by a stop that was itself killed
+    notices = NoticeReader(job.notice_file)
+
+    def show_notices() -> None:
+        for text in notices.new():
+            line.notice(f"kipside mirror: warning: {text}")
+
     try:
         query = start_query(spark, job)
     except Exception as exc:  # planning failed: Spark wraps the data source's own error
         error: str | None = root_cause(exc)
         outcome = "stopped"
     else:
-        outcome, error = _wait(query, job.stop_marker)
+        outcome, error = _wait(query, job.stop_marker, show_notices)
         listener.catch_up(query.recentProgress)
+    show_notices()
+    notices.close()
     summary = _render(listener.totals).split(": ", 1)[1]
     line.finish(f"kipside mirror: {outcome}: {summary}")
     if error:
@@ -203,7 +218,7 @@ def run_mirror(job: MirrorJob, out: TextIO | None = None) -> int:
     return 1 if error else 0
 
 
-def _wait(query: Any, stop_marker: str) -> tuple[str, str | None]:
+def _wait(query: Any, stop_marker: str, tick: Callable[[], None]) -> tuple[str, str | None]:
     """Block until the query ends or a signal asks it to: ("done" | "stopped", root cause of a
     failure or None)."""
     stopping = {"asked": False}
@@ -215,6 +230,7 @@ def _wait(query: Any, stop_marker: str) -> tuple[str, str | None]:
     try:
         while query.isActive and not stopping["asked"]:
             query.awaitTermination(0.5)
+            tick()
         if stopping["asked"] and query.isActive:
             _stop_between_batches(query, stop_marker)
             return "stopped", None

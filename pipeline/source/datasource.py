@@ -37,10 +37,11 @@ from pyspark.sql.types import StructType
 from pipeline.kafka.errors import DataLossError, KafkaError
 from pipeline.kafka.fetcher import RangeReader
 from pipeline.kafka.shared import drop_client, shared_client
+from pipeline.notices import post_notice
 
 from .batch_rows import BATCH_STRUCT, batch_rows
 from .options import OptionError, SourceOptions, parse_source_options
-from .planner import Planner
+from .planner import Planner, skip_lost
 from .ranges import (
     OffsetRange,
     Offsets,
@@ -118,6 +119,20 @@ def read_range(options: SourceOptions, offset_range: OffsetRange) -> Iterator[pa
         raise
 
 
+def _ranges(
+    options: SourceOptions, planner: Planner, start: Offsets, end: Offsets, log_start: Offsets
+) -> list[InputPartition]:
+    """The tasks of one read, after checking no offset in it is already gone (data loss is
+    told here, on the driver, rather than found by a task)."""
+    begin, notices = skip_lost(
+        start, end, log_start, fail=options.fail_on_data_loss, where=planner.client.where
+    )
+    for text in notices:
+        log.warning("%s", text)
+        post_notice(options.notice_file, text)
+    return [RangePartition(r) for r in plan_ranges(begin, end, options.min_partitions)]
+
+
 class KipsideBatchReader(DataSourceReader):
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
@@ -134,8 +149,7 @@ class KipsideBatchReader(DataSourceReader):
                     f"option {self.options.starting.option or 'startingOffsets'}: {tp[0]}-{tp[1]} "
                     f"starts at {begin}, after its end {end[tp]}"
                 )
-        ranges = plan_ranges(start, end, self.options.min_partitions)
-        return [RangePartition(r) for r in ranges]
+        return _ranges(self.options, planner, start, end, planner.earliest(end))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangePartition)
@@ -217,12 +231,12 @@ class KipsideStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(
         self, start: dict[str, dict[str, int]], end: dict[str, dict[str, int]]
     ) -> Sequence[InputPartition]:
+        planner = _planner(self.options)
         begin = decode_offsets(start)
         stop = decode_offsets(end)
-        new = [tp for tp in stop if tp not in begin]
-        if new:
-            begin.update(_planner(self.options).earliest(new))
-        return [RangePartition(r) for r in plan_ranges(begin, stop, self.options.min_partitions)]
+        log_start = planner.earliest(stop)
+        begin = {tp: begin.get(tp, log_start[tp]) for tp in stop}  # new partitions: earliest
+        return _ranges(self.options, planner, begin, stop, log_start)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangePartition)

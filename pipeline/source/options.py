@@ -91,6 +91,8 @@ class SourceOptions:
     stop_marker: str | None = None
     """kipside.stopMarker: while this file exists, no new micro-batch starts (kipside's jobs
     use it to stop between micro-batches)."""
+    notice_file: str | None = None
+    """kipside.noticeFile: where the driver appends warnings for the job's terminal."""
 
     @property
     def committed_only(self) -> bool:
@@ -158,6 +160,7 @@ _KNOWN: Final = (
         "rows",
         "path",
         "kipside.stopmarker",
+        "kipside.noticefile",
     }
     | _KAFKA_INT
     | _KAFKA_IGNORED
@@ -454,6 +457,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         client=_client_config(raw),
         fetch=_fetch_config(raw),
         stop_marker=raw.get("kipside.stopmarker"),
+        notice_file=raw.get("kipside.noticefile"),
     )
 
 

@@ -15,13 +15,13 @@ import re
 from collections.abc import Iterable, Mapping
 
 from pipeline.kafka.client import KafkaClient
-from pipeline.kafka.errors import TopicNotFound
+from pipeline.kafka.errors import DataLossError, TopicNotFound
 from pipeline.kafka.offsets import EARLIEST, LATEST, Watermarks, list_offsets, watermarks
 
 from .options import OffsetSpec, OptionError, SourceOptions, Subscription
 from .ranges import Offsets
 
-__all__ = ["Planner"]
+__all__ = ["Planner", "skip_lost"]
 
 TopicPartition = tuple[str, int]
 
@@ -140,6 +140,36 @@ class Planner:
                 )
             found.update(ends)
         return found
+
+
+def skip_lost(
+    start: Offsets, end: Offsets, log_start: Offsets, *, fail: bool, where: str
+) -> tuple[Offsets, list[str]]:
+    """Starts moved past offsets that no longer exist, and a line per partition saying so.
+
+    With `fail` (failOnDataLoss), lost offsets raise DataLossError instead.
+    """
+    moved = dict(start)
+    notices = []
+    for tp, begin in start.items():
+        first = log_start.get(tp, begin)
+        stop = end.get(tp, begin)
+        if begin >= first or begin >= stop:
+            continue
+        resume = min(first, stop)
+        text = (
+            f"{tp[0]}-{tp[1]}: offsets {begin} to {resume - 1} are no longer in {where} (the "
+            f"log now starts at {first}): they were deleted (retention, DeleteRecords) before "
+            "they were read"
+        )
+        if fail:
+            raise DataLossError(
+                f"{text}. The records are lost. To skip them and continue, set "
+                "failOnDataLoss=false (kipside mirror: --no-fail-on-data-loss)"
+            )
+        notices.append(f"{text}; skipped {resume - begin} offsets (failOnDataLoss=false)")
+        moved[tp] = resume
+    return moved, notices
 
 
 def _check_names_all(

@@ -10,6 +10,7 @@ base (tests/relaykit), each in front of a real Tansu broker:
   NOT_LEADER_OR_FOLLOWER, as brokers do while a leader moves.
 - KafkaConfigSourcesRelay reports topic configs the way Apache Kafka does (Tansu marks them
   all as defaults), so the mirror's config copying can be checked.
+- DeletedRecordsRelay moves a partition's log start forward, as retention or DeleteRecords do.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from protocol.produce import (
 from protocol.records import HEADER_SIZE, iter_batches
 
 NOT_LEADER = int(ErrorCode.not_leader_or_follower)
+OUT_OF_RANGE = int(ErrorCode.offset_out_of_range)
 
 
 class CorruptingFetchRelay(Relay):
@@ -221,3 +223,59 @@ class KafkaConfigSourcesRelay(Relay):
 
 class KafkaLikeSource(KafkaConfigSourcesRelay, LeaderElectionRelay):
     """Both simulations above, in front of one source broker."""
+
+
+class DeletedRecordsRelay(Relay):
+    """SIMULATION of records deleted from the front of a log (retention, DeleteRecords), which
+    Tansu 0.6.0 can't do (its DeleteRecords resets the connection, seen here): once
+    `delete_before(topic, partition, offset)` is called, ListOffsets(earliest) answers that
+    offset and a Fetch below it is answered OFFSET_OUT_OF_RANGE, as Apache Kafka does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._log_start: dict[tuple[str, int], int] = {}
+
+    def delete_before(self, topic: str, partition: int, offset: int) -> None:
+        with self._lock:
+            self._log_start[(topic, partition)] = offset
+
+    def on_request(self, conn: Conn, request: Request) -> Decision:
+        h = request.header
+        if h.api_key != ApiKey.FETCH or not FETCH_MIN <= h.api_version <= FETCH_MAX:
+            return super().on_request(conn, request)
+        fetch = decode_request(ApiKey.FETCH, h.api_version, request.frame, h.body_offset)
+        asked = [
+            (t.topic, int(p.partition), int(p.fetch_offset))
+            for t in fetch.topics
+            for p in t.partitions
+        ]
+        with self._lock:
+            gone = [(t, p) for t, p, o in asked if o < self._log_start.get((t, p), -1)]
+        if not gone or len(gone) != len(asked):
+            return super().on_request(conn, request)
+        return Answer(response_frame(h, _fetch_errors(h.api_version, gone, OUT_OF_RANGE)))
+
+    def on_response(self, conn: Conn, request: Request, frame: bytes) -> bytes | None:
+        h = request.header
+        if h.api_key != ApiKey.LIST_OFFSETS:
+            return super().on_response(conn, request, frame)
+        asked = decode_request(h.api_key, h.api_version, request.frame, h.body_offset)
+        earliest = {
+            (t.name, int(p.partition_index))
+            for t in asked.topics
+            for p in t.partitions
+            if p.timestamp == -2
+        }
+        body_offset = parse_response_header(frame, h.api_key, h.api_version).body_offset
+        message = decode_response(h.api_key, h.api_version, frame, body_offset)
+        topics = []
+        with self._lock:
+            for t in message.topics:
+                parts = []
+                for p in t.partitions:
+                    start = self._log_start.get((t.name, int(p.partition_index)))
+                    if start is not None and (t.name, int(p.partition_index)) in earliest:
+                        p = dataclasses.replace(p, offset=type(p.offset)(max(int(p.offset), start)))
+                    parts.append(p)
+                topics.append(dataclasses.replace(t, partitions=tuple(parts)))
+        return response_frame(h, encode_message(dataclasses.replace(message, topics=tuple(topics))))

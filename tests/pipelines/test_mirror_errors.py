@@ -14,7 +14,12 @@ from pipeline.kafka.client import KafkaClient
 from pipeline.kafka.connection import Address
 
 from .conftest import run_cli
-from .fault_relays import CorruptingFetchRelay, RefusingProduceRelay, broker_behind
+from .fault_relays import (
+    CorruptingFetchRelay,
+    DeletedRecordsRelay,
+    RefusingProduceRelay,
+    broker_behind,
+)
 from .kafka_data import consume_all, produce_plain, records_of
 
 pytestmark = [pytest.mark.integration]
@@ -121,3 +126,49 @@ def test_a_destination_that_refuses_writes(source_broker: Broker, tmp_path: Path
     line = _error_line(stderr)
     assert "the destination refused a write" in line and "TOPIC_AUTHORIZATION_FAILED" in line, line
     assert re.search(rf"denied\.{re.escape(topic)}-[01]", line), line
+
+
+@pytest.mark.spark
+def test_deleted_offsets_fail_the_mirror_unless_told_to_skip(
+    dest_broker: Broker, tmp_path: Path
+) -> None:
+    """failOnDataLoss, as Spark's Kafka source: offsets deleted before the mirror copied them
+    stop it with the range that is lost; --no-fail-on-data-loss skips them and says so."""
+    topic = unique_name("err-lost")
+    checkpoint = tmp_path / "ck"
+    relay = DeletedRecordsRelay()
+    with broker_behind(relay) as source:
+        create_topics(source.bootstrap, [topic], 1)
+        first = produce_plain(source.bootstrap, topic, 1, 300)
+        code, stderr = _mirror(
+            source.bootstrap, dest_broker.bootstrap, re.escape(topic), checkpoint
+        )
+        assert code == 0, stderr
+        # Two flushes, so a batch starts at 450: batches are copied whole, and a log start
+        # inside a batch would bring that batch's earlier records along.
+        lost = produce_plain(source.bootstrap, topic, 1, 150, start=300)
+        kept = produce_plain(source.bootstrap, topic, 1, 150, start=450)
+        relay.delete_before(topic, 0, 450)
+
+        code, stderr = _mirror(
+            source.bootstrap, dest_broker.bootstrap, re.escape(topic), checkpoint
+        )
+        assert code == 1
+        line = _error_line(stderr)
+        assert f"{topic}-0: offsets 300 to 449 are no longer in the source cluster" in line, line
+        assert "--no-fail-on-data-loss" in line, line
+
+        code, stderr = _mirror(
+            source.bootstrap,
+            dest_broker.bootstrap,
+            re.escape(topic),
+            checkpoint,
+            "--no-fail-on-data-loss",
+        )
+        assert code == 0, stderr
+        assert relay.problems() == []
+    assert f"warning: {topic}-0: offsets 300 to 449 are no longer" in stderr, stderr
+    assert "skipped 150 offsets (failOnDataLoss=false)" in stderr, stderr
+    got = records_of(consume_all(dest_broker.bootstrap, topic, 1))
+    assert got == {0: first + kept}
+    assert not set(lost) & set(got[0])
