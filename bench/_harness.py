@@ -497,3 +497,62 @@ def run_worker(
     return WorkerResult(
         data, after[0] - before[0], after[1] - before[1], wall, max(0.0, busy - ours)
     )
+
+
+# --------------------------------------------------------------------------- whole process trees
+
+
+@dataclass
+class TreeRun:
+    """A command run to completion with the CPU of everything it started."""
+
+    code: int
+    wall_s: float
+    cpu_s: float
+    """User + system seconds of the command and all its descendants (Spark's JVM and Python
+    workers included): the larger of what their parents reaped and what sampling saw."""
+    stdout: str
+    stderr: str
+
+
+def run_tree(args: Sequence[str], *, timeout: float, env: dict[str, str] | None = None) -> TreeRun:
+    """Run `args`, sampling the CPU of its whole process tree every 0.2 s.
+
+    A process whose parent never reaps it (Spark's daemonised Python workers) is only seen by
+    sampling; everything reaped up the tree shows in this process's RUSAGE_CHILDREN. Each pid
+    counts once, at the last value seen, so the total is a lower bound within one sample.
+    """
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    proc = subprocess.Popen(
+        list(args),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    seen: dict[int, float] = {}
+    outputs: list[str] = []
+
+    def drain() -> None:
+        out, err = proc.communicate(timeout=timeout)
+        outputs.extend([out, err])
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    root = psutil.Process(proc.pid)
+    while reader.is_alive():
+        with contextlib.suppress(psutil.Error):
+            for p in [root, *root.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    t = p.cpu_times()
+                    seen[p.pid] = t.user + t.system
+        reader.join(0.2)
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    reaped = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    if len(outputs) < 2:
+        proc.kill()
+        raise HarnessError(f"{args[0]} did not finish within {timeout} s")
+    return TreeRun(proc.returncode, wall, max(reaped, sum(seen.values())), outputs[0], outputs[1])

@@ -79,6 +79,7 @@ def start_session(
         .config("spark.driver.extraJavaOptions", java_options)
         .config("spark.executor.extraJavaOptions", java_options)
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
+        .config("spark.python.daemon.module", "pipeline.spark_daemon")
     )
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)

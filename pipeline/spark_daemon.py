@@ -1,0 +1,76 @@
+"""Spark's Python worker daemon, with the modules kipside's tasks need loaded before forking.
+
+Spark forks a Python worker from its daemon for every task, and each one would otherwise
+import PySpark's worker modules, pandas, pyarrow and kipside's own modules again: about a
+second of CPU per task, more than a micro-batch of the shallow mirror costs otherwise
+(docs/performance.md, "Shallow mirror", has the profile).
+`spark.python.daemon.module=pipeline.spark_daemon` (set by pipeline.spark) imports them once in
+the daemon, and every fork shares them.
+
+Two things PySpark's own daemon is careful about, handled here:
+- Forking a process with threads leaves the child without them, holding whatever lock they
+  held. pyarrow's jemalloc starts a background thread at import and OpenBLAS (numpy) starts a
+  pool; both are turned off before the imports (JE_ARROW_MALLOC_CONF, OPENBLAS_NUM_THREADS),
+  so the daemon forks with one thread (tests/pipelines/test_spark_daemon.py checks it).
+- Spark puts `$SPARK_HOME/python/lib/pyspark.zip` first on the workers' PYTHONPATH, and Python
+  compiles every module it imports from a zip again in every process (zips get no bytecode
+  cache). When that zip belongs to the pip-installed pyspark (the same files), it is moved
+  behind site-packages so the cached bytecode is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+PRELOAD = (
+    "pyspark.worker",
+    "pyspark.sql.pandas.serializers",
+    "pyspark.sql.worker.plan_data_source_read",
+    "pyspark.sql.worker.write_into_data_source",
+    "pyarrow",
+    "numpy",
+    "pandas",
+    "pipeline.source.datasource",
+    "pipeline.mirror.sink",
+    "kio.schema.errors",
+)
+THREADLESS_ENV = {
+    "JE_ARROW_MALLOC_CONF": "background_thread:false",
+    "OPENBLAS_NUM_THREADS": "1",
+}
+
+
+def configure() -> None:
+    """Environment and sys.path for a threadless, bytecode-cached preload."""
+    for key, value in THREADLESS_ENV.items():
+        os.environ.setdefault(key, value)
+    home = _pip_pyspark_home()
+    if home is not None:
+        zips = [p for p in sys.path if p.endswith(".zip") and p.startswith(home)]
+        for path in zips:
+            sys.path.remove(path)
+        sys.path.extend(zips)  # still reachable for anything only the zips hold
+
+
+def _pip_pyspark_home() -> str | None:
+    """The directory of a pip-installed pyspark (its SPARK_HOME, with jars/), if any."""
+    for entry in sys.path:
+        candidate = os.path.join(entry, "pyspark")
+        if entry.endswith("site-packages") and os.path.isdir(os.path.join(candidate, "jars")):
+            return candidate + os.sep
+    return None
+
+
+def preload() -> None:
+    for name in PRELOAD:
+        importlib.import_module(name)
+
+
+if __name__ == "__main__":
+    configure()
+    preload()
+    from pyspark.daemon import manager
+
+    manager()
