@@ -27,11 +27,11 @@ from typing import Any, Final, TextIO
 
 from pipeline.kafka.client import ClientConfig, KafkaClient
 from pipeline.kafka.connection import Address
-from pipeline.kafka.errors import KafkaError
+from pipeline.kafka.errors import KafkaError, TopicNotFound
 from pipeline.kafka.retry import RetryPolicy
 from pipeline.notices import NoticeReader
 from pipeline.progress import LiveLine, ProgressListener, Totals, describe_lag
-from pipeline.source.options import parse_source_options
+from pipeline.source.options import OptionError, parse_source_options
 from pipeline.source.planner import Planner
 from pipeline.spark import spark_log_path, start_session
 
@@ -110,10 +110,16 @@ class MirrorFailed(Exception):
 def preflight(job: MirrorJob) -> list[tuple[str, int]]:
     """Dial both clusters and resolve the pattern; raises KafkaError or ValueError if either
     is unreachable or nothing matches. Returns the partitions to mirror."""
-    options = parse_source_options(job.source_options(), streaming=True)
-    config = ClientConfig(client_id="kipside-mirror", retry=RetryPolicy(timeout_ms=job.timeout_ms))
-    with KafkaClient(options.bootstrap, role="source cluster", config=config) as source:
-        partitions = Planner(source, options).partitions()
+    try:
+        options = parse_source_options(job.source_options(), streaming=True)
+        config = ClientConfig(
+            client_id="kipside-mirror", retry=RetryPolicy(timeout_ms=job.timeout_ms)
+        )
+        with KafkaClient(options.bootstrap, role="source cluster", config=config) as source:
+            partitions = Planner(source, options).partitions()
+    except (TopicNotFound, OptionError) as exc:
+        # The source names its options as Spark's do; on this command line it is --topics.
+        raise type(exc)(str(exc).replace("option subscribePattern:", "--topics")) from None
     dest_bootstrap = [Address.parse(p, what="--dest") for p in job.dest.split(",") if p.strip()]
     with KafkaClient(dest_bootstrap, role="destination cluster", config=config) as dest:
         dest.retrying("reading the destination's metadata", dest.metadata)

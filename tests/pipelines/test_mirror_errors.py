@@ -65,7 +65,7 @@ def test_no_topic_matches(source_broker: Broker, dest_broker: Broker, tmp_path: 
     )
     assert code == 1
     line = _error_line(stderr)
-    assert "'no-such-topic-.*' matches no topic of the source cluster" in line, line
+    assert "--topics 'no-such-topic-.*' matches no topic of the source cluster" in line, line
     assert "must match whole names" in line, line
 
 
@@ -76,7 +76,7 @@ def test_a_bad_regex_names_the_option(
         source_broker.bootstrap, dest_broker.bootstrap, "orders[", tmp_path / "ck"
     )
     assert code == 1
-    assert "is not a valid regex" in _error_line(stderr)
+    assert "--topics 'orders[' is not a valid regex" in _error_line(stderr)
 
 
 @pytest.mark.spark
