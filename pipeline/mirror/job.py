@@ -180,13 +180,13 @@ def start_query(spark: Any, job: MirrorJob) -> Any:
 def run_mirror(job: MirrorJob, out: TextIO | None = None) -> int:
     """Run the mirror until --once drains the topics, or until SIGINT/SIGTERM."""
     err = out or sys.stderr
+    if job.read_uncommitted:
+        err.write(READ_UNCOMMITTED_WARNING + "\n")
     try:
         partitions = preflight(job)
     except (KafkaError, ValueError) as exc:
         err.write(f"kipside mirror: error: {exc}\n")
         return 1
-    if job.read_uncommitted:
-        err.write(READ_UNCOMMITTED_WARNING + "\n")
     topics = sorted({t for t, _ in partitions})
     err.write(
         f"kipside mirror: {len(topics)} topic(s), {len(partitions)} partition(s) from "

@@ -130,3 +130,20 @@ def run_cli(
 @pytest.fixture
 def kipside_cli() -> Callable[..., CliResult]:
     return run_cli
+
+
+def run_in_process(spark: Any, job: Any, timeout: float = 180.0) -> Any:
+    """Run a MirrorJob's query on the test session's Spark (no JVM start per test); returns
+    the finished query, or raises the query's exception (what the CLI reports the root cause
+    of) or AssertionError if it outlives `timeout`."""
+    from pipeline.mirror.job import start_query
+
+    query = start_query(spark, job)
+    try:
+        finished = query.awaitTermination(timeout)
+    except Exception:
+        raise
+    if not finished:
+        query.stop()
+        raise AssertionError(f"the mirror query did not finish within {timeout} s")
+    return query

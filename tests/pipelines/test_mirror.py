@@ -13,19 +13,21 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import confluent_kafka as ck
 import pytest
-from conftest import Broker, create_topics, unique_name
+from conftest import Broker, create_topics, free_port, unique_name
 
 from pipeline.kafka.client import KafkaClient
 from pipeline.kafka.connection import Address
 from pipeline.kafka.fetcher import FetchConfig, RangeReader
 from pipeline.kafka.offsets import watermarks
+from pipeline.mirror.job import OBSERVED, MirrorJob
 from pipeline.mirror.offset_sync import DEFAULT_TOPIC, decode_sync
 from protocol.records import RecordBatchView
 
-from .conftest import CliResult, run_cli
+from .conftest import CliResult, run_cli, run_in_process
 from .kafka_data import (
     Dataset,
     Rec,
@@ -162,35 +164,68 @@ def test_offset_syncs_point_at_the_same_records(mirrored: Mirrored) -> None:
             )
 
 
-def test_read_uncommitted_copies_aborted_records_and_says_so(
-    source_broker: Broker, dest_broker: Broker, tmp_path: Path
+def test_read_uncommitted_copies_aborted_records(
+    spark: Any, source_broker: Broker, dest_broker: Broker, tmp_path: Path
 ) -> None:
     topic = unique_name("mirror-ru")
     create_topics(source_broker.bootstrap, [topic], PARTITIONS)
     data = produce_dataset(source_broker.bootstrap, topic, PARTITIONS, per_codec=30)
-    run = mirror(
-        source_broker, dest_broker, topic, tmp_path / "ck", "--rename", "ru.", "--read-uncommitted"
+    job = MirrorJob(
+        source=source_broker.bootstrap,
+        dest=dest_broker.bootstrap,
+        topics=re.escape(topic),
+        checkpoint=str(tmp_path / "ck"),
+        rename="ru.",
+        read_uncommitted=True,
+        once=True,
     )
-    assert run.code == 0, run.explain()
-    warning = "--read-uncommitted copies every data batch, including those of transactions"
-    assert warning in run.stderr, run.explain()
+    run_in_process(spark, job)
     got = records_of(consume_all(dest_broker.bootstrap, "ru." + topic, PARTITIONS))
     copied = {(r.key, r.value) for rs in got.values() for r in rs}
     assert {(r.key, r.value) for r in data.aborted} <= copied
     assert len(copied) == len({(r.key, r.value) for r in data.committed + data.aborted})
 
 
+def test_read_uncommitted_warns_before_anything_else(dest_broker: Broker, tmp_path: Path) -> None:
+    closed = f"127.0.0.1:{free_port()}"
+    args = ["--source", closed, "--dest", dest_broker.bootstrap, "--topics", "t"]
+    run = run_cli(
+        "mirror",
+        *args,
+        "--checkpoint",
+        str(tmp_path / "ck"),
+        "--read-uncommitted",
+        "--timeout",
+        "1",
+    )
+    assert run.code == 1
+    first = run.stderr.splitlines()[0]
+    assert first.startswith("kipside mirror: warning: --read-uncommitted copies every data batch")
+    assert "aborted or are still open" in first and "reads as committed data" in first
+
+
 def test_a_second_run_copies_only_what_is_new(
-    source_broker: Broker, dest_broker: Broker, tmp_path: Path
+    spark: Any, source_broker: Broker, dest_broker: Broker, tmp_path: Path
 ) -> None:
     topic = unique_name("mirror-inc")
     create_topics(source_broker.bootstrap, [topic], 2)
+    job = MirrorJob(
+        source=source_broker.bootstrap,
+        dest=dest_broker.bootstrap,
+        topics=re.escape(topic),
+        checkpoint=str(tmp_path / "ck"),
+        once=True,
+    )
     first = produce_plain(source_broker.bootstrap, topic, 2, 500)
-    assert mirror(source_broker, dest_broker, topic, tmp_path / "ck").code == 0
+    run_in_process(spark, job)
     second = produce_plain(source_broker.bootstrap, topic, 2, 300, start=500)
-    run = mirror(source_broker, dest_broker, topic, tmp_path / "ck")
-    assert run.code == 0, run.explain()
-    assert re.search(r"done: [\d,]+ batches, 300 records", run.stderr), run.explain()
+    query = run_in_process(spark, job)
+    copied = sum(
+        p.observedMetrics[OBSERVED].asDict()["records"]
+        for p in query.recentProgress
+        if p.numInputRows
+    )
+    assert copied == 300
     got = records_of(consume_all(dest_broker.bootstrap, topic, 2))
     assert got == by_partition(first + second)
 

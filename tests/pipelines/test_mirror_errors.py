@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import Broker, create_topics, free_port, unique_name
@@ -12,8 +13,9 @@ from conftest import Broker, create_topics, free_port, unique_name
 from pipeline.kafka.admin import partition_counts
 from pipeline.kafka.client import KafkaClient
 from pipeline.kafka.connection import Address
+from pipeline.mirror.job import MirrorJob, root_cause
 
-from .conftest import run_cli
+from .conftest import run_cli, run_in_process
 from .fault_relays import (
     CorruptingFetchRelay,
     DeletedRecordsRelay,
@@ -79,27 +81,41 @@ def test_a_bad_regex_names_the_option(
     assert "--topics 'orders[' is not a valid regex" in _error_line(stderr)
 
 
+def _fails_with(spark: Any, job: MirrorJob) -> str:
+    """Run the mirror on the test session; the root cause the CLI would print."""
+    with pytest.raises(Exception) as failure:
+        run_in_process(spark, job)
+    return root_cause(failure.value)
+
+
+def _job(source: str, dest: str, topic: str, checkpoint: Path, **extra: Any) -> MirrorJob:
+    return MirrorJob(
+        source=source,
+        dest=dest,
+        topics=re.escape(topic),
+        checkpoint=str(checkpoint),
+        once=True,
+        **extra,
+    )
+
+
 @pytest.mark.spark
-def test_a_corrupt_batch_stops_the_mirror_before_it(dest_broker: Broker, tmp_path: Path) -> None:
+def test_a_corrupt_batch_stops_the_mirror_before_it(
+    spark: Any, dest_broker: Broker, tmp_path: Path
+) -> None:
     topic = unique_name("err-crc")
     with broker_behind(CorruptingFetchRelay(topic, base_offset=0)) as source:
         create_topics(source.bootstrap, [topic], 1)
         produce_plain(source.bootstrap, topic, 1, 50, codec="none")
-        code, stderr = _mirror(
-            source.bootstrap,
-            dest_broker.bootstrap,
-            re.escape(topic),
-            tmp_path / "ck",
-            "--rename",
-            "crc.",
+        cause = _fails_with(
+            spark,
+            _job(source.bootstrap, dest_broker.bootstrap, topic, tmp_path / "ck", rename="crc."),
         )
         assert source.relay.problems() == []
         assert isinstance(source.relay, CorruptingFetchRelay) and source.relay.corrupted > 0
-    assert code == 1
-    line = _error_line(stderr)
     assert (
-        f"{topic}-0: the record batch at offset 0" in line and "fails its CRC-32C check" in line
-    ), line
+        f"{topic}-0: the record batch at offset 0" in cause and "fails its CRC-32C check" in cause
+    ), cause
     # Nothing at or after a corrupt batch may be copied (here: nothing at all).
     dest = KafkaClient([Address(dest_broker.host, dest_broker.port)], role="destination")
     if "crc." + topic in partition_counts(dest, ["crc." + topic]):
@@ -107,30 +123,28 @@ def test_a_corrupt_batch_stops_the_mirror_before_it(dest_broker: Broker, tmp_pat
 
 
 @pytest.mark.spark
-def test_a_destination_that_refuses_writes(source_broker: Broker, tmp_path: Path) -> None:
+def test_a_destination_that_refuses_writes(
+    spark: Any, source_broker: Broker, tmp_path: Path
+) -> None:
     topic = unique_name("err-refused")
     create_topics(source_broker.bootstrap, [topic], 2)
     produce_plain(source_broker.bootstrap, topic, 2, 40)
     with broker_behind(RefusingProduceRelay("denied.")) as dest:
-        code, stderr = _mirror(
-            source_broker.bootstrap,
-            dest.bootstrap,
-            re.escape(topic),
-            tmp_path / "ck",
-            "--rename",
-            "denied.",
+        cause = _fails_with(
+            spark,
+            _job(source_broker.bootstrap, dest.bootstrap, topic, tmp_path / "ck", rename="denied."),
         )
         assert isinstance(dest.relay, RefusingProduceRelay) and dest.relay.refused > 0
         assert dest.relay.problems() == []
-    assert code == 1
-    line = _error_line(stderr)
-    assert "the destination refused a write" in line and "TOPIC_AUTHORIZATION_FAILED" in line, line
-    assert re.search(rf"denied\.{re.escape(topic)}-[01]", line), line
+    assert "the destination refused a write" in cause and "TOPIC_AUTHORIZATION_FAILED" in cause, (
+        cause
+    )
+    assert re.search(rf"denied\.{re.escape(topic)}-[01]", cause), cause
 
 
 @pytest.mark.spark
 def test_deleted_offsets_fail_the_mirror_unless_told_to_skip(
-    dest_broker: Broker, tmp_path: Path
+    spark: Any, dest_broker: Broker, tmp_path: Path
 ) -> None:
     """failOnDataLoss, as Spark's Kafka source: offsets deleted before the mirror copied them
     stop it with the range that is lost; --no-fail-on-data-loss skips them and says so."""
@@ -140,23 +154,17 @@ def test_deleted_offsets_fail_the_mirror_unless_told_to_skip(
     with broker_behind(relay) as source:
         create_topics(source.bootstrap, [topic], 1)
         first = produce_plain(source.bootstrap, topic, 1, 300)
-        code, stderr = _mirror(
-            source.bootstrap, dest_broker.bootstrap, re.escape(topic), checkpoint
-        )
-        assert code == 0, stderr
+        job = _job(source.bootstrap, dest_broker.bootstrap, topic, checkpoint)
+        run_in_process(spark, job)
         # Two flushes, so a batch starts at 450: batches are copied whole, and a log start
         # inside a batch would bring that batch's earlier records along.
         lost = produce_plain(source.bootstrap, topic, 1, 150, start=300)
         kept = produce_plain(source.bootstrap, topic, 1, 150, start=450)
         relay.delete_before(topic, 0, 450)
 
-        code, stderr = _mirror(
-            source.bootstrap, dest_broker.bootstrap, re.escape(topic), checkpoint
-        )
-        assert code == 1
-        line = _error_line(stderr)
-        assert f"{topic}-0: offsets 300 to 449 are no longer in the source cluster" in line, line
-        assert "--no-fail-on-data-loss" in line, line
+        cause = _fails_with(spark, job)
+        assert f"{topic}-0: offsets 300 to 449 are no longer in the source cluster" in cause, cause
+        assert "--no-fail-on-data-loss" in cause, cause
 
         code, stderr = _mirror(
             source.bootstrap,
@@ -167,7 +175,7 @@ def test_deleted_offsets_fail_the_mirror_unless_told_to_skip(
         )
         assert code == 0, stderr
         assert relay.problems() == []
-    assert f"warning: {topic}-0: offsets 300 to 449 are no longer" in stderr, stderr
+    assert f"kipside mirror: warning: {topic}-0: offsets 300 to 449 are no longer" in stderr, stderr
     assert "skipped 150 offsets (failOnDataLoss=false)" in stderr, stderr
     got = records_of(consume_all(dest_broker.bootstrap, topic, 1))
     assert got == {0: first + kept}

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from conftest import unique_name
 
-from .conftest import run_cli
+from pipeline.mirror.job import MirrorJob
+
+from .conftest import run_in_process
 from .fault_relays import KafkaLikeSource, LeaderElectionRelay, broker_behind
 from .kafka_data import by_partition, consume_all, produce_dataset, records_of
 
@@ -34,7 +37,7 @@ def _topic_configs(bootstrap: str, topic: str) -> dict[str, str]:
     return {name: entry.value for name, entry in entries.items()}
 
 
-def test_mirror_through_kafka_like_clusters(tmp_path: Path) -> None:
+def test_mirror_through_kafka_like_clusters(spark: Any, tmp_path: Path) -> None:
     topic = unique_name("mirror-like")
     with (
         broker_behind(KafkaLikeSource(refusals=2)) as source,
@@ -44,17 +47,15 @@ def test_mirror_through_kafka_like_clusters(tmp_path: Path) -> None:
         for future in admin.create_topics([NewTopic(topic, 5, 1, config=CONFIGS)]).values():
             future.result(timeout=10)
         data = produce_dataset(source.bootstrap, topic, 5, per_codec=60)
-        args = ["--source", source.bootstrap, "--dest", dest.bootstrap, "--rename", "like."]
-        run = run_cli(
-            "mirror",
-            *args,
-            "--topics",
-            re.escape(topic),
-            "--checkpoint",
-            str(tmp_path / "ck"),
-            "--once",
+        job = MirrorJob(
+            source=source.bootstrap,
+            dest=dest.bootstrap,
+            topics=re.escape(topic),
+            checkpoint=str(tmp_path / "ck"),
+            rename="like.",
+            once=True,
         )
-        assert run.code == 0, run.explain()
+        run_in_process(spark, job)
         assert isinstance(source.relay, KafkaLikeSource) and source.relay.refused >= 5
         assert isinstance(dest.relay, LeaderElectionRelay) and dest.relay.refused >= 5
         assert source.relay.problems() == [] and dest.relay.problems() == []
