@@ -20,14 +20,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-__all__ = ["spark_log_path", "start_session"]
-
-
-def spark_log_path(checkpoint: str) -> str:
-    """Where a job's Spark log goes: beside its checkpoint (`DIR.spark.log`), which the user
-    chose and which outlives the job; not inside it, since Spark owns what is inside."""
-    path = Path(checkpoint)
-    return str(path.parent / f"{path.name}.spark.log")
+__all__ = ["start_session"]
 
 
 @contextmanager

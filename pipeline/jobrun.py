@@ -1,0 +1,151 @@
+"""What `kipside mirror` and `kipside lake` share as long-running Spark jobs.
+
+- `preflight`: dial the source and resolve the topic pattern before Spark starts, so an
+  unreachable cluster or a pattern that matches nothing fails in a second with one line.
+- `JobFiles`: the files a job keeps beside its checkpoint (Spark's log, the stop marker, the
+  notices from the driver's source process).
+- `run_query`: start the streaming query, wait for it while printing notices, stop it between
+  micro-batches on SIGINT/SIGTERM, and report a failure by its root cause: the kipside error
+  inside Spark's wrapping, not Spark's stack trace.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any, Final
+
+from pipeline.kafka.client import ClientConfig, KafkaClient
+from pipeline.kafka.errors import TopicNotFound
+from pipeline.kafka.retry import RetryPolicy
+from pipeline.notices import NoticeReader
+from pipeline.progress import LiveLine
+from pipeline.source.options import OptionError, parse_source_options
+from pipeline.source.planner import Planner
+
+__all__ = ["JobFiles", "preflight", "root_cause", "run_query"]
+
+STOP_GRACE_SECONDS: Final = 60.0
+_CAUSE: Final = re.compile(
+    r"^((?:pipeline|protocol)\.[\w.]+\.\w+|[\w.]*OptionError|[\w.]*SchemaError): (.+)$",
+    re.MULTILINE,
+)
+
+
+@dataclass(frozen=True)
+class JobFiles:
+    """Files beside the checkpoint `DIR`: `DIR.spark.log`, `DIR.stopping`, `DIR.notices`."""
+
+    checkpoint: str
+
+    def _beside(self, suffix: str) -> str:
+        path = Path(self.checkpoint)
+        return str(path.parent / f"{path.name}.{suffix}")
+
+    @property
+    def spark_log(self) -> str:
+        return self._beside("spark.log")
+
+    @property
+    def stop_marker(self) -> str:
+        return self._beside("stopping")
+
+    @property
+    def notices(self) -> str:
+        return self._beside("notices")
+
+
+def preflight(
+    source_options: dict[str, str], *, timeout_ms: int, flag: str, client_id: str
+) -> list[tuple[str, int]]:
+    """The partitions the job will read; KafkaError/OptionError if the source can't be used.
+
+    Messages name the command's `flag` where the source would name subscribePattern.
+    """
+    try:
+        options = parse_source_options(source_options, streaming=True)
+        config = ClientConfig(client_id=client_id, retry=RetryPolicy(timeout_ms=timeout_ms))
+        with KafkaClient(options.bootstrap, role="source cluster", config=config) as source:
+            return Planner(source, options).partitions()
+    except (TopicNotFound, OptionError) as exc:
+        raise type(exc)(str(exc).replace("option subscribePattern:", flag)) from None
+
+
+def root_cause(exc: BaseException) -> str:
+    """The kipside error inside Spark's wrapping (the last one in the Python traceback)."""
+    text = str(exc)
+    found = _CAUSE.findall(text)
+    if found:
+        return str(found[-1][1]).strip()
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return first[:500]
+
+
+def run_query(
+    start: Callable[[], Any], files: JobFiles, line: LiveLine, command: str
+) -> tuple[str, str | None, Any]:
+    """Start a query and wait for it: ("done" | "stopped", root cause or None, query)."""
+    Path(files.stop_marker).unlink(missing_ok=True)  # left by a stop that was itself killed
+    notices = NoticeReader(files.notices)
+
+    def show_notices() -> None:
+        for text in notices.new():
+            line.notice(f"{command}: warning: {text}")
+
+    query = None
+    error: str | None
+    try:
+        query = start()
+    except Exception as exc:  # planning failed: Spark wraps the data source's own error
+        outcome, error = "stopped", root_cause(exc)
+    else:
+        outcome, error = _wait(query, files.stop_marker, show_notices)
+    show_notices()
+    notices.close()
+    return outcome, error, query
+
+
+def _wait(query: Any, stop_marker: str, tick: Callable[[], None]) -> tuple[str, str | None]:
+    stopping = {"asked": False}
+
+    def ask_to_stop(signum: int, _frame: FrameType | None) -> None:
+        stopping["asked"] = True
+
+    previous = {s: signal.signal(s, ask_to_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while query.isActive and not stopping["asked"]:
+            query.awaitTermination(0.5)
+            tick()
+        if stopping["asked"] and query.isActive:
+            _stop_between_batches(query, stop_marker)
+            return "stopped", None
+        query.awaitTermination()
+        return "done", None
+    except Exception as exc:
+        return "stopped", root_cause(exc)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _stop_between_batches(query: Any, stop_marker: str) -> None:
+    """Let the running micro-batch commit, then stop (within STOP_GRACE_SECONDS).
+
+    The marker file makes the source report no new data, so once the running trigger ends
+    no other one starts a micro-batch; stopping then interrupts nothing.
+    """
+    marker = Path(stop_marker)
+    marker.touch()
+    try:
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        time.sleep(0.2)
+        while time.monotonic() < deadline and query.status.get("isTriggerActive"):
+            time.sleep(0.05)
+        query.stop()
+    finally:
+        marker.unlink(missing_ok=True)

@@ -1,0 +1,179 @@
+"""JSON record values to typed columns, and the reason a value doesn't fit.
+
+Parsing is Spark's own `from_json` (in the JVM, a whole micro-batch at a time, no Python per
+record) in PERMISSIVE mode: a value that isn't JSON, or whose fields don't convert to the
+schema's types, comes back with the raw text in a corrupt-record column. Null values
+(tombstones) and missing required fields are caught too. Such rows go to quarantine, and only
+for them (a few, normally) a Python function works out the precise reason: not UTF-8, not
+JSON (and where), not an object, or which field has which wrong type.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from typing import Any, Final
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    BooleanType,
+    DataType,
+    DateType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from .schema import LakeSchema
+
+__all__ = ["ERROR", "decode", "explain", "good_rows", "quarantine_rows"]
+
+ERROR: Final = "_error"
+_PARSED: Final = "_value"
+_CORRUPT: Final = "_corrupt_record"
+_NULL_VALUE: Final = "the value is null (a tombstone or an empty record)"
+_NOT_OBJECT: Final = "the value is not a JSON object"
+_MISMATCH: Final = "the value does not match the schema"
+_INT_RANGES: Final[dict[type, tuple[int, int]]] = {
+    LongType: (-(2**63), 2**63 - 1),
+    IntegerType: (-(2**31), 2**31 - 1),
+    ShortType: (-(2**15), 2**15 - 1),
+}
+
+
+def decode(df: DataFrame, schema: LakeSchema) -> DataFrame:
+    """The source's record rows with the parsed value and an error column (null when fine)."""
+    with_corrupt = StructType([*schema.struct.fields, StructField(_CORRUPT, StringType())])
+    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
+    parsed = F.from_json(F.col("value").cast("string"), with_corrupt, options)
+    error: Column = (
+        F.when(F.col("value").isNull(), F.lit(_NULL_VALUE))
+        .when(F.col(_PARSED).isNull(), F.lit(_NOT_OBJECT))
+        .when(F.col(f"{_PARSED}.{_CORRUPT}").isNotNull(), F.lit(_MISMATCH))
+    )
+    for name in schema.required:
+        error = error.when(
+            F.col(f"{_PARSED}.`{name}`").isNull(),
+            F.lit(f"required field {name!r} is missing or null"),
+        )
+    return df.withColumn(_PARSED, parsed).withColumn(ERROR, error)
+
+
+def good_rows(decoded: DataFrame, schema: LakeSchema) -> DataFrame:
+    """What the table gets: the schema's fields, where each came from, topic and date."""
+    fields = [F.col(f"{_PARSED}.`{f.name}`").alias(f.name) for f in schema.struct.fields]
+    return decoded.where(F.col(ERROR).isNull()).select(
+        *fields,
+        F.col("partition").alias("kafka_partition"),
+        F.col("offset").alias("kafka_offset"),
+        F.col("timestamp").alias("kafka_timestamp"),
+        F.col("topic"),
+        F.to_date(F.col("timestamp")).alias("date"),
+    )
+
+
+def quarantine_rows(decoded: DataFrame, schema: LakeSchema) -> DataFrame:
+    """What quarantine gets: where the value came from, its raw bytes, and why it failed."""
+    schema_json = schema.struct.json()
+    reason = F.udf(lambda value, hint: explain(value, hint, schema_json), StringType())
+    return decoded.where(F.col(ERROR).isNotNull()).select(
+        F.col("partition").alias("kafka_partition"),
+        F.col("offset").alias("kafka_offset"),
+        F.col("timestamp").alias("kafka_timestamp"),
+        F.col("key"),
+        F.col("value"),
+        reason(F.col("value"), F.col(ERROR)).alias("error"),
+        F.col("topic"),
+    )
+
+
+def explain(value: bytes | bytearray | None, hint: str, schema_json: str) -> str:
+    """The precise reason a value failed to decode (falls back to Spark's verdict `hint`)."""
+    if value is None or hint.startswith("required field"):
+        return hint
+    try:
+        text = bytes(value).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"the value is not UTF-8 text (byte {exc.start})"
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return f"the value is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+    if not isinstance(data, dict):
+        return f"the value is a JSON {_json_type(data)}, not an object"
+    schema = StructType.fromJson(json.loads(schema_json))
+    found = _mismatch(data, schema, "")
+    return found or hint
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
+
+
+def _mismatch(value: Any, kind: DataType, path: str) -> str | None:
+    """The first place `value` doesn't fit `kind`, described; None if it fits."""
+    if value is None:
+        return None
+    if isinstance(kind, StructType):
+        if not isinstance(value, dict):
+            return _wrong(path, kind, value)
+        for f in kind.fields:
+            found = _mismatch(value.get(f.name), f.dataType, f"{path}.{f.name}" if path else f.name)
+            if found:
+                return found
+        return None
+    if isinstance(kind, ArrayType):
+        if not isinstance(value, list):
+            return _wrong(path, kind, value)
+        for i, item in enumerate(value):
+            found = _mismatch(item, kind.elementType, f"{path}[{i}]")
+            if found:
+                return found
+        return None
+    if not _fits_scalar(value, kind):
+        return _wrong(path, kind, value)
+    return None
+
+
+def _fits_scalar(value: Any, kind: DataType) -> bool:
+    if isinstance(kind, LongType | IntegerType | ShortType):
+        low, high = _INT_RANGES[type(kind)]
+        return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+    if isinstance(kind, DoubleType | FloatType):
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if isinstance(kind, BooleanType):
+        return isinstance(value, bool)
+    if isinstance(kind, StringType):
+        return True  # Spark renders any JSON value as its text
+    if isinstance(kind, TimestampType | DateType):
+        if not isinstance(value, str):
+            return False
+        try:
+            parse = datetime.date if isinstance(kind, DateType) else datetime.datetime
+            parse.fromisoformat(value)
+        except ValueError:
+            return False
+        return True
+    return True  # a type Spark checks and this function doesn't know: keep Spark's verdict
+
+
+def _wrong(path: str, kind: DataType, value: Any) -> str:
+    shown = json.dumps(value)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    return f"field {path!r}: expected {kind.simpleString()}, got {_json_type(value)} {shown}"
