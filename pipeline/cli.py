@@ -1,5 +1,5 @@
-"""`kipside mirror` (and its `translate`): the pipeline's commands, registered on the `kipside`
-command line through the `kipside.commands` entry point group.
+"""`kipside mirror` (and its `translate`) and `kipside lake`: the pipeline's commands, registered
+on the `kipside` command line through the `kipside.commands` entry point group.
 
 This module only parses arguments and hands over to pipeline.mirror; it must stay cheap to
 import (no pyspark here), because `kipside serve` loads it to build its parser.
@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Any
 
-__all__ = ["register_mirror"]
+__all__ = ["register_lake", "register_mirror"]
 
 _MIRROR_EPILOG = """\
 examples:
@@ -180,3 +180,122 @@ def _mirror(args: argparse.Namespace) -> int:
         conf=dict(args.conf),
     )
     return run_mirror(mirror)
+
+
+_LAKE_EPILOG = """\
+example:
+  kipside lake --bootstrap kafka:9092 --topics 'orders|payments' --schema orders.json \\
+      --out /data/lake --checkpoint /data/lake-checkpoint --once
+
+Each record's JSON value becomes a row of the schema's columns; values that don't fit go to
+quarantine with the reason. Exactly once across restarts. See docs/lake.md.
+"""
+
+
+def register_lake(sub: Any) -> None:
+    parser = sub.add_parser(
+        "lake",
+        help="write topics to Parquet through a JSON schema (a Spark job)",
+        description="Ingest Kafka topics into Parquet tables: JSON values decoded into typed "
+        "columns, partitioned by topic and date, exactly once (KIP-1008's ingestion consumer).",
+        epilog=_LAKE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--bootstrap", metavar="HOST:PORT[,...]", help="Kafka bootstrap brokers")
+    parser.add_argument("--topics", metavar="REGEX", help="topics to ingest (whole names)")
+    parser.add_argument(
+        "--schema",
+        metavar="FILE",
+        help="the values' schema: Spark DDL (.ddl) or JSON Schema (.json)",
+    )
+    parser.add_argument("--out", metavar="DIR", help="the table's directory (local, HDFS, ...)")
+    parser.add_argument("--checkpoint", metavar="DIR", help="Spark checkpoint (progress) directory")
+    parser.add_argument(
+        "--quarantine",
+        metavar="DIR",
+        help="where values that don't fit go (default OUT/_quarantine)",
+    )
+    parser.add_argument("--once", action="store_true", help="ingest what is there now, then stop")
+    parser.add_argument(
+        "--compression", choices=["zstd", "snappy", "none"], default="zstd", help="Parquet codec"
+    )
+    parser.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
+    parser.add_argument(
+        "--max-offsets-per-trigger",
+        type=int,
+        default=5_000_000,
+        metavar="N",
+        help="records one micro-batch reads at most (default 5,000,000)",
+    )
+    parser.add_argument(
+        "--max-records-per-file",
+        type=int,
+        default=1_000_000,
+        metavar="N",
+        help="rows one Parquet file holds at most (default 1,000,000)",
+    )
+    parser.add_argument(
+        "--trigger-interval",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="without --once: how often a micro-batch starts (default 60; fewer, bigger files)",
+    )
+    parser.add_argument(
+        "--no-fail-on-data-loss",
+        action="store_true",
+        help="skip offsets deleted before they were read instead of failing",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long to keep retrying an unreachable cluster (default 60)",
+    )
+    parser.add_argument(
+        "--conf",
+        type=_conf,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra Spark configuration",
+    )
+    parser.set_defaults(handler=_lake)
+
+
+def _lake(args: argparse.Namespace) -> int:
+    missing = _pipeline_missing()
+    if missing:
+        print(f"kipside lake: error: {missing}", file=sys.stderr)
+        return 2
+    problem = _require("lake", args, "bootstrap", "topics", "schema", "out", "checkpoint")
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
+    for name in ("max_offsets_per_trigger", "max_records_per_file"):
+        if getattr(args, name) <= 0:
+            print(
+                f"kipside lake: error: --{name.replace('_', '-')} must be positive", file=sys.stderr
+            )
+            return 2
+    from pipeline.lake.job import LakeJob, run_lake
+
+    job = LakeJob(
+        bootstrap=args.bootstrap,
+        topics=args.topics,
+        schema=args.schema,
+        out=args.out,
+        checkpoint=args.checkpoint,
+        quarantine=args.quarantine,
+        once=args.once,
+        compression=args.compression,
+        master=args.master,
+        max_offsets_per_trigger=args.max_offsets_per_trigger,
+        max_records_per_file=args.max_records_per_file,
+        trigger_seconds=args.trigger_interval,
+        fail_on_data_loss=not args.no_fail_on_data_loss,
+        timeout_ms=int(args.timeout * 1000),
+        conf=dict(args.conf),
+    )
+    return run_lake(job)

@@ -114,9 +114,10 @@ class BatchPublisher:
     def publish(self, batch_id: int) -> Published:
         moves: list[tuple[str, str, int]] = []
         for kind, target in (("data", self.out), ("quarantine", self.quarantine)):
-            root = self._path(self.staging(batch_id, kind)).toString()
+            staged = self._path(self.staging(batch_id, kind))
+            root = str(self._fs(staged).makeQualified(staged).toString())
             for n, (path, size) in enumerate(self._files(self.staging(batch_id, kind))):
-                relative = str(path)[len(str(root)) :].lstrip("/")
+                relative = path[len(root) :].lstrip("/")
                 folder, _, name = relative.rpartition("/")
                 suffix = name.split(".", 1)[1] if "." in name else "parquet"
                 prefix = f"{target}/{folder}/" if folder else f"{target}/"

@@ -56,7 +56,7 @@ from .record_rows import record_rows, record_struct
 __all__ = ["KipsideDataSource", "RangePartition"]
 
 log = logging.getLogger("kipside.source")
-ROLE = "source cluster"
+ROLE = "Kafka cluster of option kafka.bootstrap.servers"
 TopicPartition = tuple[str, int]
 
 

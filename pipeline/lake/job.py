@@ -1,0 +1,238 @@
+"""`kipside lake`: Kafka topics to Parquet tables, as a Spark Structured Streaming job.
+
+source:  format("kipside") (records, read_committed, from the earliest offsets, at most
+         --max-offsets-per-trigger records per micro-batch), observed
+each micro-batch (foreachBatch, on the driver):
+         JSON values decoded by Spark's from_json against the schema file (pipeline.lake.decode)
+         -> the table under OUT, partitioned by topic and date (the Kafka timestamp's day, UTC),
+            Parquet compressed with --compression, at most --max-records-per-file rows a file
+         -> values that don't fit, with why, under OUT/_quarantine (or --quarantine)
+         -> published exactly once (pipeline.lake.commit), keyed by the micro-batch id that
+            Spark's checkpoint keeps.
+The progress line shows rows and quarantined values written, files, rows/s and the lag.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, TextIO
+
+from pipeline import jobrun
+from pipeline.jobrun import JobFiles
+from pipeline.kafka.errors import KafkaError
+from pipeline.progress import LiveLine, ProgressListener, Totals, describe_lag
+from pipeline.spark import start_session
+
+from .commit import BatchPublisher
+from .decode import ERROR, decode, good_rows, quarantine_rows
+from .schema import DDL_SUFFIXES, LakeSchema, SchemaError, load_schema
+
+__all__ = ["LakeJob", "run_lake", "start_query"]
+
+QUERY_NAME: Final = "kipside_lake"
+OBSERVED: Final = "kipside_lake"
+COMPRESSIONS: Final = ("zstd", "snappy", "none")
+
+
+@dataclass(frozen=True)
+class LakeJob:
+    bootstrap: str
+    topics: str
+    schema: str
+    out: str
+    checkpoint: str
+    quarantine: str | None = None
+    once: bool = False
+    compression: str = "zstd"
+    master: str = "local[*]"
+    max_offsets_per_trigger: int = 5_000_000
+    max_records_per_file: int = 1_000_000
+    trigger_seconds: float = 60.0
+    fail_on_data_loss: bool = True
+    timeout_ms: int = 60_000
+    conf: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def files(self) -> JobFiles:
+        return JobFiles(self.checkpoint)
+
+    @property
+    def quarantine_dir(self) -> str:
+        return self.quarantine or f"{self.out.rstrip('/')}/_quarantine"
+
+    def source_options(self) -> dict[str, str]:
+        return {
+            "kafka.bootstrap.servers": self.bootstrap,
+            "subscribePattern": self.topics,
+            "startingOffsets": "earliest",
+            "maxOffsetsPerTrigger": str(self.max_offsets_per_trigger),
+            "failOnDataLoss": str(self.fail_on_data_loss).lower(),
+            "kafka.default.api.timeout.ms": str(self.timeout_ms),
+            "kafka.client.id": "kipside-lake",
+            "kipside.stopMarker": self.files.stop_marker,
+            "kipside.noticeFile": self.files.notices,
+        }
+
+
+@dataclass
+class _Written:
+    """Running totals of what the micro-batches published (driver side, thread-safe)."""
+
+    rows: int = 0
+    quarantined: int = 0
+    files: int = 0
+    bytes: int = 0
+    rows_per_second: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class BatchWriter:
+    """The foreachBatch function: decode, write to staging, publish exactly once."""
+
+    def __init__(self, spark: Any, job: LakeJob, schema: LakeSchema, written: _Written) -> None:
+        self.spark = spark
+        self.job = job
+        self.schema = schema
+        self.written = written
+        self.publisher = BatchPublisher(spark, job.out, job.quarantine_dir)
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        if self.publisher.done(batch_id):
+            return  # published before a crash that came ahead of Spark's own commit
+        started = time.monotonic()
+        self.publisher.clean(batch_id)
+        decoded = decode(df, self.schema)
+        counts = Observation(f"kipside_lake_{batch_id}")
+        observed = decoded.observe(
+            counts,
+            F.count_if(F.col(ERROR).isNull()).alias("rows"),
+            F.count_if(F.col(ERROR).isNotNull()).alias("bad"),
+        )
+        compression = "uncompressed" if self.job.compression == "none" else self.job.compression
+        (
+            good_rows(observed, self.schema)
+            .coalesce(self.spark.sparkContext.defaultParallelism)
+            .write.partitionBy("topic", "date")
+            .option("compression", compression)
+            .option("maxRecordsPerFile", self.job.max_records_per_file)
+            .mode("overwrite")
+            .parquet(self.publisher.staging(batch_id, "data"))
+        )
+        seen = counts.get
+        rows, bad = int(seen.get("rows", 0)), int(seen.get("bad", 0))
+        if bad:
+            (
+                quarantine_rows(decoded, self.schema)
+                .coalesce(1)
+                .write.partitionBy("topic")
+                .option("compression", compression)
+                .mode("overwrite")
+                .parquet(self.publisher.staging(batch_id, "quarantine"))
+            )
+        published = self.publisher.publish(batch_id)
+        took = max(time.monotonic() - started, 1e-3)
+        with self.written.lock:
+            self.written.rows += rows
+            self.written.quarantined += bad
+            self.written.files += len(published.files)
+            self.written.bytes += published.bytes
+            self.written.rows_per_second = (rows + bad) / took
+
+
+def start_query(spark: Any, job: LakeJob, schema: LakeSchema, written: _Written) -> Any:
+    from pyspark.sql import functions as F
+
+    stream = (
+        spark.readStream.format("kipside")
+        .options(**job.source_options())
+        .load()
+        .observe(OBSERVED, F.count(F.lit(1)).alias("records"))
+    )
+    writer = (
+        stream.writeStream.foreachBatch(BatchWriter(spark, job, schema, written))
+        .option("checkpointLocation", job.checkpoint)
+        .queryName(QUERY_NAME)
+    )
+    if job.once:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=f"{job.trigger_seconds} seconds")
+    return writer.start()
+
+
+def _renderer(written: _Written) -> Any:
+    def render(totals: Totals) -> str:
+        with written.lock:
+            return (
+                f"kipside lake: {written.rows:,} rows, {written.quarantined:,} quarantined, "
+                f"{written.files:,} files ({written.bytes / 1e6:,.1f} MB) | "
+                f"{written.rows_per_second:,.0f} rows/s | {describe_lag(totals.lag)}"
+            )
+
+    return render
+
+
+def _schema(job: LakeJob, spark: Any | None) -> LakeSchema:
+    from pyspark.sql.types import StructType
+
+    return load_schema(job.schema, StructType.fromDDL if spark is not None else None)
+
+
+def run_lake(job: LakeJob, out: TextIO | None = None) -> int:
+    err = out or sys.stderr
+    is_ddl = job.schema.lower().endswith(DDL_SUFFIXES)
+    try:
+        if not is_ddl:
+            _schema(job, None)  # a JSON Schema is checked before anything starts
+        partitions = jobrun.preflight(
+            job.source_options(),
+            timeout_ms=job.timeout_ms,
+            flag="--topics",
+            client_id="kipside-lake",
+        )
+    except (KafkaError, ValueError) as exc:
+        err.write(f"kipside lake: error: {exc}\n")
+        return 1
+    topics = sorted({t for t, _ in partitions})
+    err.write(
+        f"kipside lake: {len(topics)} topic(s), {len(partitions)} partition(s) from "
+        f"{job.bootstrap} to {job.out} (quarantine: {job.quarantine_dir}); checkpoint "
+        f"{job.checkpoint}; Spark's log: {job.files.spark_log}\n"
+    )
+    err.flush()
+    # Dates and timestamps in UTC; timestamps as Parquet's TIMESTAMP_MICROS, which every
+    # reader understands (Spark's default, INT96, is deprecated in Parquet).
+    conf = {
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+        **job.conf,
+    }
+    spark = start_session("kipside lake", job.master, conf, log_path=job.files.spark_log)
+    try:
+        schema = _schema(job, spark)
+    except SchemaError as exc:
+        err.write(f"kipside lake: error: {exc}\n")
+        spark.stop()
+        return 1
+    written = _Written()
+    render = _renderer(written)
+    line = LiveLine(err)
+    listener = ProgressListener(QUERY_NAME, OBSERVED, render, line)
+    spark.streams.addListener(listener)
+    outcome, error, query = jobrun.run_query(
+        lambda: start_query(spark, job, schema, written), job.files, line, "kipside lake"
+    )
+    if query is not None:
+        listener.catch_up(query.recentProgress)
+    line.finish(f"kipside lake: {outcome}: {render(listener.totals).split(': ', 1)[1]}")
+    if error:
+        err.write(f"kipside lake: error: {error}\n")
+    spark.stop()
+    return 1 if error else 0
