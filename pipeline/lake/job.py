@@ -75,6 +75,7 @@ class LakeJob:
             "kafka.client.id": "kipside-lake",
             "kipside.stopMarker": self.files.stop_marker,
             "kipside.noticeFile": self.files.notices,
+            "kipside.role": "Kafka cluster",
         }
 
 

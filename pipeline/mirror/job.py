@@ -74,6 +74,7 @@ class MirrorJob:
             "kafka.client.id": "kipside-mirror",
             "kipside.stopMarker": self.files.stop_marker,
             "kipside.noticeFile": self.files.notices,
+            "kipside.role": "source cluster",
         }
 
     @property

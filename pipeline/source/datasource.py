@@ -56,7 +56,6 @@ from .record_rows import record_rows, record_struct
 __all__ = ["KipsideDataSource", "RangePartition"]
 
 log = logging.getLogger("kipside.source")
-ROLE = "Kafka cluster of option kafka.bootstrap.servers"
 TopicPartition = tuple[str, int]
 
 
@@ -100,12 +99,12 @@ class KipsideDataSource(DataSource):
 
 
 def _planner(options: SourceOptions) -> Planner:
-    return Planner(shared_client(options.bootstrap, ROLE, options.client), options)
+    return Planner(shared_client(options.bootstrap, options.role, options.client), options)
 
 
 def read_range(options: SourceOptions, offset_range: OffsetRange) -> Iterator[pa.RecordBatch]:
     """What one Spark task yields for its range (shared by batch and streaming reads)."""
-    client = shared_client(options.bootstrap, ROLE, options.client)
+    client = shared_client(options.bootstrap, options.role, options.client)
     reader = RangeReader(client, options.fetch, on_data_loss=log.warning)
     r = offset_range
     try:

@@ -93,6 +93,8 @@ class SourceOptions:
     use it to stop between micro-batches)."""
     notice_file: str | None = None
     """kipside.noticeFile: where the driver appends warnings for the job's terminal."""
+    role: str = "Kafka cluster of option kafka.bootstrap.servers"
+    """kipside.role: how errors name the cluster (kipside's jobs say "source cluster")."""
 
     @property
     def committed_only(self) -> bool:
@@ -161,6 +163,7 @@ _KNOWN: Final = (
         "path",
         "kipside.stopmarker",
         "kipside.noticefile",
+        "kipside.role",
     }
     | _KAFKA_INT
     | _KAFKA_IGNORED
@@ -458,6 +461,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         fetch=_fetch_config(raw),
         stop_marker=raw.get("kipside.stopmarker"),
         notice_file=raw.get("kipside.noticefile"),
+        role=raw.get("kipside.role") or "Kafka cluster of option kafka.bootstrap.servers",
     )
 
 
