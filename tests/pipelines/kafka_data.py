@@ -10,6 +10,7 @@ a consumer of Tansu returns (Tansu serves aborted records to read_committed cons
 
 from __future__ import annotations
 
+import json
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -201,3 +202,120 @@ def consume_all(
 
 def records_of(consumed: dict[int, list[tuple[int, Rec]]]) -> dict[int, list[Rec]]:
     return {p: [r for _, r in items] for p, items in consumed.items() if items}
+
+
+# --------------------------------------------------------------------------- JSON records
+
+JSON_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer"},
+        "user": {"type": "string"},
+        "amount": {"type": "number"},
+        "paid": {"type": "boolean"},
+        "at": {"type": "string", "format": "date-time"},
+        "items": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"sku": {"type": "string"}, "qty": {"type": "integer"}},
+            },
+        },
+    },
+    "required": ["id"],
+}
+
+# Values that can't become rows of JSON_SCHEMA, and what the quarantine must say about each.
+MALFORMED: list[tuple[bytes | None, str]] = [
+    (b"not json {", "the value is not JSON"),
+    (b'{"id": "seven", "user": "x"}', "field 'id': expected bigint, got string"),
+    (b'{"user": "nobody"}', "required field 'id' is missing or null"),
+    (None, "the value is null"),
+    (b"[1, 2, 3]", "the value is a JSON array, not an object"),
+    (b'{"id": 8, "items": [{"sku": "a", "qty": "many"}]}', "field 'items[0].qty': expected bigint"),
+]
+
+
+@dataclass(frozen=True)
+class JsonDataset:
+    topic: str
+    partitions: int
+    good: list[tuple[int, dict[str, Any], int]]
+    """(partition, decoded value, timestamp ms) of every value that must become a row."""
+    bad: list[tuple[int, bytes | None, str]]
+    """(partition, raw value, expected error text) of every value that must go to quarantine."""
+    aborted: list[bytes]
+
+
+def _json_value(i: int, tag: str) -> dict[str, Any]:
+    return {
+        "id": i,
+        "user": f"{tag}-user-{i % 17}",
+        "amount": round(i * 1.25, 2),
+        "paid": i % 2 == 0,
+        "at": f"2026-11-{1 + i % 28:02d}T10:{i % 60:02d}:00Z",
+        "items": [{"sku": f"SKU-{i % 9}", "qty": i % 4}],
+    }
+
+
+def produce_json_dataset(
+    bootstrap: str, topic: str, partitions: int, per_codec: int = 200
+) -> JsonDataset:
+    """JSON values in every codec, malformed values among them, and a committed and an aborted
+    transaction (flushed before the abort)."""
+    good: list[tuple[int, dict[str, Any], int]] = []
+    bad: list[tuple[int, bytes | None, str]] = []
+    i = 0
+    for codec in CODECS:
+        producer = _producer(bootstrap, **{"compression.type": codec})
+        errors: list[str] = []
+        for n in range(per_codec):
+            p = (i + n) % partitions
+            ts = BASE_TIMESTAMP + i + n
+            if n < len(MALFORMED) and codec == "gzip":
+                raw, why = MALFORMED[n]
+                bad.append((p, raw, why))
+            else:
+                value = _json_value(i + n, codec)
+                raw = json.dumps(value).encode()
+                good.append((p, value, ts))
+            _send(producer, topic, [Rec(p, f"k{i + n}".encode(), raw, (), ts)], errors)
+        _flush(producer, errors)
+        i += per_codec
+    txn = _producer(
+        bootstrap, **{"transactional.id": f"{topic}-json-txn", "compression.type": "zstd"}
+    )
+    txn.init_transactions(30)
+    errors = []
+    txn.begin_transaction()
+    for n in range(30):
+        value = _json_value(i + n, "txn")
+        good.append(((i + n) % partitions, value, BASE_TIMESTAMP + i + n))
+        _send(
+            txn,
+            topic,
+            [
+                Rec(
+                    (i + n) % partitions,
+                    None,
+                    json.dumps(value).encode(),
+                    (),
+                    BASE_TIMESTAMP + i + n,
+                )
+            ],
+            errors,
+        )
+    txn.commit_transaction(30)
+    i += 30
+    aborted = []
+    txn.begin_transaction()
+    for n in range(30):
+        raw = json.dumps(_json_value(i + n, "aborted")).encode()
+        aborted.append(raw)
+        _send(
+            txn, topic, [Rec((i + n) % partitions, None, raw, (), BASE_TIMESTAMP + i + n)], errors
+        )
+    _flush(txn, errors)
+    txn.abort_transaction(30)
+    return JsonDataset(topic, partitions, good, bad, aborted)

@@ -1,0 +1,247 @@
+"""`kipside lake` end to end: JSON records produced by real clients, Parquet read back with
+pyarrow outside Spark, quarantine checked value by value, restarts, bad input."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.dataset as ds
+import pytest
+from conftest import _CHILDREN, Broker, create_topics, free_port, unique_name
+
+from .conftest import KIPSIDE, CliResult, require_java, run_cli
+from .kafka_data import JSON_SCHEMA, JsonDataset, consume_all, produce_json_dataset, produce_plain
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+PARTITIONS = 3
+
+
+def _schema_file(tmp: Path) -> Path:
+    path = tmp / "orders.json"
+    path.write_text(json.dumps(JSON_SCHEMA, indent=2))
+    return path
+
+
+def _lake(bootstrap: str, topic: str, tmp: Path, *extra: str, timeout: float = 240) -> CliResult:
+    args = [
+        "--bootstrap",
+        bootstrap,
+        "--topics",
+        re.escape(topic),
+        "--schema",
+        str(_schema_file(tmp)),
+    ]
+    paths = ["--out", str(tmp / "out"), "--checkpoint", str(tmp / "ck")]
+    return run_cli("lake", *args, *paths, *extra, timeout=timeout)
+
+
+def _table(path: Path) -> list[dict[str, Any]]:
+    """The table as any reader outside Spark sees it (pyarrow, hive partitions)."""
+    if not path.exists():
+        return []
+    rows: list[dict[str, Any]] = (
+        ds.dataset(str(path), format="parquet", partitioning="hive").to_table().to_pylist()
+    )
+    return rows
+
+
+def _source_offsets(bootstrap: str, topic: str) -> dict[bytes | None, tuple[int, int]]:
+    consumed = consume_all(bootstrap, topic, PARTITIONS)
+    return {r.value: (p, off) for p, items in consumed.items() for off, r in items}
+
+
+@dataclass(frozen=True)
+class Ingested:
+    data: JsonDataset
+    run: CliResult
+    out: Path
+    offsets: dict[bytes | None, tuple[int, int]]
+
+
+@pytest.fixture(scope="module")
+def ingested(source_broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ingested]:
+    topic = unique_name("lake-src")
+    create_topics(source_broker.bootstrap, [topic], PARTITIONS)
+    data = produce_json_dataset(source_broker.bootstrap, topic, PARTITIONS)
+    tmp = tmp_path_factory.mktemp("lake")
+    run = _lake(source_broker.bootstrap, topic, tmp, "--once")
+    assert run.code == 0, run.explain()
+    yield Ingested(data, run, tmp / "out", _source_offsets(source_broker.bootstrap, topic))
+
+
+def test_parquet_rows_equal_the_committed_input(ingested: Ingested) -> None:
+    rows = _table(ingested.out)
+    assert len(rows) == len(ingested.data.good)
+    by_id = {row["id"]: row for row in rows}
+    assert len(by_id) == len(rows), "a record was written twice"
+    for partition, value, timestamp in ingested.data.good:
+        row = by_id[value["id"]]
+        assert {k: row[k] for k in ("user", "amount", "paid")} == {
+            k: value[k] for k in ("user", "amount", "paid")
+        }
+        assert row["items"] == value["items"]
+        assert row["at"] == dt.datetime.fromisoformat(value["at"])
+        assert row["kafka_partition"] == partition
+        assert (row["kafka_partition"], row["kafka_offset"]) == ingested.offsets[
+            json.dumps(value).encode()
+        ]
+        assert row["kafka_timestamp"] == dt.datetime.fromtimestamp(timestamp / 1000, dt.UTC)
+        assert row["topic"] == ingested.data.topic
+        assert str(row["date"]) == row["kafka_timestamp"].date().isoformat()
+    aborted_ids = {json.loads(raw)["id"] for raw in ingested.data.aborted}
+    assert not aborted_ids & set(by_id)
+
+
+def test_malformed_values_land_in_quarantine_with_offset_and_reason(ingested: Ingested) -> None:
+    rows = _table(ingested.out / "_quarantine")
+    assert len(rows) == len(ingested.data.bad)
+    by_offset = {(r["kafka_partition"], r["kafka_offset"]): r for r in rows}
+    for partition, raw, reason in ingested.data.bad:
+        where = ingested.offsets[raw] if raw is not None else None
+        if where is None:  # the null value: find it by its missing bytes
+            matches = [r for r in rows if r["value"] is None]
+            assert len(matches) == 1
+            row = matches[0]
+        else:
+            row = by_offset[where]
+        assert row["kafka_partition"] == partition
+        assert row["value"] == raw
+        assert reason in row["error"], (reason, row["error"])
+        assert row["topic"] == ingested.data.topic
+
+
+def test_files_are_few_and_progress_is_reported(ingested: Ingested) -> None:
+    files = list(ingested.out.rglob("*.parquet"))
+    assert files and all(
+        f.name.startswith("part-b") and f.name.endswith(".zstd.parquet") for f in files
+    )
+    assert len([f for f in files if "_quarantine" not in f.parts]) <= 2 * 2  # tasks x dates
+    last = ingested.run.stderr.splitlines()[-1]
+    good, bad = len(ingested.data.good), len(ingested.data.bad)
+    assert re.search(rf"kipside lake: done: {good:,} rows, {bad:,} quarantined, \d+ files", last), (
+        last
+    )
+    assert "lag 0" in last
+
+
+def test_restart_mid_stream_writes_every_record_once(source_broker: Broker, tmp_path: Path) -> None:
+    require_java()
+    topic = unique_name("lake-restart")
+    create_topics(source_broker.bootstrap, [topic], PARTITIONS)
+    data = produce_json_dataset(source_broker.bootstrap, topic, PARTITIONS, per_codec=600)
+    schema = _schema_file(tmp_path)
+    args = [
+        str(KIPSIDE),
+        "lake",
+        "--bootstrap",
+        source_broker.bootstrap,
+        "--topics",
+        re.escape(topic),
+    ]
+    args += [
+        "--schema",
+        str(schema),
+        "--out",
+        str(tmp_path / "out"),
+        "--checkpoint",
+        str(tmp_path / "ck"),
+    ]
+    live = subprocess.Popen(
+        [*args, "--max-offsets-per-trigger", "300", "--trigger-interval", "0"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+    )
+    _CHILDREN.append(live)  # type: ignore[arg-type]
+    commits = tmp_path / "ck" / "commits"
+    deadline = time.monotonic() + 180
+    while len([f for f in commits.glob("[0-9]*")] if commits.exists() else []) < 2:
+        assert live.poll() is None, live.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "no two micro-batches committed in 180 s"
+        time.sleep(0.05)
+    live.send_signal(signal.SIGKILL)
+    live.communicate(timeout=60)
+    run = _lake(source_broker.bootstrap, topic, tmp_path, "--once")
+    assert run.code == 0, run.explain()
+    rows = _table(tmp_path / "out")
+    places = Counter((r["kafka_partition"], r["kafka_offset"]) for r in rows)
+    assert not [k for k, n in places.items() if n > 1], "a record was written twice"
+    assert sorted(r["id"] for r in rows) == sorted(v["id"] for _, v, _ in data.good)
+    assert len(_table(tmp_path / "out" / "_quarantine")) == len(data.bad)
+    assert not list((tmp_path / "out" / "_kipside").glob("staging/*")), "staging left behind"
+
+
+def test_a_schema_error_names_its_line(source_broker: Broker, tmp_path: Path) -> None:
+    topic = unique_name("lake-schema")
+    create_topics(source_broker.bootstrap, [topic], 1)
+    schema = tmp_path / "bad.json"
+    schema.write_text(
+        '{\n  "type": "object",\n  "properties": {\n    "id": {"type": "decimal"}\n  }\n}\n'
+    )
+    args = [
+        "--bootstrap",
+        source_broker.bootstrap,
+        "--topics",
+        re.escape(topic),
+        "--schema",
+        str(schema),
+    ]
+    run = run_cli("lake", *args, "--out", str(tmp_path / "o"), "--checkpoint", str(tmp_path / "c"))
+    assert run.code == 1
+    line = run.stderr.strip().splitlines()[-1]
+    assert line.startswith(
+        f"kipside lake: error: {schema}:4: property 'id': type 'decimal' is not supported"
+    ), line
+
+
+def test_an_unreachable_broker_is_named(tmp_path: Path) -> None:
+    port = free_port()
+    run = _lake(f"127.0.0.1:{port}", "orders", tmp_path, "--timeout", "2", timeout=60)
+    assert run.code == 1
+    line = run.stderr.strip().splitlines()[-1]
+    assert f"source cluster at 127.0.0.1:{port}" in line and "gave up after" in line, line
+
+
+@pytest.mark.slow
+def test_lake_on_a_local_cluster_of_two_executors(source_broker: Broker, tmp_path: Path) -> None:
+    topic = unique_name("lake-cluster")
+    create_topics(source_broker.bootstrap, [topic], 4)
+    sent = produce_plain(source_broker.bootstrap, topic, 4, 400)
+    schema = tmp_path / "plain.json"
+    schema.write_text(
+        json.dumps(
+            {"type": "object", "properties": {"n": {"type": "integer"}, "tag": {"type": "string"}}}
+        )
+    )
+    args = [
+        "--bootstrap",
+        source_broker.bootstrap,
+        "--topics",
+        re.escape(topic),
+        "--schema",
+        str(schema),
+    ]
+    spark = ["--master", "local-cluster[2,1,1024]", "--conf", "spark.executor.memory=512m"]
+    paths = ["--out", str(tmp_path / "out"), "--checkpoint", str(tmp_path / "ck")]
+    run = run_cli("lake", *args, *paths, "--once", *spark, timeout=300)
+    assert run.code == 0, run.explain()
+    rows = _table(tmp_path / "out")
+    expected = sorted(json.loads(r.value)["n"] for r in sent if r.value is not None)
+    assert sorted(r["n"] for r in rows) == expected
+    nulls = sum(1 for r in sent if r.value is None)
+    assert len(_table(tmp_path / "out" / "_quarantine")) == nulls
