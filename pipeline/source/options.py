@@ -171,19 +171,46 @@ _KNOWN: Final = (
 
 _TOPIC_NAME: Final = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
+# Spark hands options to a Python data source lower-cased, so messages name them the way
+# Spark's documentation (and docs/lake.md) spells them.
+_CANONICAL: Final = {
+    name.lower(): name
+    for name in (
+        "subscribePattern",
+        "startingOffsets",
+        "endingOffsets",
+        "startingOffsetsByTimestamp",
+        "endingOffsetsByTimestamp",
+        "startingTimestamp",
+        "endingTimestamp",
+        "startingOffsetsByTimestampStrategy",
+        "maxOffsetsPerTrigger",
+        "maxBytesPerTrigger",
+        "minPartitions",
+        "failOnDataLoss",
+        "includeHeaders",
+        "maxRecordsPerPartition",
+        "minOffsetsPerTrigger",
+        "maxTriggerDelay",
+        "groupIdPrefix",
+        "kafkaConsumer.pollTimeoutMs",
+        "fetchOffset.numRetries",
+        "fetchOffset.retryIntervalMs",
+        "kipside.stopMarker",
+        "kipside.noticeFile",
+        "kipside.role",
+    )
+}
+
 
 class _Raw:
-    """Options by lower-cased name, remembering the user's spelling for messages."""
+    """Options by lower-cased name; messages use Spark's spelling of each."""
 
     def __init__(self, options: Mapping[str, str]) -> None:
-        self.values: dict[str, str] = {}
-        self.spelling: dict[str, str] = {}
-        for key, value in options.items():
-            self.values[key.lower()] = str(value)
-            self.spelling[key.lower()] = key
+        self.values = {key.lower(): str(value) for key, value in options.items()}
 
     def name(self, key: str) -> str:
-        return self.spelling.get(key, key)
+        return _CANONICAL.get(key, key)
 
     def get(self, key: str) -> str | None:
         return self.values.get(key)
@@ -226,11 +253,7 @@ def _check_known(raw: _Raw) -> None:
             )
         if key not in _KNOWN:
             close = difflib.get_close_matches(key, sorted(_KNOWN), n=1)
-            hint = (
-                f"; did you mean {raw.name(close[0]) if close[0] in raw.values else close[0]}?"
-                if close
-                else ""
-            )
+            hint = f"; did you mean {raw.name(close[0])}?" if close else ""
             raise OptionError(
                 f"unknown option {raw.name(key)}{hint} (the options are those of Spark's Kafka "
                 "source; see docs/lake.md for the table)"
