@@ -226,15 +226,28 @@ def decode_columns(batches: Sequence[RecordBatchView]) -> tuple[Columns, list[U8
     parts = [_scan_batch(b) for b in batches]
     if not parts:
         empty = np.zeros(0, dtype=np.int64)
-        none = Binary(np.zeros(1, dtype=np.int32), np.zeros(0, dtype=np.uint8), np.zeros(0, dtype=np.bool_))
-        return Columns(empty, empty, np.zeros(0, dtype=np.int32), none, none, np.zeros(0, dtype=np.int32), none, none), []
+        none = Binary(
+            np.zeros(1, dtype=np.int32), np.zeros(0, dtype=np.uint8), np.zeros(0, dtype=np.bool_)
+        )
+        return Columns(
+            empty,
+            empty,
+            np.zeros(0, dtype=np.int32),
+            none,
+            none,
+            np.zeros(0, dtype=np.int32),
+            none,
+            none,
+        ), []
     # One buffer for all batches, so each column is gathered by one kernel call.
     sizes = [p[0].shape[0] for p in parts]
     shifts = np.cumsum([0, *sizes[:-1]])
     buf = np.concatenate([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
     fields = np.concatenate([p[1] + _shift_fields(s) for p, s in zip(parts, shifts, strict=True)])
     headers = np.concatenate([p[2] + _shift_headers(s) for p, s in zip(parts, shifts, strict=True)])
-    offsets = np.concatenate([b.base_offset + p[1][:, 1] for b, p in zip(batches, parts, strict=True)])
+    offsets = np.concatenate(
+        [b.base_offset + p[1][:, 1] for b, p in zip(batches, parts, strict=True)]
+    )
     timestamps, types = _timestamps(batches, parts)
     columns = Columns(
         offset=offsets,
