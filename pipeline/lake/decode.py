@@ -47,6 +47,9 @@ _INT_RANGES: Final[dict[type, tuple[int, int]]] = {
     IntegerType: (-(2**31), 2**31 - 1),
     ShortType: (-(2**15), 2**15 - 1),
 }
+# What from_json takes for a double or float besides numbers (allowNonNumericNumbers is on by
+# default); json.loads already reads the unquoted NaN and Infinity as floats.
+_NON_NUMERIC: Final = frozenset({"NaN", "Infinity", "+Infinity", "-Infinity", "+INF", "-INF"})
 
 
 def decode(df: DataFrame, schema: LakeSchema) -> DataFrame:
@@ -153,14 +156,17 @@ def _mismatch(value: Any, kind: DataType, path: str) -> str | None:
 
 def _fits_scalar(value: Any, kind: DataType) -> bool:
     if isinstance(kind, LongType | IntegerType | ShortType):
-        low, high = _INT_RANGES[type(kind)]
-        return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+        return _is_int(value, kind)
     if isinstance(kind, DoubleType | FloatType):
+        if isinstance(value, str):
+            return value in _NON_NUMERIC
         return isinstance(value, int | float) and not isinstance(value, bool)
     if isinstance(kind, BooleanType):
         return isinstance(value, bool)
     if isinstance(kind, StringType):
         return True  # Spark renders any JSON value as its text
+    if isinstance(kind, TimestampType) and _is_int(value, LongType()):
+        return True  # seconds since the epoch, as from_json reads a JSON integer
     if isinstance(kind, TimestampType | DateType):
         if not isinstance(value, str):
             return False
@@ -171,6 +177,11 @@ def _fits_scalar(value: Any, kind: DataType) -> bool:
             return False
         return True
     return True  # a type Spark checks and this function doesn't know: keep Spark's verdict
+
+
+def _is_int(value: Any, kind: LongType | IntegerType | ShortType) -> bool:
+    low, high = _INT_RANGES[type(kind)]
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
 def _wrong(path: str, kind: DataType, value: Any) -> str:

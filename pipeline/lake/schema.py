@@ -7,19 +7,21 @@ Two forms, chosen by the file's extension:
   line.
 - A JSON Schema subset (`.json`, `.yaml`, `.yml`): an object with `properties` and `required`;
   types string (with `format` date-time or date), integer, number, boolean, array (`items`),
-  object (`properties`), and a type list of one of those plus "null". Keywords that only
-  document ($schema, $id, title, description, examples, default, additionalProperties) are
-  ignored; anything that would change what a value may be and isn't supported (oneOf, $ref,
-  enum, ...) is an error rather than silently ignored. Read as YAML nodes (JSON is YAML), so
+  object (`properties`), and a type list of one of those plus "null"; `required` only at the
+  top level, the one place the lake checks it. Keywords that only document ($schema, $id,
+  title, description, examples, default, additionalProperties) are ignored; anything that
+  would change what a value may be and isn't supported (oneOf, $ref, enum, ...) is an error
+  rather than silently ignored. Read as YAML nodes (JSON is YAML, once its tabs are spaces), so
   every error names its line.
 
 Either way a problem is a SchemaError "FILE:LINE: what is wrong; what to write instead".
 Columns the lake adds itself (topic, date, kafka_partition, kafka_offset, kafka_timestamp) may
-not be fields of the schema.
+not be top-level fields of the schema, whatever their case (Spark's column names ignore case).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,7 +68,21 @@ _SCALARS: Final[dict[str, DataType]] = {
     "boolean": BooleanType(),
 }
 _FORMATS: Final[dict[str, DataType]] = {"date-time": TimestampType(), "date": DateType()}
+_KEYWORDS: Final = {"type", "format", "items", "properties", "required"}
 _PARSE_POSITION: Final = re.compile(r"\(line (\d+), pos (\d+)\)")
+# Spark SQL's lexer, as far as finding top-level field names needs: comments and string
+# literals (where `--` and commas mean nothing), quoted names, brackets.
+_DDL_TOKEN: Final = re.compile(
+    r"""(?P<skip>\s+|--[^\n]*|/\*.*?\*/)
+    |(?P<string>'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")
+    |(?P<quoted>`(?:[^`]|``)*`)
+    |(?P<word>\w+)
+    |(?P<open>[<(\[])
+    |(?P<close>[>)\]])
+    |(?P<comma>,)
+    |(?P<other>.)""",
+    re.VERBOSE | re.DOTALL,
+)
 
 
 class SchemaError(ValueError):
@@ -103,23 +119,40 @@ def load_schema(path: str, parse_ddl: Callable[[str], DataType] | None = None) -
     return schema
 
 
-def _check_reserved(path: str, names: list[str], line_of: Callable[[str], int]) -> None:
+def _check_reserved(path: str, names: list[str], lines: dict[str, int]) -> None:
     for name in names:
-        if name in RESERVED:
+        if name.lower() in RESERVED:
             raise SchemaError(
-                f"{path}:{line_of(name)}: field {name!r} clashes with a column the lake adds "
-                f"({', '.join(RESERVED)}); rename it in the schema"
+                f"{path}:{lines.get(name, 1)}: field {name!r} clashes with a column the lake "
+                f"adds ({', '.join(RESERVED)}; Spark ignores case); rename it in the schema"
             )
 
 
+def _ddl_field_lines(text: str) -> dict[str, int]:
+    """The line of each top-level field name: the first name after the start or a comma that
+    no <>, () or string holds."""
+    lines: dict[str, int] = {}
+    depth, at_name = 0, True
+    for token in _DDL_TOKEN.finditer(text):
+        kind = token.lastgroup
+        if kind == "skip":
+            continue
+        if at_name and depth == 0 and kind in ("word", "quoted"):
+            name = token.group()
+            name = name[1:-1].replace("``", "`") if kind == "quoted" else name
+            lines.setdefault(name, text.count("\n", 0, token.start()) + 1)
+        at_name = kind == "comma" and depth == 0
+        depth += {"open": 1, "close": -1}.get(kind or "", 0)
+    return lines
+
+
 def _from_ddl(path: str, text: str, parse_ddl: Callable[[str], DataType]) -> LakeSchema:
-    body = "\n".join(line.split("--", 1)[0] for line in text.splitlines())
-    if not body.strip():
+    if all(token.lastgroup == "skip" for token in _DDL_TOKEN.finditer(text)):
         raise SchemaError(
             f"{path}:1: the schema is empty; list fields like `id BIGINT, name STRING`"
         )
     try:
-        parsed = parse_ddl(body)
+        parsed = parse_ddl(text)  # Spark's parser skips the comments itself
     except Exception as exc:  # Spark's ParseException, with (line N, pos M) in its text
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         found = _PARSE_POSITION.search(str(exc))
@@ -130,43 +163,59 @@ def _from_ddl(path: str, text: str, parse_ddl: Callable[[str], DataType]) -> Lak
         raise SchemaError(
             f"{path}:1: the schema must be a list of fields, got {parsed.simpleString()}"
         )
-
-    def line_of(name: str) -> int:
-        for number, line in enumerate(text.splitlines(), start=1):
-            if re.search(rf"(^|[\s,`]){re.escape(name)}([\s`:]|$)", line):
-                return number
-        return 1
-
-    _check_reserved(path, parsed.fieldNames(), line_of)
+    _check_reserved(path, parsed.fieldNames(), _ddl_field_lines(text))
     required = tuple(f.name for f in parsed.fields if not f.nullable)
     nullable = StructType([StructField(f.name, f.dataType, True) for f in parsed.fields])
     return LakeSchema(nullable, required, path)
 
 
-def _from_json_schema(path: str, text: str) -> LakeSchema:
+def _json_error(text: str) -> json.JSONDecodeError | None:
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as exc:
+        return exc
+    return None
+
+
+def _compose(path: str, text: str) -> Node:
+    tab_error = None
+    if "\t" in text:
+        tab_error = _json_error(text)
+        if tab_error is None:
+            # YAML forbids tab indentation, JSON doesn't. In valid JSON a raw tab can only be
+            # space between tokens (a string must escape it): a space means the same, same line.
+            text = text.replace("\t", " ")
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
+        if tab_error is not None and path.lower().endswith(".json"):
+            # YAML would blame the first tab, which JSON allows; JSON knows the real problem.
+            raise SchemaError(
+                f"{path}:{tab_error.lineno}: not valid JSON: {tab_error.msg}"
+            ) from None
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else 1
         problem = getattr(exc, "problem", None) or str(exc)
         raise SchemaError(f"{path}:{line}: not valid JSON or YAML: {problem}") from None
     if root is None:
         raise SchemaError(f"{path}:1: the schema is empty")
+    return root
+
+
+def _from_json_schema(path: str, text: str) -> LakeSchema:
+    root = _compose(path, text)
     walker = _Walker(path)
-    struct = walker.object(root, "the schema")
+    struct = walker.object(root, "the schema", top=True)
     required = walker.required(root)
-    names = [f.name for f in struct.fields]
-    _check_reserved(path, names, lambda name: walker.lines.get(name, 1))
+    _check_reserved(path, struct.fieldNames(), walker.field_lines(root))
     return LakeSchema(struct, required, path)
 
 
 class _Walker:
-    """Turns YAML nodes of a JSON Schema into Spark types, remembering field lines."""
+    """Turns YAML nodes of a JSON Schema into Spark types."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.lines: dict[str, int] = {}
 
     def fail(self, node: Node, text: str) -> SchemaError:
         return SchemaError(f"{self.path}:{node.start_mark.line + 1}: {text}")
@@ -183,8 +232,14 @@ class _Walker:
             out[key.value] = (key, value)
         return out
 
-    def object(self, node: Node, what: str) -> StructType:
+    def object(self, node: Node, what: str, top: bool = False) -> StructType:
         keys = self.mapping(node, what)
+        if "required" in keys and not top:
+            raise self.fail(
+                keys["required"][0],
+                f"{what}: required is only supported at the top level of the schema (the lake "
+                "checks top-level fields only); remove it here",
+            )
         self.check_keywords(keys, what, {"type", "properties", "required"})
         kind = self.type_name(keys, node, what)
         if kind != "object":
@@ -192,10 +247,9 @@ class _Walker:
         if "properties" not in keys:
             raise self.fail(node, f"{what} lists no properties")
         fields = []
-        for name, (key_node, value) in self.mapping(
+        for name, (_key, value) in self.mapping(
             keys["properties"][1], f"{what}'s properties"
         ).items():
-            self.lines.setdefault(name, key_node.start_mark.line + 1)
             fields.append(StructField(name, self.type_of(value, f"property {name!r}"), True))
         if not fields:
             raise self.fail(keys["properties"][1], f"{what} lists no properties")
@@ -211,11 +265,19 @@ class _Walker:
         ):
             raise self.fail(seq, "required must be a list of property names")
         names = tuple(str(n.value) for n in seq.value)
-        known = set(self.mapping(keys["properties"][1], "properties"))
+        known = self.field_lines(node)
         for n, name in zip(seq.value, names, strict=True):
             if name not in known:
                 raise self.fail(n, f"required names {name!r}, which is not a property")
         return names
+
+    def field_lines(self, node: Node) -> dict[str, int]:
+        """The line of each property name of an object `object()` has accepted."""
+        properties = self.mapping(node, "the schema")["properties"][1]
+        return {
+            name: key.start_mark.line + 1
+            for name, (key, _value) in self.mapping(properties, "properties").items()
+        }
 
     def check_keywords(
         self, keys: dict[str, tuple[Node, Node]], what: str, allowed: set[str]
@@ -244,6 +306,8 @@ class _Walker:
 
     def type_of(self, node: Node, what: str) -> DataType:
         keys = self.mapping(node, what)
+        # An unsupported keyword ($ref, oneOf) often stands in for the type: name it first.
+        self.check_keywords(keys, what, _KEYWORDS)
         kind = self.type_name(keys, node, what)
         if kind == "object":
             return self.object(node, what)

@@ -173,11 +173,6 @@ def test_hints_that_are_already_precise_pass_through() -> None:
     assert explain(b"not json", REQUIRED_HINT, SCHEMA_JSON) == REQUIRED_HINT
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _fits_scalar rejects what Spark's JSON parser accepts (a number of seconds for "
-    'a timestamp, "NaN"/"Infinity" for a double), so explain blames the wrong field',
-)
 @pytest.mark.parametrize(
     "value",
     [b'{"at": 1767225600, "id": "one"}', b'{"price": "NaN", "id": "one"}'],

@@ -265,14 +265,9 @@ def test_ddl_without_a_parser(tmp_path: Path) -> None:
         load_schema(path)
 
 
-# ---- JSON Schema: known bugs ----------------------------------------------------------------
+# ---- JSON Schema: cases that once were bugs -------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: schema.py reads .json as YAML, and YAML rejects the tab indentation that is "
-    "valid JSON",
-)
 def test_tab_indented_json(tmp_path: Path) -> None:
     path = tmp_path / "s.json"
     path.write_text(
@@ -281,42 +276,32 @@ def test_tab_indented_json(tmp_path: Path) -> None:
     assert load_schema(str(path)).struct == struct(("a", StringType()))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _Walker.lines keeps the first line of any field named so, nested ones included",
-)
+def test_tab_indented_json_error_names_the_json_problem(tmp_path: Path) -> None:
+    # Not the first tab, which YAML would blame.
+    path = write(tmp_path, "s.json", "{", '\t"type": "object"', '\t"properties": {}', "}")
+    assert fail(path, 3) == "not valid JSON: Expecting ',' delimiter"
+
+
 def test_reserved_name_line_after_a_nested_field_of_that_name(tmp_path: Path) -> None:
     meta = '"meta": {"type": "object",\n "properties": {"date": {"type": "string"}}},\n'
     path = write(tmp_path, "s.json", P + meta + '"date": {"type": "string"}' + Q)
     assert "field 'date' clashes" in fail(path, 5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the reserved check is case-sensitive; Spark isn't, and the job fails with "
-    "AMBIGUOUS_REFERENCE `topic` instead",
-)
 def test_reserved_names_in_another_case(tmp_path: Path) -> None:
     path = write(tmp_path, "s.json", P + '"Topic": {"type": "string"}' + Q)
     assert "field 'Topic' clashes" in fail(path, 3)
 
 
-@pytest.mark.xfail(
-    strict=True, reason="BUG: a property without type reports 'has no type', not its $ref/oneOf"
-)
 def test_ref_in_place_of_a_type_is_named(tmp_path: Path) -> None:
     path = write(tmp_path, "s.json", P + '"c": {\n "$ref": "#/$defs/customer"\n}' + Q)
     assert "keyword '$ref' is not supported" in fail(path, 4)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: `required` in a nested object is accepted and silently ignored (not checked, "
-    "not enforced)",
-)
 def test_nested_required_is_not_silently_ignored(tmp_path: Path) -> None:
     c = '"c": {"type": "object",\n "properties": {"n": {"type": "string"}},\n "required": ["m"]}'
-    fail(write(tmp_path, "s.json", P + c + Q), 5)
+    message = fail(write(tmp_path, "s.json", P + c + Q), 5)
+    assert "'c': required is only supported at the top level" in message
 
 
 # ---- Spark DDL -----------------------------------------------------------------------------
@@ -386,27 +371,20 @@ def test_ddl_errors(
 
 
 @pytest.mark.spark
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: schema.py _from_ddl line_of searches the raw text, comments and type names "
-    "included",
-)
 @pytest.mark.parametrize(
     "lines",
     [
         ("id BIGINT,", "-- topic: where the order came from", "topic STRING"),
         ("id BIGINT,", "day date NOT NULL,", "date STRING"),
+        ("id BIGINT COMMENT 'topic, x',", "/* topic */ n INT, -- it's", "`Topic` STRING"),
     ],
-    ids=["comment", "type-name"],
+    ids=["comment", "type-name", "literal-block-comment-quoted-name"],
 )
 def test_ddl_reserved_name_line(spark: Any, tmp_path: Path, lines: tuple[str, ...]) -> None:
     assert "clashes" in fail(write(tmp_path, "s.ddl", *lines), 3, StructType.fromDDL)
 
 
 @pytest.mark.spark
-@pytest.mark.xfail(
-    strict=True, reason="BUG: schema.py _from_ddl cuts `--` inside a COMMENT string literal"
-)
 def test_ddl_comment_literal_with_dashes(spark: Any, tmp_path: Path) -> None:
     path = write(tmp_path, "s.ddl", "id BIGINT COMMENT 'order id -- from the shop'")
     assert load_schema(path, StructType.fromDDL).struct.fieldNames() == ["id"]
