@@ -19,15 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-from _harness import HOST, Managed, kipside_bin, run_tree, start_tansu, wait_until_quiet
+from _harness import HOST, Managed, start_tansu
 from _report import (
     IMG_DIR,
     Panel,
@@ -41,6 +37,7 @@ from _report import (
     versions,
     write_section,
 )
+from _runs import Run, kipside, load_worker, measure, median, timed_tree
 
 SECTION = "mirror"
 PROFILE = """\
@@ -64,49 +61,12 @@ RECORD_SIZE = 1024
 TARGET_CPU_RATIO = 1 / 3
 
 
-@dataclass
-class Run:
-    wall_s: float
-    cpu_s: float
-    broker_cpu_s: float
-
-
-def _worker(command: str, args: dict[str, object], timeout: float) -> dict[str, int]:
-    done = subprocess.run(
-        [sys.executable, str(LOAD), command, json.dumps(args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"{command} failed:\n{done.stderr[-3000:]}")
-    result: dict[str, int] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
-
-
-def _measure(brokers: list[Managed], step: Callable[[], tuple[float, float]]) -> Run:
-    wait_until_quiet()
-    before = sum(b.cpu_seconds() for b in brokers)
-    wall, cpu = step()
-    return Run(wall, cpu, sum(b.cpu_seconds() for b in brokers) - before)
-
-
 def _shallow(
     source: int, dest: int, topics: str, checkpoint: Path, rename: str
 ) -> tuple[float, float]:
-    args = [
-        str(kipside_bin()),
-        "mirror",
-        "--source",
-        f"{HOST}:{source}",
-        "--dest",
-        f"{HOST}:{dest}",
-    ]
+    args = kipside("mirror", "--source", f"{HOST}:{source}", "--dest", f"{HOST}:{dest}")
     args += ["--topics", topics, "--checkpoint", str(checkpoint), "--once", "--rename", rename]
-    run = run_tree(args, timeout=1800, env={"PYSPARK_PYTHON": sys.executable})
-    if run.code != 0:
-        raise SystemExit(f"kipside mirror failed:\n{run.stderr[-3000:]}")
-    return run.wall_s, run.cpu_s
+    return timed_tree("kipside mirror", args, spark=True)
 
 
 def _deep(source: int, dest: int, records: int) -> tuple[float, float]:
@@ -116,19 +76,7 @@ def _deep(source: int, dest: int, records: int) -> tuple[float, float]:
         "topics": SETS["a"],
         "records": records,
     }
-    run = run_tree([sys.executable, str(LOAD), "deep", json.dumps(args)], timeout=1800)
-    if run.code != 0:
-        raise SystemExit(f"deep mirror failed:\n{run.stderr[-3000:]}")
-    return run.wall_s, run.cpu_s
-
-
-def _median(runs: list[Run]) -> Run:
-    return Run(
-        *(
-            statistics.median(getattr(r, f) for r in runs)
-            for f in ("wall_s", "cpu_s", "broker_cpu_s")
-        )
-    )
+    return timed_tree("deep mirror", [sys.executable, str(LOAD), "deep", json.dumps(args)])
 
 
 def main() -> None:
@@ -145,7 +93,8 @@ def main() -> None:
         deep_dest, deep_p = start_tansu(work, name="deep-dest")
         brokers = [source, shallow_dest, deep_dest]
         loaded = {
-            name: _worker(
+            name: load_worker(
+                LOAD,
                 "load",
                 {
                     "bootstrap": f"{HOST}:{sp}",
@@ -161,16 +110,16 @@ def main() -> None:
         deep, one, two = [], [], []
         records = loaded["a"]["records"]
         for rep in range(args.reps):
-            deep.append(_measure([source, deep_dest], lambda: _deep(sp, deep_p, records)))
+            deep.append(measure([source, deep_dest], lambda: _deep(sp, deep_p, records)))
             for runs, topics, name in ((one, "bench-a-.*", "a"), (two, "bench-[ab]-.*", "ab")):
                 checkpoint, rename = work / f"ck-{name}-{rep}", f"{name}{rep}."
                 runs.append(
-                    _measure(
+                    measure(
                         [source, shallow_dest],
                         lambda t=topics, c=checkpoint, r=rename: _shallow(sp, shallow_p, t, c, r),
                     )
                 )
-        _report(_median(deep), _median(one), _median(two), loaded, args.reps)
+        _report(median(deep), median(one), median(two), loaded, args.reps)
     finally:
         for b in brokers:
             b.stop()
@@ -179,9 +128,7 @@ def main() -> None:
 def _report(deep: Run, one: Run, two: Run, loaded: dict[str, dict[str, int]], reps: int) -> None:
     gb_a = loaded["a"]["bytes"] / 1e9
     gb_b = loaded["b"]["bytes"] / 1e9
-    steady = Run(
-        two.wall_s - one.wall_s, two.cpu_s - one.cpu_s, two.broker_cpu_s - one.broker_cpu_s
-    )
+    steady = two.minus(one)
     fixed_cpu = one.cpu_s - steady.cpu_s / gb_b * gb_a
     rows = [
         ("deep: consume + re-produce (1 GB)", deep, gb_a),
