@@ -13,8 +13,11 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
+# The editable install puts the checkout on sys.path (setuptools' compat mode) rather than behind
+# an import hook: Spark finds Python data sources by listing sys.path for pyspark_* modules, and
+# an import hook hides pyspark_kipside from that listing (a wheel install needs nothing).
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[test,bench,pipeline]'
+	$(BIN)/python -m pip install --quiet -e '.[test,bench,pipeline]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 # From Debian: kcat (a real client for the tests), haproxy (the benchmarks' floor) and libpcap

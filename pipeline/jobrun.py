@@ -70,7 +70,7 @@ def preflight(
     try:
         options = parse_source_options(source_options, streaming=True)
         config = ClientConfig(client_id=client_id, retry=RetryPolicy(timeout_ms=timeout_ms))
-        with KafkaClient(options.bootstrap, role="source cluster", config=config) as source:
+        with KafkaClient(options.bootstrap, role=options.role, config=config) as source:
             return Planner(source, options).partitions()
     except (TopicNotFound, OptionError) as exc:
         raise type(exc)(str(exc).replace("option subscribePattern:", flag)) from None

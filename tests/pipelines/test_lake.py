@@ -214,7 +214,7 @@ def test_an_unreachable_broker_is_named(tmp_path: Path) -> None:
     run = _lake(f"127.0.0.1:{port}", "orders", tmp_path, "--timeout", "2", timeout=60)
     assert run.code == 1
     line = run.stderr.strip().splitlines()[-1]
-    assert f"source cluster at 127.0.0.1:{port}" in line and "gave up after" in line, line
+    assert f"Kafka cluster at 127.0.0.1:{port}" in line and "gave up after" in line, line
 
 
 @pytest.mark.slow

@@ -5,6 +5,10 @@ streaming reads; minPartitions splitting; and bad options, each named in its err
 from __future__ import annotations
 
 import datetime as dt
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +18,7 @@ from conftest import Broker, create_topics, free_port, unique_name
 
 from pipeline.jobrun import root_cause
 
+from .conftest import require_java
 from .kafka_data import Dataset, Rec, consume_all, produce_dataset, produce_plain
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -73,6 +78,35 @@ def test_batch_read_returns_exactly_the_committed_records(
     assert len(rows) == len(source.expected), "a record is missing or repeated"
     assert _as_recs(rows) == source.expected
     assert {row.topic for row in rows} == {source.data.topic}
+
+
+# A user's own session: no kipside code runs in it, so Spark must find the source by itself
+# (the installed pyspark_kipside module, at the session's first use of a Python data source).
+_PLAIN_SESSION = """
+import json, sys
+from pyspark.sql import SparkSession
+spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+options = json.loads(sys.argv[1])
+rows = spark.read.format("kipside").options(**options).load().select("partition", "offset")
+print(json.dumps(sorted([r.partition, r.offset] for r in rows.collect())))
+"""
+
+
+def test_a_plain_pyspark_session_finds_the_source_without_registering_it(
+    source: Source, tmp_path: Any
+) -> None:
+    require_java()
+    done = subprocess.run(
+        [sys.executable, "-c", _PLAIN_SESSION, json.dumps(_options(source))],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    read = [tuple(pair) for pair in json.loads(done.stdout.strip().splitlines()[-1])]
+    assert read == sorted(source.expected)
 
 
 def test_streaming_read_in_several_micro_batches_returns_the_same(
