@@ -48,6 +48,25 @@ def _conf(text: str) -> tuple[str, str]:
     return key.strip(), value
 
 
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    """What every pipeline command takes about running: retry time and Spark configuration."""
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long to keep retrying an unreachable cluster (default 60)",
+    )
+    parser.add_argument(
+        "--conf",
+        type=_conf,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra Spark configuration",
+    )
+
+
 def register_mirror(sub: Any) -> None:
     parser = sub.add_parser(
         "mirror",
@@ -93,21 +112,7 @@ def register_mirror(sub: Any) -> None:
         metavar="TOPIC",
         help="compacted topic on the destination recording where batches landed ('' for none)",
     )
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=60.0,
-        metavar="SECONDS",
-        help="how long to keep retrying an unreachable cluster (default 60)",
-    )
-    parser.add_argument(
-        "--conf",
-        type=_conf,
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="extra Spark configuration",
-    )
+    _add_run_options(parser)
     parser.add_argument("--group", help="translate: the consumer group")
     parser.add_argument(
         "--commit", action="store_true", help="translate: commit on the destination"
@@ -246,21 +251,7 @@ def register_lake(sub: Any) -> None:
         action="store_true",
         help="skip offsets deleted before they were read instead of failing",
     )
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=60.0,
-        metavar="SECONDS",
-        help="how long to keep retrying an unreachable cluster (default 60)",
-    )
-    parser.add_argument(
-        "--conf",
-        type=_conf,
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="extra Spark configuration",
-    )
+    _add_run_options(parser)
     parser.set_defaults(handler=_lake)
 
 

@@ -77,6 +77,11 @@ class Broker:
 
 @pytest.fixture(scope="session")
 def tansu() -> Iterator[Broker]:
+    yield from running_tansu()
+
+
+def running_tansu() -> Iterator[Broker]:
+    """A Tansu broker on loopback for as long as the generator runs (fixtures yield from it)."""
     proc, port = start_tansu("127.0.0.1")
     _CHILDREN.append(proc)
     try:

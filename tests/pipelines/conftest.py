@@ -23,37 +23,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import _CHILDREN, Broker, unique_name
-
-from proxy.devbroker import start_tansu
+from conftest import _CHILDREN, Broker, running_tansu, unique_name
 
 REPO = Path(__file__).resolve().parents[2]
 KIPSIDE = REPO / ".venv" / "bin" / "kipside"
 CLI_TIMEOUT = 240.0
 
 
-def _broker() -> Iterator[Broker]:
-    proc, port = start_tansu("127.0.0.1")
-    _CHILDREN.append(proc)
-    try:
-        yield Broker(host="127.0.0.1", port=port, pid=proc.pid, proc=proc)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-
-
 @pytest.fixture(scope="session")
 def source_broker() -> Iterator[Broker]:
-    yield from _broker()
+    yield from running_tansu()
 
 
 @pytest.fixture(scope="session")
 def dest_broker() -> Iterator[Broker]:
-    yield from _broker()
+    yield from running_tansu()
 
 
 def require_java() -> None:
