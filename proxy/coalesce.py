@@ -57,7 +57,7 @@ from .lanes import LanePool, lane_index
 from .nodes import NodeMap
 from .stats import Stats
 from .tracing import Tracer, finish
-from .upstream import Pending, UpstreamFailed
+from .upstream import Pending, UpstreamConnection, UpstreamFailed
 
 log = logging.getLogger("kipside.coalesce")
 
@@ -156,7 +156,13 @@ class QueuedBatch:
 
 
 class ProduceLane:
-    """The batching queue in front of one lane connection."""
+    """The batching queue in front of one lane connection.
+
+    A state machine, not a task: a batch submitted to an idle lane goes upstream at once, in
+    the submitting task, and the answer's callback (run by the connection's reader task)
+    hands each client its part and sends what queued meanwhile. The lane's own task only does
+    what has to wait: dialling the connection, and the linger_ms pause.
+    """
 
     def __init__(
         self,
@@ -172,12 +178,16 @@ class ProduceLane:
         self.rules = rules
         self.stats = stats
         self.queue: deque[QueuedBatch] = deque()
-        self._taken: list[QueuedBatch] = []
-        self._wake = trio.Event()
+        self._busy = False
+        """A request is in flight, or the task is getting one ready: new batches queue."""
+        self._task_turn = False
+        """The task has the lane (dialling or lingering)."""
+        self._wake: trio.Event | None = None
 
     def submit(self, item: QueuedBatch) -> None:
         self.queue.append(item)
-        self._wake.set()
+        if not self._busy:
+            self._next()
 
     def _take(self) -> list[QueuedBatch]:
         """The batches for the next request, oldest first, by Apache Kafka's merge rules."""
@@ -226,28 +236,65 @@ class ProduceLane:
                 len(clients),
             )
 
-    async def run(self) -> None:
-        while True:
-            try:
-                await self._send_next()
-            except Exception as exc:
-                # A bug must cost the batches in hand, never the lane or the proxy.
-                log.exception("lane %d to node %d: unexpected error", self.index, self.pool.node_id)
-                self._fail_all(self._taken, f"kipside error: {exc!r}")
-            self._taken = []
+    def _next(self, connection: UpstreamConnection | None = None) -> None:
+        """Send what is queued now, unless that needs waiting: then the task takes over.
 
-    async def _send_next(self) -> None:
-        if not self.queue:
-            self._wake = trio.Event()
-            await self._wake.wait()
-        if self.rules.linger_ms > 0:
-            await trio.sleep(self.rules.linger_ms / 1000)
+        `connection` is one the task has just made ready (used once, even with linger_ms).
+        """
         try:
-            connection = await self.pool.connection(self.index)
+            while self.queue and not self._busy:
+                if connection is None:
+                    connection = self.pool.live(self.index)
+                    if connection is None or self.rules.linger_ms > 0:
+                        self._busy = self._task_turn = True
+                        if self._wake is not None:
+                            self._wake.set()
+                        return
+                self._send(connection)
+                connection = None
+        except Exception as exc:
+            # A bug must cost the batches in hand, never the lane, the caller or the proxy.
+            log.exception("lane %d to node %d: unexpected error", self.index, self.pool.node_id)
+            self._busy = False
+            self._fail_all([], f"kipside error: {exc!r}")
+
+    async def run(self) -> None:
+        """The lane's slow path: dial its connection, linger."""
+        while True:
+            if not self._task_turn:
+                self._wake = trio.Event()
+                await self._wake.wait()
+            if self.rules.linger_ms > 0:
+                await trio.sleep(self.rules.linger_ms / 1000)
+            try:
+                connection = await self.pool.connection(self.index)
+            except UpstreamFailed as exc:
+                self._busy = self._task_turn = False
+                self._fail_all([], str(exc))
+                continue
+            self._busy = self._task_turn = False
+            self._next(connection)
+
+    def _send(self, connection: UpstreamConnection) -> None:
+        taken = self._take()
+        try:
+            pending, version, span = self._write_request(connection, taken)
         except UpstreamFailed as exc:
-            self._fail_all([], str(exc))
+            self._fail_all(taken, str(exc))
             return
-        taken = self._taken = self._take()
+        except Exception as exc:
+            # A bug must cost the batches in hand, never the lane, the caller or the proxy.
+            log.exception("lane %d to node %d: unexpected error", self.index, self.pool.node_id)
+            self._fail_all(taken, f"kipside error: {exc!r}")
+            return
+        if pending is not None:  # else acks=0: nothing comes back; go on with what queued
+            self._busy = True
+            pending.on_done(lambda: self._answered(taken, pending, version, span))
+
+    def _write_request(
+        self, connection: UpstreamConnection, taken: list[QueuedBatch]
+    ) -> tuple[Pending | None, int, Span | None]:
+        """One upstream ProduceRequest carrying the taken batches, written now."""
         acks = taken[0].acks
         version = self._upstream_version()
         body = encode_produce_request(
@@ -258,38 +305,56 @@ class ProduceLane:
         )
         header = encode_request_header(ApiKey.PRODUCE, version, 0, "kipside")
         size = len(header) + sum(len(chunk) for chunk in body)
-        frame = b"".join([INT32.pack(size), header, *body])
         self.stats.upstream_requests[ApiKey.PRODUCE] += 1
         self.stats.coalesced_batches += len(taken)
-        span = None
-        if self.tracer is not None and self.tracer.active:
-            span = self.tracer.upstream_span(
-                ApiKey.PRODUCE,
-                self.pool.node_id,
-                self.index,
-                [item.span for item in taken if item.span is not None],
-                {
-                    "kafka.batch_count": len(taken),
-                    "kafka.partition_count": len({item.key for item in taken}),
-                    "kafka.client_request_count": len({id(item.owner) for item in taken}),
-                    "kafka.request_bytes": len(frame),
-                    "kafka.acks": acks,
-                },
-            )
+        span = self._span(taken, acks, 4 + size) if self.tracer is not None else None
         try:
-            pending = await connection.send(
-                frame, ApiKey.PRODUCE, version, expects_response=acks != 0
+            pending = connection.send_nowait(
+                INT32.pack(size) + header,
+                ApiKey.PRODUCE,
+                version,
+                expects_response=acks != 0,
+                chunks=body,
             )
-            if pending is None:
-                finish(span)
-                return
-            response = await pending.wait()
-        except UpstreamFailed as exc:
+        except UpstreamFailed:
             finish(span, "UPSTREAM_UNAVAILABLE")
-            self._fail_all(taken, str(exc))
-            return
-        self._distribute(taken, response, version)
-        finish(span)
+            raise
+        if pending is None:
+            finish(span)
+        return pending, version, span
+
+    def _answered(
+        self, taken: list[QueuedBatch], pending: Pending, version: int, span: Span | None
+    ) -> None:
+        self._busy = False
+        try:
+            if pending.frame is None:
+                finish(span, "UPSTREAM_UNAVAILABLE")
+                self._fail_all(taken, pending.failure or "no response")
+            else:
+                self._distribute(taken, pending.frame, version)
+                finish(span)
+        except Exception as exc:
+            log.exception("lane %d to node %d: unexpected error", self.index, self.pool.node_id)
+            self._fail_all(taken, f"kipside error: {exc!r}")
+        self._next()
+
+    def _span(self, taken: list[QueuedBatch], acks: int, request_bytes: int) -> Span | None:
+        if self.tracer is None or not self.tracer.active:
+            return None
+        return self.tracer.upstream_span(
+            ApiKey.PRODUCE,
+            self.pool.node_id,
+            self.index,
+            [item.span for item in taken if item.span is not None],
+            {
+                "kafka.batch_count": len(taken),
+                "kafka.partition_count": len({item.key for item in taken}),
+                "kafka.client_request_count": len({id(item.owner) for item in taken}),
+                "kafka.request_bytes": request_bytes,
+                "kafka.acks": acks,
+            },
+        )
 
     def _upstream_version(self) -> int:
         versions = self.pool.produce_versions

@@ -63,6 +63,11 @@ class LanePool:
         self._next_short = (self._next_short + 1) % self.lanes
         return self._next_short
 
+    def live(self, index: int) -> UpstreamConnection | None:
+        """The lane's connection if it is open now (no dialling)."""
+        connection = self._connections[index]
+        return connection if connection is not None and not connection.closed else None
+
     async def connection(self, index: int) -> UpstreamConnection:
         """The lane's live connection, dialled (again) if needed. Raises UpstreamFailed."""
         connection = self._connections[index]

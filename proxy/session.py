@@ -15,8 +15,8 @@ session's failure never touches another's.
 from __future__ import annotations
 
 import logging
-import math
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -31,12 +31,13 @@ from protocol.headers import RequestHeader, parse_request_header, parse_response
 from protocol.primitives import INT16, read_uvarint
 from protocol.produce import MAX_VERSION, MIN_VERSION, parse_produce_request
 
-from .addresses import AddressRewriter, carries_addresses
+from .addresses import AddressRewriter, address_apis, carries_addresses
 from .nodes import Address
 from .stats import Stats
 from .tracing import Tracer, finish
-from .upstream import Pending, UpstreamConnection, UpstreamFailed, write_whole
+from .upstream import Pending, UpstreamConnection, UpstreamFailed
 from .versions import MAX_API_VERSIONS_VERSION, VersionPolicy
+from .wire import WRITE_GRACE_SECONDS, Wire, WireBroken
 
 if TYPE_CHECKING:
     from .routing import Routed
@@ -44,6 +45,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("kipside.session")
 
 READ_SIZE = 256 * 1024
+# The reader stops taking requests while this much of the client's answers is unsent.
+CLIENT_BACKLOG_LIMIT_BYTES = 4 * 1024 * 1024
+# Raw broker answers that kipside may have to rewrite; every other raw answer passes as is.
+REWRITTEN_APIS = frozenset({ApiKey.API_VERSIONS, *address_apis()})
 # How long a closing session lets the broker finish what it was sent (acks=0 produce has no
 # answer to wait for, and closing first would make the broker drop it).
 DEDICATED_CLOSE_GRACE_SECONDS = 1.0
@@ -121,7 +126,8 @@ class Session:
         tracer: Tracer | None = None,
         connect_timeout: float = 10.0,
     ) -> None:
-        self.client = client
+        self.wire = Wire.from_stream(client)
+        self.wire.on_broken(self._client_broken)
         self.upstream_candidates = upstream_candidates
         self.rewriter = rewriter
         self.versions = versions
@@ -136,17 +142,14 @@ class Session:
         self.current_span: Span | None = None
         """The span of the request being routed (for shared routes to link or annotate)."""
         self.connect_timeout = connect_timeout
-        try:
-            host, port = client.socket.getpeername()[:2]
-            self.peer = f"{host}:{port}"
-        except OSError:
-            self.peer = "<unknown>"
+        self.peer = self.wire.peername()
         self.client_id: str | None = None
         self.dedicated: UpstreamConnection | None = None
         self._dedicated_failed = False
         self._reader_scope = trio.CancelScope()
         self._nursery: trio.Nursery | None = None
-        self._slots_send, self._slots_recv = trio.open_memory_channel[Slot | _Marker](math.inf)
+        self._slots: deque[Slot | _Marker] = deque()
+        self._drained = trio.Event()
 
     def describe(self) -> str:
         who = f"client {self.peer}"
@@ -158,42 +161,61 @@ class Session:
         """Close the client connection now, as a broker would on a lost connection."""
         if self._nursery is not None and not self._nursery.cancel_scope.cancel_called:
             log.info("%s: %s; closing so the client resends", self.describe(), reason)
-            self._nursery.cancel_scope.cancel()
+            self._stop()
 
     def drain(self) -> None:
         """Stop reading requests; close once every request already read has been answered."""
         self._reader_scope.cancel()
 
+    def _stop(self) -> None:
+        """End the session now: nothing more is read or written."""
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
     async def run(self) -> None:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                nursery.start_soon(self._client_reader, nursery.cancel_scope)
-                nursery.start_soon(self._response_writer, nursery.cancel_scope)
+                nursery.start_soon(self._client_reader)
+                nursery.start_soon(self.wire.run_flusher)
+                await self._drained.wait()
+                # Every answer owed is written (or queued behind a slow client).
+                if self.dedicated is not None:
+                    await self.dedicated.close_after_pending(DEDICATED_CLOSE_GRACE_SECONDS)
+                with trio.move_on_after(WRITE_GRACE_SECONDS):
+                    await self.wire.drained()
+                nursery.cancel_scope.cancel()
         finally:
             if self.dedicated is not None:
                 await self.dedicated.aclose()
-            await trio.aclose_forcefully(self.client)
+            self.wire.close()
         log.debug("%s: session ended", self.describe())
+
+    def _client_broken(self, reason: str) -> None:
+        log.debug("%s: %s", self.describe(), reason)
+        self._stop()
 
     # Requests --------------------------------------------------------------------------
 
-    async def _client_reader(self, session_scope: trio.CancelScope) -> None:
+    async def _client_reader(self) -> None:
         with self._reader_scope:
-            await self._read_requests(session_scope)
-        # Drained: the writer closes the session after the responses already owed.
-        self._slots_send.send_nowait(DRAINED)
+            await self._read_requests()
+        # Drained (or the client is done sending): close after the answers already owed.
+        self._slots.append(DRAINED)
+        self._flush()
 
-    async def _read_requests(self, session_scope: trio.CancelScope) -> None:
+    async def _read_requests(self) -> None:
         decoder = FrameDecoder(max_frame_bytes=self.max_frame_bytes, min_frame_bytes=8)
+        wire = self.wire
         while True:
-            try:
-                data = await self.client.receive_some(READ_SIZE)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                data = b""
+            if wire.backlog_bytes > CLIENT_BACKLOG_LIMIT_BYTES:
+                # The client is not reading its answers: read no more requests until it does,
+                # as a broker mutes such a connection.
+                await wire.drained()
+            data = await wire.receive(READ_SIZE)
             if not data:
                 # The client is done sending. Requests already forwarded still run (acks=0
-                # ones included); the writer closes the session once the owed answers are out.
+                # ones included); the session closes once the owed answers are out.
                 return
             decoder.receive_data(data)
             while True:
@@ -210,24 +232,25 @@ class Session:
                     log.warning(
                         "%s sent %s: %s; closing the connection", self.describe(), kind, exc
                     )
-                    session_scope.cancel()
+                    self._stop()
                     return
                 except UpstreamFailed as exc:
                     log.info("%s: %s; closing so the client retries", self.describe(), exc)
-                    session_scope.cancel()
+                    self._stop()
                     return
 
     async def _on_request(self, frame: bytes, header: RequestHeader) -> None:
         api_key, version = header.api_key, header.api_version
-        self.stats.client_requests[api_key] += 1
-        self.stats.client_request_bytes[api_key] += len(frame)
+        stats = self.stats
+        stats.client_requests[api_key] += 1
+        stats.client_request_bytes[api_key] += len(frame)
         started = time.perf_counter()
         span = None
         if self.tracer is not None and self.tracer.enabled_for(api_key):
             span = self.tracer.request_span(
                 api_key, version, self.client_id, self.peer, _topics(frame, header)
             )
-        self.current_span = span
+            self.current_span = span
         if api_key == ApiKey.API_VERSIONS and version > MAX_API_VERSIONS_VERSION:
             local = self.versions.unsupported_response(header.correlation_id)
             self._owe(header, Pending.answered(local), False, started, span)
@@ -242,7 +265,7 @@ class Session:
                 return
         expects_response = api_key != ApiKey.PRODUCE or produce_acks(frame, header) != 0
         connection = await self._dedicated_connection()
-        self.stats.upstream_requests[api_key] += 1
+        stats.upstream_requests[api_key] += 1
         answer = await connection.send(frame, api_key, version, expects_response=expects_response)
         if answer is not None:
             self._owe(header, answer, True, started, span)
@@ -257,7 +280,7 @@ class Session:
         started: float,
         span: Span | None,
     ) -> None:
-        self._slots_send.send_nowait(
+        self._slots.append(
             Slot(
                 header.api_key,
                 header.api_version,
@@ -268,6 +291,7 @@ class Session:
                 span,
             )
         )
+        pending.on_done(self._flush)
 
     async def _dedicated_connection(self) -> UpstreamConnection:
         if self.dedicated is not None:
@@ -292,56 +316,90 @@ class Session:
         raise UpstreamFailed(f"cannot reach upstream ({'; '.join(problems)})")
 
     def _dedicated_closed(self, connection: UpstreamConnection, reason: str) -> None:
-        # Wakes the writer even when no request is outstanding, so an idle client learns
-        # of the lost broker connection at once.
+        # Queued behind what is owed, so an idle client learns of the lost broker connection
+        # at once and a busy one gets every answer that did arrive first.
         if not self._dedicated_failed:
             self._dedicated_failed = True
             self.stats.upstream_connections -= 1
-            self._slots_send.send_nowait(UPSTREAM_GONE)
+            self._slots.append(UPSTREAM_GONE)
+            self._flush()
 
     # Responses -------------------------------------------------------------------------
 
-    async def _response_writer(self, session_scope: trio.CancelScope) -> None:
-        async for slot in self._slots_recv:
-            if isinstance(slot, _Marker):
-                if slot is DRAINED and self.dedicated is not None:
-                    await self.dedicated.close_after_pending(DEDICATED_CLOSE_GRACE_SECONDS)
-                if slot is UPSTREAM_GONE and self.dedicated is not None:
-                    log.info(
-                        "%s: %s; closing so the client retries",
-                        self.describe(),
-                        self.dedicated.close_reason,
-                    )
-                session_scope.cancel()
-                return
-            try:
-                frame = await slot.pending.wait()
-            except UpstreamFailed as exc:
-                finish(slot.span, "UPSTREAM_UNAVAILABLE")
-                log.info(
-                    "%s: no answer to %s v%d (%s); closing so the client retries",
-                    self.describe(),
-                    api_name(slot.api_key),
-                    slot.api_version,
-                    exc,
-                )
-                session_scope.cancel()
-                return
-            if slot.raw:
-                processed = self._process_response(slot, frame)
-                if processed is None:
-                    session_scope.cancel()
-                    return
-                frame = processed
-            try:
-                await write_whole(self.client, frame)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
+    def _flush(self) -> None:
+        """Write every answer that is ready at the head of the FIFO, in order, in one call."""
+        ready: list[Slot] = []
+        frames: list[bytes] = []
+        stop = False
+        try:
+            slots = self._slots
+            while slots:
+                slot = slots[0]
+                if isinstance(slot, _Marker):
+                    stop = self._at_marker(slot)
+                    break
+                if not slot.pending.done:
+                    break
+                slots.popleft()
+                frame = self._answer(slot)
+                if frame is None:
+                    stop = True
+                    break
+                ready.append(slot)
+                frames.append(frame)
+        except Exception:
+            log.exception("%s: unexpected error writing answers; closing", self.describe())
+            stop = True
+        if frames:
+            self._write(ready, frames)
+        if stop:
+            self._stop()
+
+    def _at_marker(self, marker: _Marker) -> bool:
+        """Whether the session must stop now (DRAINED lets run() close it gracefully)."""
+        if marker is DRAINED:
+            self._drained.set()
+            return False
+        if self.dedicated is not None:
+            log.info(
+                "%s: %s; closing so the client retries",
+                self.describe(),
+                self.dedicated.close_reason,
+            )
+        return True
+
+    def _answer(self, slot: Slot) -> bytes | None:
+        """The frame to send for an answered slot; None if the session must close instead."""
+        frame = slot.pending.frame
+        if frame is None:
+            finish(slot.span, "UPSTREAM_UNAVAILABLE")
+            log.info(
+                "%s: no answer to %s v%d (%s); closing so the client retries",
+                self.describe(),
+                api_name(slot.api_key),
+                slot.api_version,
+                slot.pending.failure,
+            )
+            return None
+        if slot.raw and slot.api_key in REWRITTEN_APIS:
+            return self._process_response(slot, frame)
+        return frame
+
+    def _write(self, ready: list[Slot], frames: list[bytes]) -> None:
+        try:
+            self.wire.write(frames)
+        except WireBroken:
+            for slot in ready:
                 finish(slot.span, "CLIENT_DISCONNECTED")
-                session_scope.cancel()
-                return
-            self.stats.client_response_bytes[slot.api_key] += len(frame)
-            self.stats.observe_latency(slot.api_key, time.perf_counter() - slot.started)
-            finish(slot.span, slot.pending.error_name)
+            self._stop()
+            return
+        now = time.perf_counter()
+        stats = self.stats
+        for slot, frame in zip(ready, frames, strict=True):
+            stats.client_response_bytes[slot.api_key] += len(frame)
+            stats.observe_latency(slot.api_key, now - slot.started)
+            if slot.span is not None:
+                finish(slot.span, slot.pending.error_name)
 
     def _process_response(self, slot: Slot, frame: bytes) -> bytes | None:
         try:

@@ -1,10 +1,11 @@
 """One connection to an upstream broker, shared by any number of requesters.
 
-Requests are written whole (shielded), each under a correlation id this connection assigns, and
-answered in order by a reader task; a `Pending` carries each answer back to whoever asked,
-under the requester's own correlation id. Used both for a client's own (dedicated) upstream
-connection and for the shared "lanes". The broker serves one request at a time per connection,
-so everything written here is answered in write order; a correlation id out of order means the
+Requests are written at once by the requesting task (proxy.wire: synchronous, ordered, whole),
+each under a correlation id this connection assigns, and answered in order by a reader task; a
+`Pending` carries each answer back to whoever asked, under the requester's own correlation id.
+Used both for a client's own (dedicated) upstream connection and for the shared "lanes". The
+broker serves one request at a time per connection, so everything written here is answered in
+write order; a correlation id out of order means the
 connection can't be trusted and it is closed. When the connection ends, every pending request
 fails with the reason; nothing is retried here (retrying is the client's decision).
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import trio
@@ -29,12 +30,13 @@ from protocol.headers import (
 )
 
 from .nodes import Address
+from .wire import Chunk, Wire, WireBroken
 
 log = logging.getLogger("kipside.upstream")
 
 READ_SIZE = 256 * 1024
-# A write to a peer that stopped reading must not keep a shielded task alive forever.
-WRITE_GRACE_SECONDS = 10.0
+# A requester waits once this much is written but not yet taken by the broker.
+BACKLOG_LIMIT_BYTES = 4 * 1024 * 1024
 
 
 class UpstreamFailed(Exception):
@@ -42,38 +44,68 @@ class UpstreamFailed(Exception):
 
 
 class Pending:
-    """The future answer to one request: a response frame or a failure reason."""
+    """The future answer to one request: a response frame or a failure reason.
 
-    __slots__ = ("_done", "error_name", "failure", "frame")
+    Whoever is owed the answer either registers a callback (`on_done`, the hot path: the
+    callback runs in the task that resolves, with no Event and no task switch) or awaits
+    `wait()` (an Event, made only when someone waits).
+    """
+
+    __slots__ = ("_callbacks", "_event", "error_name", "failure", "frame")
 
     def __init__(self) -> None:
-        self._done = trio.Event()
         self.frame: bytes | None = None
         self.failure: str | None = None
         self.error_name: str | None = None
         """The Kafka error in the answer, when whoever built it knows (for traces)."""
+        self._event: trio.Event | None = None
+        self._callbacks: list[Callable[[], None]] | None = None
 
     @classmethod
     def answered(cls, frame: bytes) -> Pending:
         pending = cls()
-        pending.resolve(frame)
+        pending.frame = frame
         return pending
 
     def resolve(self, frame: bytes) -> None:
-        self.frame = frame
-        self._done.set()
+        if self.frame is None and self.failure is None:
+            self.frame = frame
+            self._fire()
 
     def fail(self, reason: str) -> None:
-        if not self._done.is_set():
+        if self.frame is None and self.failure is None:
             self.failure = reason
-            self._done.set()
+            self._fire()
+
+    def _fire(self) -> None:
+        if self._event is not None:
+            self._event.set()
+        callbacks = self._callbacks
+        if callbacks is not None:
+            self._callbacks = None
+            for callback in callbacks:
+                callback()
+
+    def on_done(self, callback: Callable[[], None]) -> None:
+        """Call callback once answered (at once if it already is)."""
+        if self.frame is not None or self.failure is not None:
+            callback()
+        elif self._callbacks is None:
+            self._callbacks = [callback]
+        else:
+            self._callbacks.append(callback)
 
     @property
     def done(self) -> bool:
-        return self._done.is_set()
+        return self.frame is not None or self.failure is not None
 
     async def wait(self) -> bytes:
-        await self._done.wait()
+        if self.frame is None and self.failure is None:
+            if self._event is None:
+                self._event = trio.Event()
+            await self._event.wait()
+        else:
+            await trio.lowlevel.checkpoint()
         if self.frame is None:
             raise UpstreamFailed(self.failure or "no response")
         return self.frame
@@ -86,15 +118,6 @@ class _InFlight:
     api_key: int
     api_version: int
     pending: Pending
-
-
-async def write_whole(stream: trio.abc.SendStream, data: bytes) -> None:
-    """Write all of data or fail: shielded so a cancel never leaves half a frame on the wire,
-    bounded so a peer that stops reading can't hold shutdown hostage."""
-    with trio.move_on_after(WRITE_GRACE_SECONDS, shield=True) as scope:
-        await stream.send_all(data)
-    if scope.cancelled_caught:
-        raise trio.BrokenResourceError("peer did not accept the write in time")
 
 
 class UpstreamConnection:
@@ -112,8 +135,7 @@ class UpstreamConnection:
         self.name = name
         self.max_frame_bytes = max_frame_bytes
         self._on_closed = on_closed
-        self._stream: trio.SocketStream | None = None
-        self._send_lock = trio.Lock()
+        self._wire: Wire | None = None
         self._in_flight: deque[_InFlight] = deque()
         # Correlation ids of requests sent expecting no answer (acks=0 produce). Apache Kafka
         # never answers them, but some brokers (Tansu) do; such an answer is dropped, not taken
@@ -129,66 +151,83 @@ class UpstreamConnection:
     def in_flight(self) -> int:
         return len(self._in_flight)
 
+    @property
+    def backlog_bytes(self) -> int:
+        """Bytes written but not yet taken by the kernel (the broker is not reading)."""
+        return self._wire.backlog_bytes if self._wire is not None else 0
+
     async def start(self, nursery: trio.Nursery, connect_timeout: float = 10.0) -> None:
         """Connect and start the reader in nursery; raises OSError/TooSlowError if unreachable."""
         with trio.fail_after(connect_timeout):
-            self._stream = await trio.open_tcp_stream(self.address.host, self.address.port)
-        nursery.start_soon(self._read_responses)
+            wire = await Wire.connect(self.address.host, self.address.port)
+        wire.on_broken(lambda reason: self._close(f"{self.name}: {reason}"))
+        self._wire = wire
+        nursery.start_soon(self._read_responses, wire)
+        nursery.start_soon(wire.run_flusher)
 
     def _take_correlation_id(self) -> int:
         correlation_id = self._next_correlation_id
         self._next_correlation_id = (correlation_id + 1) & 0x7FFFFFFF
         return correlation_id
 
+    def send_nowait(
+        self,
+        frame: bytes,
+        api_key: int,
+        api_version: int,
+        *,
+        expects_response: bool = True,
+        chunks: Sequence[Chunk] | None = None,
+    ) -> Pending | None:
+        """Send a request frame now; its answer comes back under the frame's own correlation id.
+
+        With `chunks`, `frame` is only the frame's head (size prefix and request header) and
+        the chunks are the rest, written in one call without being joined. Returns None when
+        no response is expected (acks=0 produce). Raises UpstreamFailed if the connection is
+        closed or breaks.
+        """
+        wire = self._wire
+        if self.closed or wire is None:
+            raise UpstreamFailed(self.close_reason or f"{self.name} is not connected")
+        client_correlation_id = request_correlation_id(frame)
+        upstream_correlation_id = self._take_correlation_id()
+        pending = None
+        if not expects_response:
+            self._unanswered.append(upstream_correlation_id)
+        else:
+            pending = Pending()
+            self._in_flight.append(
+                _InFlight(
+                    upstream_correlation_id, client_correlation_id, api_key, api_version, pending
+                )
+            )
+        if upstream_correlation_id != client_correlation_id:
+            frame = with_request_correlation_id(frame, upstream_correlation_id)
+        try:
+            wire.write((frame,) if chunks is None else (frame, *chunks))
+        except WireBroken as exc:
+            raise UpstreamFailed(self.close_reason or str(exc)) from exc
+        self.requests_sent += 1
+        return pending
+
     async def send(
         self, frame: bytes, api_key: int, api_version: int, *, expects_response: bool = True
     ) -> Pending | None:
-        """Send a request frame; its answer comes back under the frame's own correlation id.
-
-        Returns None when no response is expected (acks=0 produce). Raises UpstreamFailed if
-        the connection is already closed or breaks while writing.
-        """
-        if self.closed or self._stream is None:
-            raise UpstreamFailed(self.close_reason or f"{self.name} is not connected")
-        client_correlation_id = request_correlation_id(frame)
-        async with self._send_lock:
-            upstream_correlation_id = self._take_correlation_id()
-            pending = None
-            if not expects_response:
-                self._unanswered.append(upstream_correlation_id)
-            else:
-                pending = Pending()
-                self._in_flight.append(
-                    _InFlight(
-                        upstream_correlation_id,
-                        client_correlation_id,
-                        api_key,
-                        api_version,
-                        pending,
-                    )
-                )
-            if upstream_correlation_id != client_correlation_id:
-                frame = with_request_correlation_id(frame, upstream_correlation_id)
-            try:
-                await write_whole(self._stream, frame)
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                self._close(f"{self.name}: write failed: {exc}")
-                raise UpstreamFailed(self.close_reason) from exc
-            self.requests_sent += 1
+        """send_nowait, then wait while the broker is not reading what was sent (backpressure)."""
+        pending = self.send_nowait(frame, api_key, api_version, expects_response=expects_response)
+        if self._wire is not None and self._wire.backlog_bytes > BACKLOG_LIMIT_BYTES:
+            await self._wire.drained()
         return pending
 
-    async def _read_responses(self) -> None:
-        assert self._stream is not None
+    async def _read_responses(self, wire: Wire) -> None:
         decoder = FrameDecoder(max_frame_bytes=self.max_frame_bytes, min_frame_bytes=4)
         reason = f"{self.name}: broker closed the connection"
         try:
             while True:
-                try:
-                    data = await self._stream.receive_some(READ_SIZE)
-                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                    reason = f"{self.name}: connection lost: {exc}"
-                    return
+                data = await wire.receive(READ_SIZE)
                 if not data:
+                    if wire.broken_reason and wire.closed:
+                        reason = f"{self.name}: {wire.broken_reason}"
                     return
                 decoder.receive_data(data)
                 while (frame := decoder.next_frame()) is not None:
@@ -228,13 +267,10 @@ class UpstreamConnection:
         self.closed = True
         self._closed_event.set()
         self.close_reason = reason
+        if self._wire is not None:
+            self._wire.close()
         while self._in_flight:
             self._in_flight.popleft().pending.fail(reason)
-        if self._stream is not None:
-            stream = self._stream
-            # Closing a socket stream is synchronous at the OS level; aclose_forcefully would
-            # need a checkpoint we may not have here (called from finally blocks).
-            stream.socket.close()
         if self._on_closed is not None:
             self._on_closed(self, reason)
 
@@ -247,12 +283,9 @@ class UpstreamConnection:
         A plain close with answers still unread makes the kernel reset the connection, and a
         broker drops requests it had not processed yet: acks=0 produce would be lost.
         """
-        if self.closed or self._stream is None:
+        if self.closed or self._wire is None:
             return
         with trio.move_on_after(grace_seconds, shield=True):
-            try:
-                await self._stream.send_eof()
-                await self._closed_event.wait()
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
+            await self._wire.send_eof()
+            await self._closed_event.wait()
         self._close(f"{self.name}: closed by kipside")
