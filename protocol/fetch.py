@@ -46,6 +46,9 @@ __all__ = [
 
 MIN_VERSION: Final = 4
 MAX_VERSION: Final = 12
+# fetch_response_names_nodes reads answers up to this version (their layout is v12's, with topic
+# ids from v13 and node endpoints from v16).
+NODE_ENDPOINTS_MAX_VERSION: Final = 17
 READ_UNCOMMITTED: Final = 0
 READ_COMMITTED: Final = 1
 _CONSUMER_REPLICA_ID: Final = -1
@@ -249,6 +252,38 @@ def _read_partition(
 def parse_fetch_response(frame: Buffer, body_offset: int, version: int) -> FetchResponseData:
     """Read a FetchResponse body that runs from body_offset to the end of frame."""
     _check_version(version)
+    data, offset = _read_body(frame, body_offset, version)
+    view = memoryview(frame)
+    if is_flexible(ApiKey.FETCH, version):
+        offset = skip_tagged_fields(view, offset)
+    if offset != len(view):
+        raise DecodeError(f"FetchResponse v{version} has {len(view) - offset} trailing bytes")
+    return data
+
+
+def fetch_response_names_nodes(frame: Buffer, body_offset: int, version: int) -> bool:
+    """Whether a FetchResponse carries node endpoints (v16+, top-level tag 0), i.e. broker
+    addresses a proxy must rewrite. Most answers carry none. Raises DecodeError for a
+    version this reader does not know (v18 and later)."""
+    if version < 16:
+        return False
+    if version > NODE_ENDPOINTS_MAX_VERSION:
+        raise DecodeError(f"Fetch v{version} is newer than kipside's reader")
+    _, offset = _read_body(frame, body_offset, version)
+    view = memoryview(frame)
+    count, offset = read_uvarint(view, offset)
+    for _ in range(count):
+        tag, offset = read_uvarint(view, offset)
+        if tag == 0:
+            return True
+        size, offset = read_uvarint(view, offset)
+        offset += size
+    return False
+
+
+def _read_body(frame: Buffer, body_offset: int, version: int) -> tuple[FetchResponseData, int]:
+    """The response up to its top-level tagged fields, and where they start (v4-v17; from
+    v13 a topic is named by its id, kept as hex in PartitionData.topic)."""
     flexible = is_flexible(ApiKey.FETCH, version)
     view = memoryview(frame)
     offset = body_offset
@@ -261,7 +296,10 @@ def parse_fetch_response(frame: Buffer, body_offset: int, version: int) -> Fetch
     n_topics = _checked_count(n_topics, offset, len(view), 2, "topics")
     partitions: list[PartitionData] = []
     for _ in range(n_topics):
-        if flexible:
+        if version >= 13:
+            topic: str | None = bytes(view[offset : offset + 16]).hex()
+            offset += 16
+        elif flexible:
             topic, offset = read_compact_nullable_string(view, offset)
         else:
             topic, offset = read_nullable_string(view, offset)
@@ -274,8 +312,4 @@ def parse_fetch_response(frame: Buffer, body_offset: int, version: int) -> Fetch
             partitions.append(data)
         if flexible:
             offset = skip_tagged_fields(view, offset)
-    if flexible:
-        offset = skip_tagged_fields(view, offset)
-    if offset != len(view):
-        raise DecodeError(f"FetchResponse v{version} has {len(view) - offset} trailing bytes")
-    return FetchResponseData(throttle, error_code, tuple(partitions))
+    return FetchResponseData(throttle, error_code, tuple(partitions)), offset

@@ -22,9 +22,13 @@ UINT32: Final = struct.Struct(">I")
 
 def read_uvarint(buf: bytes | bytearray | memoryview, offset: int) -> tuple[int, int]:
     """Read an unsigned varint; return (value, offset after it)."""
+    end = len(buf)
+    if offset < end:
+        byte = buf[offset]
+        if byte < 0x80:  # the usual case: lengths and counts under 128
+            return byte, offset + 1
     value = 0
     shift = 0
-    end = len(buf)
     while True:
         if offset >= end:
             raise DecodeError("truncated unsigned varint")
@@ -107,6 +111,8 @@ def iter_tagged_fields(
 
 
 def skip_tagged_fields(buf: bytes | bytearray | memoryview, offset: int) -> int:
+    if offset < len(buf) and buf[offset] == 0:  # the usual case: no tagged fields
+        return offset + 1
     count, offset = read_uvarint(buf, offset)
     for _ in range(count):
         _tag, offset = read_uvarint(buf, offset)

@@ -282,6 +282,40 @@ def parse_produce_response(frame: Buffer, body_offset: int, version: int) -> Pro
     return ProduceResponseData(tuple(results), throttle, tuple(endpoints))
 
 
+def produce_response_names_nodes(frame: Buffer, body_offset: int, version: int) -> bool:
+    """Whether a ProduceResponse carries node endpoints (v10+, top-level tag 0): broker
+    addresses a proxy must rewrite. Skips over everything else without building results."""
+    if version < 10:
+        return False
+    _check_version(version)
+    offset = body_offset
+    topics, offset = read_uvarint(frame, offset)
+    for _ in range(topics - 1):
+        _topic, offset = read_compact_nullable_string(frame, offset)
+        count, offset = read_uvarint(frame, offset)
+        for _ in range(count - 1):
+            offset += _PARTITION_HEAD.size + 16  # log append time, log start offset
+            n_errors, offset = read_uvarint(frame, offset)
+            for _ in range(n_errors - 1):
+                offset += 4  # batch index
+                _message, offset = read_compact_nullable_string(frame, offset)
+                offset = skip_tagged_fields(frame, offset)
+            _message, offset = read_compact_nullable_string(frame, offset)
+            offset = skip_tagged_fields(frame, offset)
+        offset = skip_tagged_fields(frame, offset)
+    offset += 4  # throttle time
+    n_tags, offset = read_uvarint(frame, offset)
+    for _ in range(n_tags):
+        tag, offset = read_uvarint(frame, offset)
+        if tag == 0:
+            return True
+        size, offset = read_uvarint(frame, offset)
+        offset += size
+    if offset != len(frame):
+        raise DecodeError(f"ProduceResponse v{version} has {len(frame) - offset} trailing bytes")
+    return False
+
+
 def encode_produce_response(version: int, response: ProduceResponseData) -> bytes:
     """A ProduceResponse body at `version`, keeping only the fields that version has."""
     _check_version(version)

@@ -14,9 +14,12 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from protocol.apis import ApiKey
+from protocol.errors import DecodeError
+from protocol.fetch import fetch_response_names_nodes
 from protocol.headers import ResponseHeader
 from protocol.messages import Message, decode_response, encode_message
 from protocol.primitives import INT32
+from protocol.produce import produce_response_names_nodes
 
 from .nodes import NodeMap
 
@@ -40,6 +43,17 @@ def carries_addresses(api_key: int, api_version: int) -> bool:
 def address_apis() -> dict[int, int]:
     """API key -> first version kipside must decode to rewrite addresses."""
     return dict(_FIRST_VERSION_WITH_ADDRESSES)
+
+
+def _may_name_nodes(api_key: int, api_version: int, frame: bytes, body_offset: int) -> bool:
+    """Whether a Produce or Fetch answer may carry node endpoints, by kipside's own fast
+    readers (a full decode costs far more, and nearly every answer carries none)."""
+    try:
+        if api_key == ApiKey.PRODUCE:
+            return produce_response_names_nodes(frame, body_offset, api_version)
+        return fetch_response_names_nodes(frame, body_offset, api_version)
+    except DecodeError:
+        return True  # e.g. a version the fast readers don't know: the full decode decides
 
 
 class AddressRewriter:
@@ -77,6 +91,10 @@ class AddressRewriter:
         self, api_key: int, api_version: int, frame: bytes, header: ResponseHeader
     ) -> bytes:
         """The response frame with local addresses; raises DecodeError if it can't be read."""
+        if api_key in (ApiKey.PRODUCE, ApiKey.FETCH) and not _may_name_nodes(
+            api_key, api_version, frame, header.body_offset
+        ):
+            return frame  # the usual case: no leader change to report, nothing to rewrite
         message = decode_response(api_key, api_version, frame, header.body_offset)
         rewritten = self.rewrite_message(api_key, message)
         if rewritten is message:

@@ -24,6 +24,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import trio
 from kio.schema.errors import ErrorCode
@@ -70,6 +71,15 @@ def _error_name(code: int) -> str:
 
 
 UNKNOWN_SERVER_ERROR = -1
+
+
+class Submitted(NamedTuple):
+    """How the coalescer took a ProduceRequest."""
+
+    pending: Pending | None
+    """The client's answer; None for acks=0 (nothing is owed)."""
+    raw: bool
+    """The answer is the broker's own frame (passed through), still to be rewritten."""
 
 
 class ClientProduce:
@@ -188,6 +198,41 @@ class ProduceLane:
         self.queue.append(item)
         if not self._busy:
             self._next()
+
+    def pass_through(
+        self, frame: bytes, header: RequestHeader, acks: int, batches: list[QueuedBatch]
+    ) -> Submitted | None:
+        """Forward a client's request unchanged when it would go upstream alone anyway.
+
+        That is when this lane is idle: nothing in flight or queued, no linger, and the broker
+        speaks the client's Produce version. The request then costs no re-encoding and its
+        answer none either (the broker's frame goes back under the client's correlation id).
+        Returns None when the lane is not idle (the caller queues the batches instead).
+        Raises UpstreamFailed if the connection breaks while writing.
+        """
+        if self._busy or self.queue or self.rules.linger_ms > 0:
+            return None
+        connection = self.pool.live(self.index)
+        versions = self.pool.produce_versions
+        if connection is None or versions is None:
+            return None
+        if not versions[0] <= header.api_version <= versions[1]:
+            return None
+        self.stats.upstream_requests[ApiKey.PRODUCE] += 1
+        self.stats.coalesced_batches += len(batches)
+        pending = connection.send_nowait(
+            frame, ApiKey.PRODUCE, header.api_version, expects_response=acks != 0
+        )
+        if pending is not None:
+            self._busy = True
+            pending.on_done(lambda: self._passed(batches, pending))
+        return Submitted(pending, raw=True)
+
+    def _passed(self, batches: list[QueuedBatch], pending: Pending) -> None:
+        self._busy = False
+        if pending.frame is None:
+            self._fail_all(batches, pending.failure or "no response")
+        self._next()
 
     def _take(self) -> list[QueuedBatch]:
         """The batches for the next request, oldest first, by Apache Kafka's merge rules."""
@@ -429,24 +474,30 @@ class Coalescer:
         client_id: str | None,
         disconnect: Callable[[str], None],
         span: Span | None = None,
-    ) -> Pending | bool | None:
-        """Queue the request's batches. Returns the answer to wait for, None for acks=0,
-        or False when this request must not be coalesced (the caller forwards it as is)."""
+    ) -> Submitted | None:
+        """Take the request's batches: passed through unchanged to an idle lane, or queued.
+        Returns None when this request must not be coalesced (the caller forwards it as is)."""
         request = parse_produce_request(frame, header.body_offset, header.api_version)
         if request.transactional_id is not None or not request.partitions:
-            return False
+            return None
         keys = [(p.topic, p.partition) for p in request.partitions]
         if len(set(keys)) != len(keys) or any(p.records is None for p in request.partitions):
-            return False  # let the broker answer malformed requests itself
+            return None  # let the broker answer malformed requests itself
         if not all(self.rules.applies(p.topic, client_id or "") for p in request.partitions):
-            return False
+            return None
+        acks, timeout_ms = request.acks, request.timeout_ms
+        lanes = self._pools(node_id).lanes
+        indexes = [lane_index(p.topic, p.partition, lanes) for p in request.partitions]
+        if self.tracer is None and indexes.count(indexes[0]) == len(indexes):
+            alone = [QueuedBatch(p, acks, timeout_ms, None, disconnect) for p in request.partitions]
+            passed = self._lane(node_id, indexes[0]).pass_through(frame, header, acks, alone)
+            if passed is not None:
+                return passed
         owner = None
-        if request.acks != 0:
+        if acks != 0:
             owner = ClientProduce(header.correlation_id, header.api_version, keys, self.nodes)
-        pool = self._pools(node_id)
-        for batch in request.partitions:
-            lane = self._lane(node_id, lane_index(batch.topic, batch.partition, pool.lanes))
-            lane.submit(
-                QueuedBatch(batch, request.acks, request.timeout_ms, owner, disconnect, span)
+        for batch, index in zip(request.partitions, indexes, strict=True):
+            self._lane(node_id, index).submit(
+                QueuedBatch(batch, acks, timeout_ms, owner, disconnect, span)
             )
-        return owner.pending if owner is not None else None
+        return Submitted(owner.pending if owner is not None else None, raw=False)

@@ -108,9 +108,9 @@ class Router:
                 session.disconnect,
                 session.current_span,
             )
-            if taken is False:
+            if taken is None:
                 return None
-            return Routed(taken if isinstance(taken, Pending) else None, raw=False)
+            return Routed(taken.pending, raw=taken.raw)
         if api_key in SHORT_APIS:
             pool = self._pools(node_id)
             connection = await pool.connection(pool.next_short_lane())

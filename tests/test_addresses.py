@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import typing
+import uuid
 from typing import Any
 
 import pytest
@@ -328,3 +329,35 @@ def test_node_port_outside_range_is_refused() -> None:
     with pytest.raises(NodeMapError, match="65536"):
         nodes.wanted_port(536)
     assert NodeMap(advertise_host=ADVERTISE, node_port_base=None).wanted_port(5) == 0
+
+
+def _fetch_with_records(version: int, endpoints: list[Endpoint]) -> Any:
+    """A Fetch answer with one topic (by id from v13) and a partition holding bytes."""
+    message = build(ApiKey.FETCH, version, endpoints)
+    cls = response_class(ApiKey.FETCH, version)
+    topic_cls = _element_class(cls, "responses")
+    partition_cls = _element_class(topic_cls, "partitions")
+    partition = _fit(
+        partition_cls,
+        partition_index=3,
+        error_code=ErrorCode.none,
+        high_watermark=10,
+        aborted_transactions=None,
+        records=b"\x00" * 70,
+    )
+    topic = _fit(topic_cls, topic_id=uuid.UUID(int=7), partitions=(partition,))
+    return dataclasses.replace(message, responses=(topic,))
+
+
+@pytest.mark.parametrize("version", [16, 17])
+def test_fetch_with_records_rewritten_only_when_it_names_nodes(
+    rewriter: AddressRewriter, learned: Recorder, version: int
+) -> None:
+    """The fast check that skips the full decode reads past topics (by id) and records."""
+    quiet = frame_of(ApiKey.FETCH, version, _fetch_with_records(version, []))
+    assert rewrite(rewriter, ApiKey.FETCH, version, quiet) is quiet
+    assert learned.new_nodes == []
+    named = frame_of(ApiKey.FETCH, version, _fetch_with_records(version, UPSTREAM))
+    out = rewrite(rewriter, ApiKey.FETCH, version, named)
+    assert decode_frame(ApiKey.FETCH, version, out) == _fetch_with_records(version, local(UPSTREAM))
+    assert learned.new_nodes == [n for n, *_ in UPSTREAM]
