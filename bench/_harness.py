@@ -1,8 +1,9 @@
 """Process management shared by the benchmarks: brokers, proxies, CPU accounting, workers.
 
 Everything here targets loopback only. A *stack* is one path from a client to a fresh in-memory
-Tansu broker: directly, through kipside, through `tansu proxy`, or through haproxy in plain TCP
-mode (the floor for proxy overhead). `open_stack()` starts it and tears it down again; while it
+Tansu broker: directly, through kipside, through `tansu proxy`, through haproxy in plain TCP
+mode (the floor for proxy overhead), or through a bare trio relay (the floor for a proxy written
+in Python on trio). `open_stack()` starts it and tears it down again; while it
 runs, `Stack.cpu_seconds()` reports the CPU time used so far by the broker and by the proxy so a
 benchmark can take the difference around one measurement.
 
@@ -24,10 +25,10 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 
@@ -42,8 +43,11 @@ TANSU_NODE_ID = 111
 HAPROXY = "/usr/sbin/haproxy"
 KIPSIDE_READY = "kipside: ready"
 WORKLOAD = Path(__file__).resolve().parent / "_workload.py"
+RELAY = Path(__file__).resolve().parent / "_relay.py"
 
 PATHS: tuple[str, ...] = ("direct", "kipside", "tansu-proxy", "haproxy")
+# Paths open_stack() also knows: "relay", the bare trio relay (bench/_relay.py), a Python floor.
+STACK_PATHS: tuple[str, ...] = (*PATHS, "relay")
 
 
 class HarnessError(RuntimeError):
@@ -148,6 +152,7 @@ def _spawn(
     logdir: Path,
     *,
     stdout_pipe: bool = False,
+    env: dict[str, str] | None = None,
 ) -> Managed:
     log = logdir / f"{name}.log"
     with log.open("wb") as logf:
@@ -157,6 +162,7 @@ def _spawn(
             stdout=subprocess.PIPE if stdout_pipe else logf,
             stderr=logf,
             text=stdout_pipe,
+            env=env,
         )
     return Managed(name, popen, log)
 
@@ -235,12 +241,38 @@ def start_haproxy(logdir: Path, listen_port: int, backend_port: int) -> tuple[Ma
     return proc, listen_port
 
 
+def start_relay(logdir: Path, listen_port: int, backend_port: int) -> tuple[Managed, int]:
+    """The bare trio relay (bench/_relay.py) HOST:listen_port -> HOST:backend_port."""
+    args = [sys.executable, str(RELAY), str(listen_port), str(backend_port)]
+    proc = _spawn("relay", args, logdir)
+    _await_port(proc, listen_port)
+    return proc, listen_port
+
+
+def kipside_env(source: Path | None) -> dict[str, str] | None:
+    """The environment that makes `kipside` import its packages from `source` (None: as is).
+
+    The console script finds `proxy` through sys.path, where PYTHONPATH comes before the
+    editable install.
+    """
+    if source is None:
+        return None
+    old = os.environ.get("PYTHONPATH")
+    return dict(os.environ, PYTHONPATH=str(source) + (os.pathsep + old if old else ""))
+
+
 def start_kipside(
-    logdir: Path, upstream_port: int, *, extra_args: Sequence[str] = (), timeout: float = 20.0
+    logdir: Path,
+    upstream_port: int,
+    *,
+    extra_args: Sequence[str] = (),
+    timeout: float = 20.0,
+    source: Path | None = None,
 ) -> tuple[Managed, int]:
     """`kipside serve` in front of HOST:upstream_port; returns once it prints `kipside: ready`.
 
-    Tansu's only node (111) gets the local listener node_port_base + 111.
+    Tansu's only node (111) gets the local listener node_port_base + 111. With `source`, a
+    directory holding another tree's `protocol`, `proxy` and `rules`, that code runs instead.
     """
     listen = free_port(HOST)
     node_port = free_port(HOST)
@@ -255,7 +287,7 @@ def start_kipside(
         str(node_port - TANSU_NODE_ID),
         *extra_args,
     ]
-    proc = _spawn("kipside", args, logdir, stdout_pipe=True)
+    proc = _spawn("kipside", args, logdir, stdout_pipe=True, env=kipside_env(source))
     lines: queue.Queue[str | None] = queue.Queue()
     stdout_log = logdir / "kipside.stdout"
 
@@ -318,7 +350,7 @@ def exit_cleanly_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def kipside_available() -> tuple[bool, str]:
+def kipside_available(source: Path | None = None) -> tuple[bool, str]:
     """Whether `kipside serve --help` works yet, and the error text when it does not."""
     try:
         exe = kipside_bin()
@@ -326,7 +358,11 @@ def kipside_available() -> tuple[bool, str]:
         return False, str(exc)
     try:
         done = subprocess.run(
-            [str(exe), "serve", "--help"], capture_output=True, text=True, timeout=30
+            [str(exe), "serve", "--help"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=kipside_env(source),
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, str(exc)
@@ -363,15 +399,20 @@ class Stack:
 
 @contextlib.contextmanager
 def open_stack(
-    path: str, *, logdir: Path | None = None, kipside_args: Sequence[str] = ()
+    path: str,
+    *,
+    logdir: Path | None = None,
+    kipside_args: Sequence[str] = (),
+    kipside_source: Path | None = None,
 ) -> Iterator[Stack]:
     """Start a fresh Tansu and, for the proxied paths, the proxy in front of it.
 
     `kipside_args` are appended to `kipside serve` (e.g. `--rules FILE`, `--admin H:P`,
-    `--one-to-one`) on the kipside path and ignored on the others.
+    `--one-to-one`) on the kipside path and ignored on the others; `kipside_source` runs
+    kipside from another tree (see `start_kipside`).
     """
-    if path not in PATHS:
-        raise ValueError(f"unknown path {path!r}; choose from {', '.join(PATHS)}")
+    if path not in STACK_PATHS:
+        raise ValueError(f"unknown path {path!r}; choose from {', '.join(STACK_PATHS)}")
     with contextlib.ExitStack() as stack:
         if logdir is None:
             logdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kipbench-")))
@@ -383,25 +424,59 @@ def open_stack(
 
         stack.callback(stop_all)
         proxy: Managed | None = None
-        if path == "haproxy":
-            # haproxy cannot rewrite metadata: make Tansu advertise the haproxy port so the
-            # client's every connection goes through it.
+        if path in ("haproxy", "relay"):
+            # A plain TCP relay cannot rewrite metadata: make Tansu advertise the relay's port
+            # so the client's every connection goes through it.
             listen = free_port(HOST)
             broker, broker_port = start_tansu(logdir, advertised_port=listen)
             started.append(broker)
-            proxy, bootstrap_port = start_haproxy(logdir, listen, broker_port)
+            start = start_haproxy if path == "haproxy" else start_relay
+            proxy, bootstrap_port = start(logdir, listen, broker_port)
             started.append(proxy)
         else:
             broker, broker_port = start_tansu(logdir)
             started.append(broker)
             bootstrap_port = broker_port
             if path == "kipside":
-                proxy, bootstrap_port = start_kipside(logdir, broker_port, extra_args=kipside_args)
+                proxy, bootstrap_port = start_kipside(
+                    logdir, broker_port, extra_args=kipside_args, source=kipside_source
+                )
                 started.append(proxy)
             elif path == "tansu-proxy":
                 proxy, bootstrap_port = start_tansu_proxy(logdir, broker_port)
                 started.append(proxy)
         yield Stack(path, f"{HOST}:{bootstrap_port}", broker, broker_port, proxy, logdir)
+
+
+T = TypeVar("T")
+
+
+def on_stack(
+    path: str,
+    body: Callable[[Stack], T],
+    *,
+    logdir: Path,
+    kipside_args: Sequence[str] = (),
+    kipside_source: Path | None = None,
+) -> tuple[T | None, str | None, list[str]]:
+    """Run `body` on a fresh stack and check the stack survived it.
+
+    Returns body's result (None if anything failed), the error if the stack or body failed with
+    a HarnessError, and the warnings and errors the proxy logged (its shutdown included).
+    """
+    stack: Stack | None = None
+    result: T | None = None
+    error: str | None = None
+    try:
+        with open_stack(
+            path, logdir=logdir, kipside_args=kipside_args, kipside_source=kipside_source
+        ) as stack:
+            result = body(stack)
+            stack.check_alive()
+    except HarnessError as exc:
+        result, error = None, str(exc)
+    problems = stack.proxy.log_problems() if stack is not None and stack.proxy is not None else []
+    return result, error, problems
 
 
 # --------------------------------------------------------------------------- CPU noise

@@ -184,6 +184,8 @@ PATH_COLORS = {
     "kipside": "#d62728",
     "tansu-proxy": "#1f77b4",
     "haproxy": "#2ca02c",
+    "relay": "#bcbd22",
+    "kipside-before": "#f4a3a3",
 }
 
 

@@ -11,6 +11,10 @@ Commands
                  "config"?}: paced at `rate` msgs/s; latency without queueing
   consume       {"bootstrap", "topic", "messages", "seconds", "config"?}: a fresh consumer
                  assigned to every partition from the beginning until `messages` are read
+  verify-sequences {"bootstrap", "topic", "sent", "seconds"}: reads the whole topic and checks
+                 the numbered records of closed-loop producers (`sequenced_record`): `sent` maps
+                 each producer's index to [records sent, sequence numbers that failed]; every
+                 acknowledged one must be there exactly once, and in order within a partition
 """
 
 from __future__ import annotations
@@ -19,9 +23,17 @@ import json
 import resource
 import sys
 import time
+from collections import Counter
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 
@@ -217,7 +229,94 @@ def consume(a: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-COMMANDS = {"create-topics": create_topics, "produce": produce, "probe": probe, "consume": consume}
+SEQUENCED = b"seq"
+
+
+def sequenced_record(producer: int, seq: int, size: int) -> tuple[bytes, bytes]:
+    """Key and value of record `seq` of producer `producer`; the value, padded to `size` bytes,
+    names both, and the key spreads one producer's records over the partitions."""
+    value = b"%s %d %d " % (SEQUENCED, producer, seq)
+    return b"%d-%d" % (producer, seq), value.ljust(size, b".")
+
+
+def _sequence_of(value: bytes | None) -> tuple[int, int] | None:
+    """(producer, seq) of a numbered record; None for any other (warm-up) record."""
+    if not value or not value.startswith(SEQUENCED + b" "):
+        return None
+    _, producer, seq, _ = value.split(b" ", 3)
+    return int(producer), int(seq)
+
+
+def _read_sequences(c: Consumer, partitions: int, limit: float) -> tuple[Counter[Any], int, int]:
+    """Every numbered record up to the end of each partition: (counts of (producer, seq),
+    records out of order within their partition and producer, other records)."""
+    seen: Counter[tuple[int, int]] = Counter()
+    last: dict[tuple[int, int], int] = {}
+    out_of_order = others = 0
+    at_end: set[int] = set()
+    deadline = time.perf_counter() + limit
+    while len(at_end) < partitions:
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"{partitions - len(at_end)} partitions not read within {limit} s")
+        for msg in c.consume(10000, timeout=1.0):
+            err, partition = msg.error(), int(msg.partition() or 0)
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    at_end.add(partition)
+                    continue
+                raise KafkaException(err)
+            found = _sequence_of(msg.value())
+            if found is None:
+                others += 1
+                continue
+            seen[found] += 1
+            where = (partition, found[0])
+            if where in last and found[1] <= last[where]:
+                out_of_order += 1
+            last[where] = found[1]
+    return seen, out_of_order, others
+
+
+def verify_sequences(a: dict[str, Any]) -> dict[str, Any]:
+    c = Consumer(
+        {
+            "bootstrap.servers": a["bootstrap"],
+            "group.id": "kipside-bench-verify",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "fetch.queue.backoff.ms": 5,
+        }
+    )
+    topic: str = a["topic"]
+    md = c.list_topics(topic, timeout=30).topics[topic]
+    if md.error is not None:
+        raise KafkaException(md.error)
+    c.assign([TopicPartition(topic, pid, OFFSET_BEGINNING) for pid in md.partitions])
+    seen, out_of_order, others = _read_sequences(c, len(md.partitions), float(a["seconds"]))
+    c.close()
+    acked = {
+        (int(producer), seq)
+        for producer, (sent, failed) in a["sent"].items()
+        for seq in set(range(int(sent))) - set(failed)
+    }
+    return {
+        "records": sum(seen.values()),
+        "acknowledged": len(acked),
+        "duplicates": sum(n - 1 for n in seen.values()),
+        "missing": len(acked - seen.keys()),
+        "out_of_order": out_of_order,
+        "unacknowledged_present": len(seen.keys() - acked),
+        "other_records": others,
+    }
+
+
+COMMANDS = {
+    "create-topics": create_topics,
+    "produce": produce,
+    "probe": probe,
+    "consume": consume,
+    "verify-sequences": verify_sequences,
+}
 
 
 def main(argv: list[str]) -> int:

@@ -37,23 +37,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 import queue
 import resource
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import psutil
 
@@ -64,12 +60,13 @@ from _harness import (
     HarnessError,
     Stack,
     exit_cleanly_on_sigterm,
-    kipside_available,
     machine_busy_seconds,
+    on_stack,
     open_stack,
     run_worker,
     wait_until_quiet,
 )
+from _kipside import produce_counts, scrape, snapshot_kipside
 from _report import (
     IMG_DIR,
     command_line,
@@ -83,6 +80,7 @@ from _report import (
 from _report import (
     write_section as write_doc_section,
 )
+from _staged import StagedWorker
 
 from protocol.headers import build_frame, encode_request_header, parse_response_header
 from protocol.messages import decode_response
@@ -182,28 +180,6 @@ def kipside_args(cfg: Config, logdir: Path, admin_port: int) -> list[str]:
 # --------------------------------------------------------------------------- observation
 
 
-def scrape(admin_port: int) -> dict[str, float]:
-    """kipside's /metrics as {'name{labels}': value}."""
-    url = f"http://{HOST}:{admin_port}/metrics"
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        text = resp.read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name, _, value = line.rpartition(" ")
-        with contextlib.suppress(ValueError):
-            out[name] = float(value)
-    return out
-
-
-def produce_counts(metrics: dict[str, float]) -> tuple[float, float]:
-    return (
-        metrics.get('kipside_client_requests_total{api="Produce"}', 0.0),
-        metrics.get('kipside_upstream_requests_total{api="Produce"}', 0.0),
-    )
-
-
 def broker_connections(pid: int, port: int) -> int:
     """Established TCP connections of process `pid` on its local port `port`."""
     try:
@@ -243,53 +219,6 @@ class ProduceRun:
     attempts: int = 1
 
 
-class Worker:
-    """One _coalesce_load.py process and a thread that queues its stdout lines."""
-
-    def __init__(self, args: dict[str, Any], log: Path) -> None:
-        self.log = log
-        with log.open("wb") as errf:
-            self.popen: subprocess.Popen[str] = subprocess.Popen(
-                [sys.executable, str(LOAD), json.dumps(args)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=errf,
-                text=True,
-                env=dict(os.environ, PYTHONUNBUFFERED="1"),
-            )
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._drain, daemon=True).start()
-
-    def _drain(self) -> None:
-        out: IO[str] | None = self.popen.stdout
-        assert out is not None
-        for line in out:
-            self.lines.put(line.rstrip("\n"))
-        self.lines.put(None)
-
-    def expect(self, word: str, deadline: float) -> str:
-        """The next stdout line, which must be `word` (or any JSON object for word '{')."""
-        remaining = deadline - time.monotonic()
-        try:
-            line = self.lines.get(timeout=max(0.0, remaining))
-        except queue.Empty:
-            raise HarnessError(f"producer worker did not print {word} in time") from None
-        if line is None or not line.startswith(word):
-            tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-10:])
-            raise HarnessError(f"producer worker printed {line!r}, expected {word}:\n{tail}")
-        return line
-
-    def send(self, text: str) -> None:
-        assert self.popen.stdin is not None
-        self.popen.stdin.write(text + "\n")
-        self.popen.stdin.flush()
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.kill()
-        self.popen.wait(10)
-
-
 def measure_produce(
     cfg: Config, rate: float, args: argparse.Namespace, logroot: Path, attempt: int = 1
 ) -> ProduceRun:
@@ -299,15 +228,13 @@ def measure_produce(
     admin_port = free_port(HOST)
     extra = kipside_args(cfg, logdir, admin_port) if cfg.path == "kipside" else []
     wait_until_quiet(timeout=args.quiet_between)
-    stack: Stack | None = None
-    try:
-        with open_stack(cfg.path, logdir=logdir, kipside_args=extra) as stack:
-            _produce_on(stack, cfg, args, admin_port if cfg.path == "kipside" else None, run)
-            stack.check_alive()
-    except HarnessError as exc:
-        run.error = str(exc)
-    if stack is not None and stack.proxy is not None:
-        run.log_problems = stack.proxy.log_problems()
+    admin = admin_port if cfg.path == "kipside" else None
+    _, run.error, run.log_problems = on_stack(
+        cfg.path,
+        lambda stack: _produce_on(stack, cfg, args, admin, run),
+        logdir=logdir,
+        kipside_args=extra,
+    )
     return run
 
 
@@ -323,7 +250,7 @@ def _produce_on(
     per = [args.clients // args.processes] * args.processes
     for i in range(args.clients % args.processes):
         per[i] += 1
-    workers: list[Worker] = []
+    workers: list[StagedWorker] = []
     try:
         first = 0
         for i, n in enumerate(per):
@@ -339,7 +266,7 @@ def _produce_on(
                 "go_timeout": 120,
             }
             first += n
-            workers.append(Worker(load_args, stack.logdir / f"load-{i}.log"))
+            workers.append(StagedWorker(LOAD, load_args, stack.logdir / f"load-{i}.log"))
         ready_by = time.monotonic() + 90
         for w in workers:
             w.expect("READY", ready_by)
@@ -537,45 +464,6 @@ def measure_idle(
     if stack is not None and stack.proxy is not None:
         run.log_problems = stack.proxy.log_problems()
     return run
-
-
-KIPSIDE_PACKAGES = ("protocol", "proxy", "rules")
-SNAPSHOT_ATTEMPTS = 6
-SNAPSHOT_RETRY_S = 10.0
-
-
-def snapshot_kipside(dest: Path) -> tuple[bool, str, str]:
-    """Copy kipside's packages to `dest` and make every child process import them from there.
-
-    The working tree may change while the benchmark runs (other engineers edit it); from a
-    snapshot every configuration runs the same code. The console script `kipside` imports
-    `proxy` through sys.path, where PYTHONPATH comes before the editable install. A snapshot
-    that cannot start (a file caught mid-edit) is taken again, a bounded number of times.
-    Returns (usable, error, sha256 of the copied sources, 12 hex digits).
-    """
-    repo = Path(__file__).resolve().parent.parent
-    why = ""
-    for attempt in range(SNAPSHOT_ATTEMPTS):
-        if attempt:
-            time.sleep(SNAPSHOT_RETRY_S)
-        shutil.rmtree(dest, ignore_errors=True)
-        digest = hashlib.sha256()
-        for pkg in KIPSIDE_PACKAGES:
-            shutil.copytree(
-                repo / pkg, dest / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
-            )
-            for f in sorted((dest / pkg).rglob("*.py")):
-                digest.update(f.relative_to(dest).as_posix().encode() + b"\0" + f.read_bytes())
-        old = os.environ.get("PYTHONPATH")
-        os.environ["PYTHONPATH"] = str(dest) + (os.pathsep + old if old else "")
-        ok, why = kipside_available()
-        if ok:
-            return True, "", digest.hexdigest()[:12]
-        os.environ["PYTHONPATH"] = old or ""
-        if old is None:
-            del os.environ["PYTHONPATH"]
-        print(f"kipside from a snapshot does not start ({why}); again", file=sys.stderr)
-    return False, why, ""
 
 
 def raise_fd_limit(needed: int) -> tuple[int, int]:

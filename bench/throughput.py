@@ -35,11 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _harness import (
     PATHS,
-    HarnessError,
     Stack,
     exit_cleanly_on_sigterm,
     kipside_available,
-    open_stack,
+    on_stack,
     run_worker,
     wait_until_quiet,
 )
@@ -132,16 +131,9 @@ def measure(path: str, rep: int, args: argparse.Namespace, logroot: Path, attemp
     logdir = logroot / f"{path}-{rep}-{attempt}"
     logdir.mkdir()
     wait_until_quiet(timeout=args.quiet_wait)
-    stack: Stack | None = None
-    try:
-        with open_stack(path, logdir=logdir) as stack:
-            _measure_on(stack, run, args)
-            stack.check_alive()
-    except HarnessError as exc:
-        run.error = str(exc)
-    if stack is not None and stack.proxy is not None:
-        # Warnings and errors the proxy logged, shutdown included.
-        run.log_problems = stack.proxy.log_problems()
+    _, run.error, run.log_problems = on_stack(
+        path, lambda stack: _measure_on(stack, run, args), logdir=logdir
+    )
     return run
 
 

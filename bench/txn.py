@@ -53,7 +53,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +72,7 @@ from _harness import (
     start_tansu,
     wait_until_quiet,
 )
+from _kipside import scrape
 from _report import (
     DOC,
     IMG_DIR,
@@ -287,18 +287,6 @@ def relay_stack(cell: Cell, logdir: Path) -> Iterator[tuple[MarkerWindowRelay, M
     finally:
         _stop_quietly(broker)
         relay.close()
-
-
-def scrape(admin_port: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://{HOST}:{admin_port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            with contextlib.suppress(ValueError):
-                out[name] = float(value)
-    return out
 
 
 def _rusage_cpu() -> float:
