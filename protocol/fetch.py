@@ -21,6 +21,7 @@ from .primitives import (
     INT16,
     INT32,
     INT64,
+    has_tagged_field,
     iter_tagged_fields,
     read_compact_nullable_string,
     read_int16,
@@ -271,14 +272,9 @@ def fetch_response_names_nodes(frame: Buffer, body_offset: int, version: int) ->
         raise DecodeError(f"Fetch v{version} is newer than kipside's reader")
     _, offset = _read_body(frame, body_offset, version)
     view = memoryview(frame)
-    count, offset = read_uvarint(view, offset)
-    for _ in range(count):
-        tag, offset = read_uvarint(view, offset)
-        if tag == 0:
-            return True
-        size, offset = read_uvarint(view, offset)
-        offset += size
-    return False
+    if skip_tagged_fields(view, offset) != len(view):
+        raise DecodeError(f"FetchResponse v{version} has trailing bytes")
+    return has_tagged_field(view, offset, 0)
 
 
 def _read_body(frame: Buffer, body_offset: int, version: int) -> tuple[FetchResponseData, int]:

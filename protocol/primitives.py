@@ -110,6 +110,11 @@ def iter_tagged_fields(
         offset = end
 
 
+def has_tagged_field(buf: bytes | bytearray | memoryview, offset: int, wanted: int) -> bool:
+    """Whether the tagged-field section starting at offset holds tag `wanted`."""
+    return any(tag == wanted for tag, _start, _end in iter_tagged_fields(buf, offset))
+
+
 def skip_tagged_fields(buf: bytes | bytearray | memoryview, offset: int) -> int:
     if offset < len(buf) and buf[offset] == 0:  # the usual case: no tagged fields
         return offset + 1

@@ -20,6 +20,7 @@ from .primitives import (
     INT16,
     INT32,
     INT64,
+    has_tagged_field,
     read_compact_nullable_string,
     read_int16,
     read_int32,
@@ -304,16 +305,10 @@ def produce_response_names_nodes(frame: Buffer, body_offset: int, version: int) 
             offset = skip_tagged_fields(frame, offset)
         offset = skip_tagged_fields(frame, offset)
     offset += 4  # throttle time
-    n_tags, offset = read_uvarint(frame, offset)
-    for _ in range(n_tags):
-        tag, offset = read_uvarint(frame, offset)
-        if tag == 0:
-            return True
-        size, offset = read_uvarint(frame, offset)
-        offset += size
-    if offset != len(frame):
-        raise DecodeError(f"ProduceResponse v{version} has {len(frame) - offset} trailing bytes")
-    return False
+    end = skip_tagged_fields(frame, offset)
+    if end != len(frame):
+        raise DecodeError(f"ProduceResponse v{version} has {len(frame) - end} trailing bytes")
+    return has_tagged_field(frame, offset, 0)
 
 
 def encode_produce_response(version: int, response: ProduceResponseData) -> bytes:

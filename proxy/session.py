@@ -250,7 +250,7 @@ class Session:
             span = self.tracer.request_span(
                 api_key, version, self.client_id, self.peer, _topics(frame, header)
             )
-            self.current_span = span
+        self.current_span = span
         if api_key == ApiKey.API_VERSIONS and version > MAX_API_VERSIONS_VERSION:
             local = self.versions.unsupported_response(header.correlation_id)
             self._owe(header, Pending.answered(local), False, started, span)

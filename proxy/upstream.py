@@ -226,7 +226,7 @@ class UpstreamConnection:
             while True:
                 data = await wire.receive(READ_SIZE)
                 if not data:
-                    if wire.broken_reason and wire.closed:
+                    if wire.broken_reason:
                         reason = f"{self.name}: {wire.broken_reason}"
                     return
                 decoder.receive_data(data)

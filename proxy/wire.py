@@ -97,7 +97,8 @@ class Wire:
 
     async def receive(self, max_bytes: int) -> bytes:
         """The next bytes from the peer; b"" once it has finished sending or the connection
-        is closed or reset. Waits first: a proxy reads after the peer had time to send."""
+        is closed or reset (then `broken_reason` says which). Waits first: a proxy reads
+        after the peer had time to send."""
         while True:
             try:
                 await trio.lowlevel.wait_readable(self._sock)
@@ -108,7 +109,9 @@ class Wire:
             except BlockingIOError:
                 continue
             except OSError as exc:
-                self._break(f"connection lost: {exc.strerror or exc}")
+                # Like the end of the stream to the reader (what was already read still gets
+                # answered if it can be); the next write reports the break.
+                self.broken_reason = f"connection lost: {exc.strerror or exc}"
                 return b""
 
     # Writing ---------------------------------------------------------------------------
