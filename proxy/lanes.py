@@ -26,6 +26,9 @@ from .upstream import UpstreamConnection, UpstreamFailed
 
 log = logging.getLogger("kipside.lanes")
 
+# How long a new lane waits for the broker's ApiVersions answer before giving up on it.
+PROBE_TIMEOUT_SECONDS = 10.0
+
 
 def lane_index(topic: str, partition: int, lanes: int) -> int:
     """Stable across processes and restarts (unlike hash(), which is salted per process)."""
@@ -95,10 +98,17 @@ class LanePool:
             self._stats.upstream_connections += 1
             if self.produce_versions is None:
                 try:
-                    self.produce_versions = await self._broker_produce_versions(connection)
-                except UpstreamFailed:
+                    # Bounded: a broker that never answers must not wedge the lane forever.
+                    with trio.fail_after(PROBE_TIMEOUT_SECONDS):
+                        self.produce_versions = await self._broker_produce_versions(connection)
+                except (UpstreamFailed, trio.TooSlowError) as exc:
                     await connection.aclose()
-                    raise
+                    if isinstance(exc, UpstreamFailed):
+                        raise
+                    raise UpstreamFailed(
+                        f"node {self.node_id} did not answer ApiVersions within "
+                        f"{PROBE_TIMEOUT_SECONDS:g} s"
+                    ) from exc
             self._connections[index] = connection
             log.info("%s open", connection.name)
             return connection
