@@ -54,7 +54,7 @@ from protocol.produce import (
 )
 from rules import CoalescingRules
 
-from .lanes import LanePool, lane_index
+from .lanes import LanePlacement, LanePool
 from .nodes import NodeMap
 from .stats import Stats
 from .tracing import Tracer, finish
@@ -180,10 +180,12 @@ class ProduceLane:
         index: int,
         rules: CoalescingRules,
         stats: Stats,
+        placement: LanePlacement,
         tracer: Tracer | None = None,
     ) -> None:
         self.tracer = tracer
         self.pool = pool
+        self.placement = placement
         self.index = index
         self.rules = rules
         self.stats = stats
@@ -220,10 +222,16 @@ class ProduceLane:
             return None
         self.stats.upstream_requests[ApiKey.PRODUCE] += 1
         self.stats.coalesced_batches += len(batches)
-        pending = connection.send_nowait(
-            frame, ApiKey.PRODUCE, header.api_version, expects_response=acks != 0
-        )
-        if pending is not None:
+        try:
+            pending = connection.send_nowait(
+                frame, ApiKey.PRODUCE, header.api_version, expects_response=acks != 0
+            )
+        except UpstreamFailed:
+            self._release(batches)
+            raise
+        if pending is None:
+            self._release(batches)
+        else:
             self._busy = True
             pending.on_done(lambda: self._passed(batches, pending))
         return Submitted(pending, raw=True)
@@ -232,7 +240,16 @@ class ProduceLane:
         self._busy = False
         if pending.frame is None:
             self._fail_all(batches, pending.failure or "no response")
+        else:
+            self._release(batches)
         self._next()
+
+    def _release(self, items: list[QueuedBatch]) -> None:
+        """These batches are answered or failed: they hold their partitions' lane no more."""
+        node_id = self.pool.node_id
+        for item in items:
+            batch = item.batch
+            self.placement.release(item.disconnect, node_id, batch.topic, batch.partition)
 
     def _take(self) -> list[QueuedBatch]:
         """The batches for the next request, oldest first, by Apache Kafka's merge rules."""
@@ -265,6 +282,7 @@ class ProduceLane:
     def _fail_all(self, taken: list[QueuedBatch], reason: str) -> None:
         failed = taken + list(self.queue)
         self.queue.clear()
+        self._release(failed)
         # One entry per client connection: each request carries its own bound-method object
         # (a new one per attribute access), and bound methods of one session compare equal.
         clients = dict.fromkeys(item.disconnect for item in failed)
@@ -332,7 +350,9 @@ class ProduceLane:
             log.exception("lane %d to node %d: unexpected error", self.index, self.pool.node_id)
             self._fail_all(taken, f"kipside error: {exc!r}")
             return
-        if pending is not None:  # else acks=0: nothing comes back; go on with what queued
+        if pending is None:  # acks=0: nothing comes back; go on with what queued
+            self._release(taken)
+        else:
             self._busy = True
             pending.on_done(lambda: self._answered(taken, pending, version, span))
 
@@ -372,6 +392,7 @@ class ProduceLane:
         self, taken: list[QueuedBatch], pending: Pending, version: int, span: Span | None
     ) -> None:
         self._busy = False
+        answered = False
         try:
             if pending.frame is None:
                 finish(span, "UPSTREAM_UNAVAILABLE")
@@ -379,9 +400,12 @@ class ProduceLane:
             else:
                 self._distribute(taken, pending.frame, version)
                 finish(span)
+                answered = True
         except Exception as exc:
             log.exception("lane %d to node %d: unexpected error", self.index, self.pool.node_id)
             self._fail_all(taken, f"kipside error: {exc!r}")
+        if answered:
+            self._release(taken)
         self._next()
 
     def _span(self, taken: list[QueuedBatch], acks: int, request_bytes: int) -> Span | None:
@@ -447,6 +471,7 @@ class Coalescer:
         self.stats = stats
         self._nursery = nursery
         self._lanes: dict[tuple[int, int], ProduceLane] = {}
+        self.placement = LanePlacement()
 
     def set_rules(self, rules: CoalescingRules) -> None:
         """New coalescing rules for requests from now on (lanes read linger and caps per
@@ -458,7 +483,9 @@ class Coalescer:
     def _lane(self, node_id: int, index: int) -> ProduceLane:
         lane = self._lanes.get((node_id, index))
         if lane is None:
-            lane = ProduceLane(self._pools(node_id), index, self.rules, self.stats, self.tracer)
+            lane = ProduceLane(
+                self._pools(node_id), index, self.rules, self.stats, self.placement, self.tracer
+            )
             self._lanes[(node_id, index)] = lane
             self._nursery.start_soon(lane.run)
         return lane
@@ -487,7 +514,13 @@ class Coalescer:
             return None
         acks, timeout_ms = request.acks, request.timeout_ms
         lanes = self._pools(node_id).lanes
-        indexes = [lane_index(p.topic, p.partition, lanes) for p in request.partitions]
+        # The client connection is known by its disconnect callable (bound methods of one
+        # session compare and hash equal).
+        place = self.placement.place
+        indexes = [
+            place(disconnect, node_id, p.topic, p.partition, acks, lanes)
+            for p in request.partitions
+        ]
         if self.tracer is None and indexes.count(indexes[0]) == len(indexes):
             alone = [QueuedBatch(p, acks, timeout_ms, None, disconnect) for p in request.partitions]
             passed = self._lane(node_id, indexes[0]).pass_through(frame, header, acks, alone)

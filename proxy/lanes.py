@@ -1,17 +1,17 @@
 """Lanes: the few upstream connections per broker node that all clients share.
 
-Each node gets `coalescing.lanes` connections. A partition always maps to the same lane (a stable
-hash of topic and partition), which keeps per-partition order; short request/response APIs are
-spread over the lanes with their correlation ids remapped. A lane whose connection broke is
-redialled on next use; what was in flight on it fails (see proxy.coalesce for produce). Lanes
-never carry SASL-authenticated traffic: a connection's identity belongs to one client.
+Each node gets `coalescing.lanes` connections. A client's produce batches for a partition stay on
+one lane while any of them is outstanding, which keeps their order (LanePlacement); short
+request/response APIs are spread over the lanes with their correlation ids remapped. A lane whose
+connection broke is redialled on next use; what was in flight on it fails (see proxy.coalesce
+for produce). Lanes never carry SASL-authenticated traffic: a connection's identity belongs to
+one client.
 """
 
 from __future__ import annotations
 
 import logging
-import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 import trio
 from kio.schema.errors import ErrorCode
@@ -30,9 +30,50 @@ log = logging.getLogger("kipside.lanes")
 PROBE_TIMEOUT_SECONDS = 10.0
 
 
-def lane_index(topic: str, partition: int, lanes: int) -> int:
-    """Stable across processes and restarts (unlike hash(), which is salted per process)."""
-    return (zlib.crc32(topic.encode("utf-8")) + partition) % lanes
+# The lane a client's batches start on, by acks: a ProduceRequest carries one acks value, so
+# giving each acks value its own lane lets one request carry every waiting batch of that value
+# instead of alternating values on every lane.
+_ACKS_LANE = {-1: 0, 1: 1, 0: 2}
+
+
+class LanePlacement:
+    """Which lane carries each client's produce batches for a partition, keeping their order.
+
+    Order matters per client connection and partition (a producer's sequence; Apache Kafka
+    defines no order between two producers). While any batch of a client for a partition is
+    outstanding (queued or in flight) on a lane, that client's next batches for it go to the
+    same lane, behind it: a lane keeps them in order and a broker answers one connection's
+    requests in order, so nothing overtakes. Otherwise a batch goes to the lane of its acks
+    value (a client's batches normally all have the same acks).
+    """
+
+    def __init__(self) -> None:
+        self._placed: dict[tuple[Hashable, int, str, int], list[int]] = {}
+        """(client, node, topic, partition) -> [lane, outstanding batches]."""
+
+    def place(
+        self, client: Hashable, node_id: int, topic: str, partition: int, acks: int, lanes: int
+    ) -> int:
+        """The lane for one more batch of this client and partition (counted until release)."""
+        key = (client, node_id, topic, partition)
+        placed = self._placed.get(key)
+        if placed is None:
+            placed = self._placed[key] = [_ACKS_LANE.get(acks, 0) % lanes, 0]
+        placed[1] += 1
+        return placed[0]
+
+    def release(self, client: Hashable, node_id: int, topic: str, partition: int) -> None:
+        """One batch of this client and partition is no longer outstanding."""
+        key = (client, node_id, topic, partition)
+        placed = self._placed.get(key)
+        if placed is None:
+            return
+        placed[1] -= 1
+        if placed[1] <= 0:
+            del self._placed[key]
+
+    def outstanding(self) -> int:
+        return sum(count for _lane, count in self._placed.values())
 
 
 class LanePool:
