@@ -11,6 +11,7 @@ one client.
 from __future__ import annotations
 
 import logging
+import zlib
 from collections.abc import Callable, Hashable
 
 import trio
@@ -30,10 +31,13 @@ log = logging.getLogger("kipside.lanes")
 PROBE_TIMEOUT_SECONDS = 10.0
 
 
-# The lane a client's batches start on, by acks: a ProduceRequest carries one acks value, so
-# giving each acks value its own lane lets one request carry every waiting batch of that value
-# instead of alternating values on every lane.
+# The lane of each acks value while clients of several acks values produce to one node.
 _ACKS_LANE = {-1: 0, 1: 1, 0: 2}
+
+
+def lane_index(topic: str, partition: int, lanes: int) -> int:
+    """Stable across processes and restarts (unlike hash(), which is salted per process)."""
+    return (zlib.crc32(topic.encode("utf-8")) + partition) % lanes
 
 
 class LanePlacement:
@@ -43,13 +47,19 @@ class LanePlacement:
     defines no order between two producers). While any batch of a client for a partition is
     outstanding (queued or in flight) on a lane, that client's next batches for it go to the
     same lane, behind it: a lane keeps them in order and a broker answers one connection's
-    requests in order, so nothing overtakes. Otherwise a batch goes to the lane of its acks
-    value (a client's batches normally all have the same acks).
+    requests in order, so nothing overtakes. Otherwise:
+    - while batches of another acks value are outstanding on the node, the batch goes to its
+      acks value's lane: a ProduceRequest carries one acks value, so a lane shared by two values
+      would take turns between them, halving what each request carries;
+    - else partitions spread over the lanes by a stable hash, so the broker works on several
+      requests at once.
     """
 
     def __init__(self) -> None:
         self._placed: dict[tuple[Hashable, int, str, int], list[int]] = {}
         """(client, node, topic, partition) -> [lane, outstanding batches]."""
+        self._by_acks: dict[tuple[int, int], int] = {}
+        """(node, acks) -> outstanding batches."""
 
     def place(
         self, client: Hashable, node_id: int, topic: str, partition: int, acks: int, lanes: int
@@ -58,8 +68,12 @@ class LanePlacement:
         key = (client, node_id, topic, partition)
         placed = self._placed.get(key)
         if placed is None:
-            placed = self._placed[key] = [_ACKS_LANE.get(acks, 0) % lanes, 0]
+            mixed = any(n and k[0] == node_id and k[1] != acks for k, n in self._by_acks.items())
+            lane = _ACKS_LANE.get(acks, 0) if mixed else lane_index(topic, partition, lanes)
+            placed = self._placed[key] = [lane % lanes, 0, acks]
         placed[1] += 1
+        by_acks = (node_id, placed[2])
+        self._by_acks[by_acks] = self._by_acks.get(by_acks, 0) + 1
         return placed[0]
 
     def release(self, client: Hashable, node_id: int, topic: str, partition: int) -> None:
@@ -69,11 +83,12 @@ class LanePlacement:
         if placed is None:
             return
         placed[1] -= 1
+        self._by_acks[(node_id, placed[2])] -= 1
         if placed[1] <= 0:
             del self._placed[key]
 
     def outstanding(self) -> int:
-        return sum(count for _lane, count in self._placed.values())
+        return sum(placed[1] for placed in self._placed.values())
 
 
 class LanePool:

@@ -12,27 +12,32 @@ import time
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from proxy.lanes import LanePlacement
+from proxy.lanes import LanePlacement, lane_index
 
 PARTITIONS = 4
 MESSAGES = 200
 
 
-def test_a_clients_partition_stays_on_its_lane_while_outstanding_then_follows_its_acks() -> None:
+def test_a_clients_partition_stays_on_its_lane_while_outstanding() -> None:
     placement = LanePlacement()
-    assert placement.place("a", 1, "t", 0, -1, 2) == 0  # acks=all starts on lane 0
-    assert placement.place("a", 1, "t", 0, 1, 2) == 0  # outstanding there: follows it
-    assert placement.place("b", 1, "t", 0, 1, 2) == 1  # another client: no order to keep
+    hashed = lane_index("t", 0, 2)
+    assert placement.place("a", 1, "t", 0, -1, 2) == hashed  # one acks value: spread by hash
+    assert placement.place("a", 1, "t", 0, 1, 2) == hashed  # outstanding there: follows it
     placement.release("a", 1, "t", 0)
-    assert placement.place("a", 1, "t", 0, 1, 2) == 0  # still one outstanding
-    for _ in range(2):
-        placement.release("a", 1, "t", 0)
-    placement.release("b", 1, "t", 0)
+    placement.release("a", 1, "t", 0)
     assert placement.outstanding() == 0
-    assert placement.place("a", 1, "t", 0, 1, 2) == 1  # nothing outstanding: acks=1's lane
-    assert placement.place("a", 1, "t", 1, 0, 2) == 0  # acks=0 shares lane 0 when there are 2
-    assert placement.place("a", 1, "t", 2, 0, 3) == 2
-    assert placement.place("a", 1, "t", 3, -1, 1) == 0  # one lane: everything on it
+
+
+def test_while_acks_values_mix_each_goes_to_its_own_lane() -> None:
+    placement = LanePlacement()
+    placement.place("a", 1, "t", 0, -1, 2)  # an acks=all batch outstanding on node 1
+    assert placement.place("b", 1, "t", 1, 1, 2) == 1  # acks=1 meets it: acks=1's lane
+    assert placement.place("c", 1, "t", 2, -1, 2) == 0  # and acks=all now goes to lane 0
+    assert placement.place("d", 1, "t", 3, 0, 3) == 2  # acks=0: lane 2 when there are 3
+    assert placement.place("e", 2, "t", 1, 1, 2) == lane_index("t", 1, 2)  # other node: alone
+    for client, node, partition in (("a", 1, 0), ("b", 1, 1), ("c", 1, 2), ("d", 1, 3)):
+        placement.release(client, node, "t", partition)
+    assert placement.place("f", 1, "t", 5, 1, 2) == lane_index("t", 5, 2)  # no mix any more
 
 
 def _produce(bootstrap: str, topic: str, name: str, conf: dict[str, object], out: dict) -> None:  # type: ignore[type-arg]
