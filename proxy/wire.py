@@ -100,6 +100,9 @@ class Wire:
         is closed or reset (then `broken_reason` says which). Waits first: a proxy reads
         after the peer had time to send."""
         while True:
+            if self.closed:  # closed by a failed write or by its owner, maybe before we waited
+                await trio.lowlevel.checkpoint()
+                return b""
             try:
                 await trio.lowlevel.wait_readable(self._sock)
             except trio.ClosedResourceError:
@@ -180,6 +183,8 @@ class Wire:
                 self._break(f"the peer read nothing for {WRITE_GRACE_SECONDS:g} s")
 
     async def _flush_some(self) -> None:
+        if self.closed:
+            return
         try:
             await trio.lowlevel.wait_writable(self._sock)
         except trio.ClosedResourceError:

@@ -127,3 +127,13 @@ async def test_a_peer_that_stops_reading_breaks_the_connection(
             await w.run_flusher()  # returns once it gave up and closed the connection
     assert w.closed
     assert broken and "read nothing" in broken[0]
+
+
+async def test_receive_on_a_wire_closed_before_it_waited_reads_as_the_end() -> None:
+    """A failed write closes the wire from another task before the reader waits again: the
+    reader must see the end of the stream, not an error that would take the proxy down."""
+    with trio.fail_after(TIMEOUT):
+        async with pair() as (w, _peer):
+            w.close()
+            assert await w.receive(1024) == b""
+            await w.run_flusher()  # returns at once on a closed wire
