@@ -22,7 +22,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from _consumers import from_the_start
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 # The table's columns: the schema file bench/lake.py gives `kipside lake` says the same.
@@ -144,24 +145,7 @@ class _Tables:
 
 
 def baseline(a: dict[str, Any]) -> dict[str, Any]:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": a["bootstrap"],
-            "group.id": "bench-lake-baseline",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "fetch.max.bytes": 64 * 1024 * 1024,
-            "max.partition.fetch.bytes": 8 * 1024 * 1024,
-        }
-    )
-    meta = consumer.list_topics(timeout=30)
-    consumer.assign(
-        [
-            TopicPartition(t, p, OFFSET_BEGINNING)
-            for t in a["topics"]
-            for p in meta.topics[t].partitions
-        ]
-    )
+    consumer = from_the_start(a["bootstrap"], "bench-lake-baseline", a["topics"])
     tables = _Tables(Path(a["out"]), 500_000)
     wanted, seen, bad = int(a["records"]), 0, 0
     started = time.monotonic()

@@ -19,7 +19,8 @@ import sys
 import time
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from _consumers import from_the_start
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 WORDS = [
@@ -108,20 +109,7 @@ def load(a: dict[str, Any]) -> dict[str, Any]:
 
 def deep(a: dict[str, Any]) -> dict[str, Any]:
     topics: dict[str, str] = a["topics"]
-    consumer = Consumer(
-        {
-            "bootstrap.servers": a["source"],
-            "group.id": "bench-deep-mirror",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "fetch.max.bytes": 64 * 1024 * 1024,
-            "max.partition.fetch.bytes": 8 * 1024 * 1024,
-        }
-    )
-    meta = consumer.list_topics(timeout=30)
-    consumer.assign(
-        [TopicPartition(t, p, OFFSET_BEGINNING) for t in topics for p in meta.topics[t].partitions]
-    )
+    consumer = from_the_start(a["source"], "bench-deep-mirror", topics)
     producers = {
         t: Producer(
             {

@@ -521,16 +521,15 @@ class Coalescer:
             place(disconnect, node_id, p.topic, p.partition, acks, lanes)
             for p in request.partitions
         ]
+        batches = [QueuedBatch(p, acks, timeout_ms, None, disconnect) for p in request.partitions]
         if self.tracer is None and indexes.count(indexes[0]) == len(indexes):
-            alone = [QueuedBatch(p, acks, timeout_ms, None, disconnect) for p in request.partitions]
-            passed = self._lane(node_id, indexes[0]).pass_through(frame, header, acks, alone)
+            passed = self._lane(node_id, indexes[0]).pass_through(frame, header, acks, batches)
             if passed is not None:
                 return passed
         owner = None
         if acks != 0:
             owner = ClientProduce(header.correlation_id, header.api_version, keys, self.nodes)
-        for batch, index in zip(request.partitions, indexes, strict=True):
-            self._lane(node_id, index).submit(
-                QueuedBatch(batch, acks, timeout_ms, owner, disconnect, span)
-            )
+        for item, index in zip(batches, indexes, strict=True):
+            item.owner, item.span = owner, span
+            self._lane(node_id, index).submit(item)
         return Submitted(owner.pending if owner is not None else None, raw=False)

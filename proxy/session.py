@@ -31,7 +31,7 @@ from protocol.headers import RequestHeader, parse_request_header, parse_response
 from protocol.primitives import INT16, read_uvarint
 from protocol.produce import MAX_VERSION, MIN_VERSION, parse_produce_request
 
-from .addresses import AddressRewriter, address_apis, carries_addresses
+from .addresses import AddressRewriter, carries_addresses
 from .nodes import Address
 from .stats import Stats
 from .tracing import Tracer, finish
@@ -47,8 +47,6 @@ log = logging.getLogger("kipside.session")
 READ_SIZE = 256 * 1024
 # The reader stops taking requests while this much of the client's answers is unsent.
 CLIENT_BACKLOG_LIMIT_BYTES = 4 * 1024 * 1024
-# Raw broker answers that kipside may have to rewrite; every other raw answer passes as is.
-REWRITTEN_APIS = frozenset({ApiKey.API_VERSIONS, *address_apis()})
 # How long a closing session lets the broker finish what it was sent (acks=0 produce has no
 # answer to wait for, and closing first would make the broker drop it).
 DEDICATED_CLOSE_GRACE_SECONDS = 1.0
@@ -381,9 +379,7 @@ class Session:
                 slot.pending.failure,
             )
             return None
-        if slot.raw and slot.api_key in REWRITTEN_APIS:
-            return self._process_response(slot, frame)
-        return frame
+        return self._process_response(slot, frame) if slot.raw else frame
 
     def _write(self, ready: list[Slot], frames: list[bytes]) -> None:
         try:

@@ -89,10 +89,6 @@ class Wire:
             return "<unknown>"
         return f"{host}:{port}"
 
-    def sockname(self) -> tuple[str, int]:
-        host, port = self._sock.getsockname()[:2]
-        return str(host), int(port)
-
     # Reading ---------------------------------------------------------------------------
 
     async def receive(self, max_bytes: int) -> bytes:
