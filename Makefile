@@ -7,18 +7,27 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: run test check lint typecheck unit integration bench clean system-deps
+.PHONY: FORCE run test check lint typecheck unit integration bench clean system-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# The editable install puts the checkout on sys.path (setuptools' compat mode) rather than behind
-# an import hook: Spark finds Python data sources by listing sys.path for pyspark_* modules, and
-# an import hook hides pyspark_kipside from that listing (a wheel install needs nothing).
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[test,bench,pipeline]' --config-settings editable_mode=compat
+# The folders at the top (protocol/, proxy/, rules/, pipeline/) install as kipside.*, so the
+# editable install is setuptools' strict mode: a tree of links under build/ that mirrors the
+# installed layout (Spark also finds pyspark_kipside there, by listing sys.path). A link tree
+# does not see new files, so the install is redone whenever the list of package files changes.
+PACKAGES := protocol proxy rules pipeline pyspark_kipside
+LAYOUT := $(VENV)/.layout
+$(LAYOUT): FORCE | $(BIN)/python
+	@find $(PACKAGES) -type f -not -name '*.pyc' -not -path '*/__pycache__/*' | sort > $@.new
+	@cmp -s $@.new $@ && rm $@.new || mv $@.new $@
+
+$(STAMP): pyproject.toml $(LAYOUT) | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test,bench,pipeline]' --config-settings editable_mode=strict
 	touch $(STAMP)
+
+FORCE:
 
 # From Debian: kcat (a real client for the tests), haproxy (the benchmarks' floor) and libpcap
 # (the coalescing test captures loopback traffic with scapy); Java 17 for Spark (the pipelines);
@@ -49,8 +58,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check protocol proxy rules pipeline pyspark_kipside tests/pipelines
 
+# mypy reads kipside.* from the link tree and names files by their checkout paths.
 typecheck: $(STAMP)
-	$(BIN)/mypy
+	@tree=$$($(BIN)/python -c 'import kipside.proxy as p, pathlib; print(pathlib.Path(p.__path__[0]).parents[1])'); \
+	MYPYPATH=$$tree $(BIN)/mypy > $(VENV)/.mypy.out; rc=$$?; \
+	sed -e "s#$$tree/kipside/##" -e "s#$$tree/##" $(VENV)/.mypy.out; exit $$rc
 
 unit: $(STAMP)
 	$(BIN)/pytest -m "not integration" $(PYTEST_ARGS)
@@ -65,4 +77,4 @@ bench: $(STAMP) system-deps
 	$(BIN)/python bench/throughput.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info
+	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info

@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from proxy.devbroker import free_port, tansu_path, wait_for_port  # noqa: E402
+from kipside.proxy.devbroker import free_port, tansu_path, wait_for_port  # noqa: E402
 
 HOST = "127.0.0.1"
 TANSU_NODE_ID = 111

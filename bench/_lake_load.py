@@ -171,10 +171,10 @@ def baseline(a: dict[str, Any]) -> dict[str, Any]:
 
 def logsize(a: dict[str, Any]) -> dict[str, Any]:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from pipeline.kafka.client import ClientConfig, KafkaClient
-    from pipeline.kafka.connection import Address
-    from pipeline.kafka.fetcher import FetchConfig, RangeReader
-    from pipeline.kafka.offsets import EARLIEST, list_offsets, watermarks
+    from kipside.pipeline.kafka.client import ClientConfig, KafkaClient
+    from kipside.pipeline.kafka.connection import Address
+    from kipside.pipeline.kafka.fetcher import FetchConfig, RangeReader
+    from kipside.pipeline.kafka.offsets import EARLIEST, list_offsets, watermarks
 
     address = Address.parse(a["bootstrap"], what="bootstrap")
     with KafkaClient([address], role="bench cluster", config=ClientConfig()) as client:

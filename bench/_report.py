@@ -78,7 +78,7 @@ def _first_line(args: Sequence[str]) -> str:
 
 def versions(*, haproxy: str | None = "/usr/sbin/haproxy") -> dict[str, str]:
     """Versions of kipside, Tansu, the client library and (optionally) haproxy."""
-    from proxy.devbroker import tansu_path
+    from kipside.proxy.devbroker import tansu_path
 
     out: dict[str, str] = {}
     try:

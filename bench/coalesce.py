@@ -82,9 +82,9 @@ from _report import (
 )
 from _staged import StagedWorker
 
-from protocol.headers import build_frame, encode_request_header, parse_response_header
-from protocol.messages import decode_response
-from proxy.devbroker import free_port
+from kipside.protocol.headers import build_frame, encode_request_header, parse_response_header
+from kipside.protocol.messages import decode_response
+from kipside.proxy.devbroker import free_port
 
 SECTION = "coalesce"
 LOAD = Path(__file__).resolve().parent / "_coalesce_load.py"

@@ -72,7 +72,7 @@ from _profile import Profile, py_spy_record, summarise
 from _report import DOC, utc_now
 from _staged import Window, run_staged
 
-from proxy.devbroker import free_port
+from kipside.proxy.devbroker import free_port
 
 LOAD = Path(__file__).resolve().parent / "_coalesce_load.py"
 A_PATHS = ("direct", "relay", "haproxy", "tansu-proxy", "kipside", "kipside-before")

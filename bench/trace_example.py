@@ -32,11 +32,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E4
 from opentelemetry.trace import SpanKind  # noqa: E402
 from txn_relay import MarkerWindowRelay, start_tansu_advertising  # noqa: E402
 
-from proxy.devbroker import free_port  # noqa: E402
-from proxy.nodes import Address  # noqa: E402
-from proxy.server import Server, ServerConfig  # noqa: E402
-from proxy.tracing import TraceConfig, Tracer  # noqa: E402
-from rules import parse_rules  # noqa: E402
+from kipside.proxy.devbroker import free_port  # noqa: E402
+from kipside.proxy.network.nodes import Address  # noqa: E402
+from kipside.proxy.server import Server, ServerConfig  # noqa: E402
+from kipside.proxy.telemetry.tracing import TraceConfig, Tracer  # noqa: E402
+from kipside.rules import parse_rules  # noqa: E402
 
 RULES = """\
 coalescing:

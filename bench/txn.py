@@ -103,7 +103,7 @@ from txn_relay import (
     TxnEvent,
 )
 
-from proxy.devbroker import free_port
+from kipside.proxy.devbroker import free_port
 
 SECTION = "txn"
 LOAD = Path(__file__).resolve().parent / "_txn_load.py"

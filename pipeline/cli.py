@@ -151,7 +151,7 @@ def _mirror(args: argparse.Namespace) -> int:
         if problem:
             print(problem, file=sys.stderr)
             return 2
-        from pipeline.mirror.translate import TranslateJob, run_translate
+        from kipside.pipeline.mirror.translate import TranslateJob, run_translate
 
         job = TranslateJob(
             source=args.source,
@@ -167,7 +167,7 @@ def _mirror(args: argparse.Namespace) -> int:
     if problem:
         print(problem, file=sys.stderr)
         return 2
-    from pipeline.mirror.job import MirrorJob, run_mirror
+    from kipside.pipeline.mirror.job import MirrorJob, run_mirror
 
     mirror = MirrorJob(
         source=args.source,
@@ -270,7 +270,7 @@ def _lake(args: argparse.Namespace) -> int:
                 f"kipside lake: error: --{name.replace('_', '-')} must be positive", file=sys.stderr
             )
             return 2
-    from pipeline.lake.job import LakeJob, run_lake
+    from kipside.pipeline.lake.job import LakeJob, run_lake
 
     job = LakeJob(
         bootstrap=args.bootstrap,

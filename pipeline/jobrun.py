@@ -20,13 +20,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Final
 
-from pipeline.kafka.client import ClientConfig, KafkaClient
-from pipeline.kafka.errors import TopicNotFound
-from pipeline.kafka.retry import RetryPolicy
-from pipeline.notices import NoticeReader
-from pipeline.progress import LiveLine
-from pipeline.source.options import OptionError, parse_source_options
-from pipeline.source.planner import Planner
+from kipside.pipeline.kafka.client import ClientConfig, KafkaClient
+from kipside.pipeline.kafka.errors import TopicNotFound
+from kipside.pipeline.kafka.retry import RetryPolicy
+from kipside.pipeline.notices import NoticeReader
+from kipside.pipeline.progress import LiveLine
+from kipside.pipeline.source.options import OptionError, parse_source_options
+from kipside.pipeline.source.planner import Planner
 
 __all__ = ["JobFiles", "preflight", "root_cause", "run_query"]
 

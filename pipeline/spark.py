@@ -45,7 +45,7 @@ def _stderr_to(path: str | None) -> Iterator[None]:
 
 
 def _log4j_config() -> str:
-    return str(resources.files("pipeline") / "resources" / "log4j2.properties")
+    return str(resources.files("kipside.pipeline") / "resources" / "log4j2.properties")
 
 
 def start_session(
@@ -72,15 +72,15 @@ def start_session(
         .config("spark.driver.extraJavaOptions", java_options)
         .config("spark.executor.extraJavaOptions", java_options)
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
-        .config("spark.python.daemon.module", "pipeline.spark_daemon")
+        .config("spark.python.daemon.module", "kipside.pipeline.spark_daemon")
     )
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     with _stderr_to(log_path):
         spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    from pipeline.mirror.sink import MirrorSink
-    from pipeline.source.datasource import KipsideDataSource
+    from kipside.pipeline.mirror.sink import MirrorSink
+    from kipside.pipeline.source.datasource import KipsideDataSource
 
     spark.dataSource.register(KipsideDataSource)
     spark.dataSource.register(MirrorSink)

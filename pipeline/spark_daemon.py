@@ -32,8 +32,8 @@ PRELOAD = (
     "pyarrow",
     "numpy",
     "pandas",
-    "pipeline.source.datasource",
-    "pipeline.mirror.sink",
+    "kipside.pipeline.source.datasource",
+    "kipside.pipeline.mirror.sink",
     "kio.schema.errors",
 )
 THREADLESS_ENV = {

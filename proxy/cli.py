@@ -15,11 +15,10 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import entry_points
 
-from rules import RuleError, RuleSet, default_rules, load_rules
-
-from .nodes import Address
-from .server import ServerConfig, run
-from .tracing import TraceConfig
+from kipside.proxy.network.nodes import Address
+from kipside.proxy.server import ServerConfig, run
+from kipside.proxy.telemetry.tracing import TraceConfig
+from kipside.rules import RuleError, RuleSet, default_rules, load_rules
 
 
 class UsageError(ValueError):
@@ -176,7 +175,7 @@ def _trace_config(args: argparse.Namespace) -> TraceConfig:
 
 
 def _dev(args: argparse.Namespace) -> int:
-    from .devbroker import start_tansu
+    from kipside.proxy.devbroker import start_tansu
 
     proc, broker_port = start_tansu("127.0.0.1", args.broker_port)
     print(f"kipside: embedded Tansu broker on 127.0.0.1:{broker_port} (in-memory)", flush=True)

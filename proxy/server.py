@@ -19,26 +19,25 @@ from dataclasses import dataclass, field
 
 import trio
 
-from protocol.apis import ApiKey
-from protocol.errors import ProtocolError
-from protocol.framing import FrameDecoder
-from protocol.headers import build_frame, encode_request_header, parse_response_header
-from protocol.messages import decode_response
-from protocol.primitives import INT32
-from rules import RuleSet, default_rules
-
-from .addresses import AddressRewriter
-from .admin import AdminApp, serve_admin
-from .coalesce import Coalescer
-from .lanes import LanePool
-from .nodes import Address, NodeMap
-from .reload import ProduceOrder, RuleReloader
-from .routing import Router
-from .session import Session
-from .stats import Stats
-from .tracing import TraceConfig, Tracer
-from .transactions import TransactionManager
-from .versions import VersionPolicy
+from kipside.protocol.apis import ApiKey
+from kipside.protocol.errors import ProtocolError
+from kipside.protocol.framing import FrameDecoder
+from kipside.protocol.headers import build_frame, encode_request_header, parse_response_header
+from kipside.protocol.messages import decode_response
+from kipside.protocol.primitives import INT32
+from kipside.proxy.features.coalesce import Coalescer
+from kipside.proxy.features.routing import Router
+from kipside.proxy.features.transactions import TransactionManager
+from kipside.proxy.features.versions import VersionPolicy
+from kipside.proxy.network.addresses import AddressRewriter
+from kipside.proxy.network.lanes import LanePool
+from kipside.proxy.network.nodes import Address, NodeMap
+from kipside.proxy.network.session import Session
+from kipside.proxy.operations.admin import AdminApp, serve_admin
+from kipside.proxy.operations.reload import ProduceOrder, RuleReloader
+from kipside.proxy.telemetry.stats import Stats
+from kipside.proxy.telemetry.tracing import TraceConfig, Tracer
+from kipside.rules import RuleSet, default_rules
 
 log = logging.getLogger("kipside.server")
 

@@ -6,6 +6,6 @@ This shim is the only generic top-level name kipside installs for that; the sour
 pipeline.source.datasource.
 """
 
-from pipeline.source.datasource import KipsideDataSource as DefaultSource
+from kipside.pipeline.source.datasource import KipsideDataSource as DefaultSource
 
 __all__ = ["DefaultSource"]

@@ -11,9 +11,9 @@ reading the rule file it is asked to load, and never use an unsafe YAML loader: 
 depends on the rules, not the other way round, and a rule file is data, not code.
 """
 
-from rules.errors import RuleError, RuleProblem
-from rules.loader import default_rules, load_rules, parse_rules
-from rules.model import (
+from kipside.rules.errors import RuleError, RuleProblem
+from kipside.rules.loader import default_rules, load_rules, parse_rules
+from kipside.rules.model import (
     CoalescingRule,
     CoalescingRules,
     HoldBegin,

@@ -31,8 +31,8 @@ from typing import TypeVar
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from rules.errors import FILE_KEY, SYNTAX_KEY, TOP_LEVEL_KEY, RuleError, RuleProblem
-from rules.model import (
+from kipside.rules.errors import FILE_KEY, SYNTAX_KEY, TOP_LEVEL_KEY, RuleError, RuleProblem
+from kipside.rules.model import (
     API_KEY_MAX,
     API_KEY_MIN,
     COALESCING_ENABLED_DEFAULT,

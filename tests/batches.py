@@ -12,7 +12,7 @@ from typing import Final
 
 import crc32c
 
-from protocol.batch_builder import Record, encode_batch
+from kipside.protocol.batch_builder import Record, encode_batch
 
 TRANSACTIONAL: Final = 0x10
 CONTROL: Final = 0x20

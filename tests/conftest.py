@@ -39,7 +39,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.devbroker import free_port, start_tansu
+from kipside.proxy.devbroker import free_port, start_tansu
 
 REPO = Path(__file__).resolve().parent.parent
 KIPSIDE_BIN = REPO / ".venv" / "bin" / "kipside"

@@ -13,11 +13,11 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from proxy.devbroker import free_port
-from proxy.nodes import Address
-from proxy.server import Server, ServerConfig
-from proxy.tracing import TraceConfig, Tracer
-from rules import parse_rules
+from kipside.proxy.devbroker import free_port
+from kipside.proxy.network.nodes import Address
+from kipside.proxy.server import Server, ServerConfig
+from kipside.proxy.telemetry.tracing import TraceConfig, Tracer
+from kipside.rules import parse_rules
 
 
 @dataclass

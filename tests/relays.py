@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 
 from relaykit.base import FORWARD, Conn, Decision, Relay, Request
 
-from protocol.apis import ApiKey
-from protocol.errors import ProtocolError
-from protocol.headers import parse_request_header
-from protocol.produce import MAX_VERSION, MIN_VERSION, parse_produce_request
-from protocol.records import RecordBatchError, iter_batches
-from proxy.session import produce_acks
+from kipside.protocol.apis import ApiKey
+from kipside.protocol.errors import ProtocolError
+from kipside.protocol.headers import parse_request_header
+from kipside.protocol.produce import MAX_VERSION, MIN_VERSION, parse_produce_request
+from kipside.protocol.records import RecordBatchError, iter_batches
+from kipside.proxy.network.session import produce_acks
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,12 +12,17 @@ import pytest
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i32Timedelta
 
-from protocol.apis import ApiKey, api_name
-from protocol.errors import DecodeError
-from protocol.headers import build_frame, encode_response_header, parse_response_header
-from protocol.messages import decode_response, encode_message, known_versions, response_class
-from proxy.addresses import AddressRewriter, address_apis, carries_addresses
-from proxy.nodes import Address, NodeMap, NodeMapError
+from kipside.protocol.apis import ApiKey, api_name
+from kipside.protocol.errors import DecodeError
+from kipside.protocol.headers import build_frame, encode_response_header, parse_response_header
+from kipside.protocol.messages import (
+    decode_response,
+    encode_message,
+    known_versions,
+    response_class,
+)
+from kipside.proxy.network.addresses import AddressRewriter, address_apis, carries_addresses
+from kipside.proxy.network.nodes import Address, NodeMap, NodeMapError
 
 ADVERTISE = "kipside.local"
 PORT_BASE = 30000

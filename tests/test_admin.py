@@ -26,18 +26,18 @@ import h11
 import pytest
 import trio
 
-from protocol.apis import ApiKey
-from proxy import admin as admin_module
-from proxy.admin import MAX_BODY_BYTES, AdminApp, RateWindow, serve_admin
-from proxy.cli import _admin_address, main
-from proxy.coalesce import Coalescer
-from proxy.nodes import Address
-from proxy.reload import ProduceOrder, RuleReloader, apply_rules
-from proxy.routing import Routed
-from proxy.server import Server, ServerConfig
-from proxy.stats import Stats
-from proxy.upstream import Pending
-from rules import CoalescingRules, RuleSet, load_rules, parse_rules
+from kipside.protocol.apis import ApiKey
+from kipside.proxy.cli import _admin_address, main
+from kipside.proxy.features.coalesce import Coalescer
+from kipside.proxy.features.routing import Routed
+from kipside.proxy.network.nodes import Address
+from kipside.proxy.network.upstream import Pending
+from kipside.proxy.operations import admin as admin_module
+from kipside.proxy.operations.admin import MAX_BODY_BYTES, AdminApp, RateWindow, serve_admin
+from kipside.proxy.operations.reload import ProduceOrder, RuleReloader, apply_rules
+from kipside.proxy.server import Server, ServerConfig
+from kipside.proxy.telemetry.stats import Stats
+from kipside.rules import CoalescingRules, RuleSet, load_rules, parse_rules
 
 TIMEOUT = 10
 REQUEST_DEADLINE = 0.6
@@ -865,7 +865,7 @@ async def test_a_loader_bug_is_a_refused_reload(
     def broken(path: str) -> RuleSet:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr("proxy.reload.load_rules", broken)
+    monkeypatch.setattr("kipside.proxy.operations.reload.load_rules", broken)
     with trio.fail_after(TIMEOUT):
         result = await server.reloader.reload("test")
     assert result.outcome == "rejected" and "RuntimeError('bug')" in result.problems[0]

@@ -9,7 +9,7 @@ import pytest
 from kio.schema.index import api_key_map, schema_name_map
 from kio.static.constants import EntityType
 
-from protocol.apis import (
+from kipside.protocol.apis import (
     FIRST_FLEXIBLE_VERSION,
     ApiKey,
     api_name,

@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
-from protocol.batch_builder import Record, encode_batch
-from protocol.records import HEADER_SIZE, Compression, RecordBatchView, TimestampType
+from kipside.protocol.batch_builder import Record, encode_batch
+from kipside.protocol.records import HEADER_SIZE, Compression, RecordBatchView, TimestampType
 
 BASE = 1_700_000_000_000
 

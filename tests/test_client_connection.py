@@ -15,18 +15,24 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.apis import ApiKey
-from protocol.client import ClientConnection, Response, VersionRange, pick_version
-from protocol.errors import FrameError, ProtocolError, UnsupportedVersionError
-from protocol.fetch import FetchPartition, encode_fetch_request, parse_fetch_response
-from protocol.framing import FrameDecoder
-from protocol.headers import (
+from kipside.protocol.apis import ApiKey
+from kipside.protocol.client import ClientConnection, Response, VersionRange, pick_version
+from kipside.protocol.errors import FrameError, ProtocolError, UnsupportedVersionError
+from kipside.protocol.fetch import FetchPartition, encode_fetch_request, parse_fetch_response
+from kipside.protocol.framing import FrameDecoder
+from kipside.protocol.headers import (
     RequestHeader,
     build_frame,
     encode_response_header,
     parse_request_header,
 )
-from protocol.messages import build, build_request, decode_request, encode_message, response_class
+from kipside.protocol.messages import (
+    build,
+    build_request,
+    decode_request,
+    encode_message,
+    response_class,
+)
 
 Chunk = bytes | bytearray | memoryview
 

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rules import parse_rules
+from kipside.rules import parse_rules
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKERFILE = REPO / "Dockerfile"
@@ -99,13 +99,14 @@ def test_copied_sources_are_what_the_package_needs_and_not_ignored() -> None:
             parts = [p for p in rest.split() if not p.startswith("--")]
             sources += parts[:-1]
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
-    packages = pyproject["tool"]["setuptools"]["packages"]
-    # A subpackage (pipeline.kafka) comes with its top-level folder.
-    needed = {
-        "pyproject.toml",
-        pyproject["project"]["readme"],
-        *(p.split(".")[0] for p in packages),
-    }
+    setuptools = pyproject["tool"]["setuptools"]
+    folders = setuptools["package-dir"]
+    # kipside.pipeline.kafka comes with the folder kipside.pipeline maps to (pipeline/).
+    needed = {"pyproject.toml", pyproject["project"]["readme"]}
+    for package in setuptools["packages"]:
+        parts = package.split(".")
+        top = ".".join(parts[:2]) if parts[0] == "kipside" else parts[0]
+        needed.add(folders.get(top, top))
     assert needed <= set(sources), f"COPY misses {needed - set(sources)}"
     patterns = [
         line.strip()

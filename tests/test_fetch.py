@@ -13,9 +13,9 @@ from batches import data_batch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.apis import ApiKey
-from protocol.errors import DecodeError
-from protocol.fetch import (
+from kipside.protocol.apis import ApiKey
+from kipside.protocol.errors import DecodeError
+from kipside.protocol.fetch import (
     MAX_VERSION,
     MIN_VERSION,
     READ_COMMITTED,
@@ -26,16 +26,16 @@ from protocol.fetch import (
     encode_fetch_request,
     parse_fetch_response,
 )
-from protocol.headers import build_frame, encode_response_header, parse_response_header
-from protocol.messages import (
+from kipside.protocol.headers import build_frame, encode_response_header, parse_response_header
+from kipside.protocol.messages import (
     build,
     build_request,
     decode_request,
     encode_message,
     response_class,
 )
-from protocol.primitives import INT32, write_uvarint
-from protocol.records import iter_batches
+from kipside.protocol.primitives import INT32, write_uvarint
+from kipside.protocol.records import iter_batches
 
 VERSIONS = list(range(MIN_VERSION, MAX_VERSION + 1))
 FLEXIBLE = 12  # the first flexible Fetch version

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol.errors import FrameError, LocalProtocolError, NotKafkaError
-from protocol.framing import (
+from kipside.protocol.errors import FrameError, LocalProtocolError, NotKafkaError
+from kipside.protocol.framing import (
     DEFAULT_MAX_FRAME_BYTES,
     FrameDecoder,
     encode_frame,

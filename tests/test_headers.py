@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol.apis import ApiKey, is_flexible
-from protocol.errors import DecodeError
-from protocol.headers import (
+from kipside.protocol.apis import ApiKey, is_flexible
+from kipside.protocol.errors import DecodeError
+from kipside.protocol.headers import (
     RequestHeader,
     ResponseHeader,
     build_frame,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.kafka_errors import error_name, is_retriable
+from kipside.protocol.kafka_errors import error_name, is_retriable
 
 # (code, name, retriable) as Apache Kafka's Errors.java defines them; retriable means the
 # exception extends RetriableException.

@@ -14,10 +14,10 @@ from kio.schema.metadata.v12 import response as metadata_v12
 from kio.schema.types import BrokerId, TopicName
 from kio.static.primitive import i32, i32Timedelta
 
-from protocol.apis import ApiKey
-from protocol.errors import DecodeError
-from protocol.headers import build_frame, encode_response_header, parse_response_header
-from protocol.messages import (
+from kipside.protocol.apis import ApiKey
+from kipside.protocol.errors import DecodeError
+from kipside.protocol.headers import build_frame, encode_response_header, parse_response_header
+from kipside.protocol.messages import (
     build,
     build_request,
     decode_request,

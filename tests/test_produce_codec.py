@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.produce import (
+from kipside.protocol.produce import (
     MAX_VERSION,
     NodeEndpointData,
     PartitionResult,

@@ -15,9 +15,9 @@ from batches import ABORT, COMMIT, control_batch, data_batch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.fetch import AbortedTransaction
-from protocol.read_committed import Decided, ReadCommittedFilter, Verdict
-from protocol.records import RecordBatchView
+from kipside.protocol.fetch import AbortedTransaction
+from kipside.protocol.read_committed import Decided, ReadCommittedFilter, Verdict
+from kipside.protocol.records import RecordBatchView
 
 DATA, ABORTED, CONTROL = Verdict.DATA, Verdict.ABORTED, Verdict.CONTROL
 _TOKEN = re.compile(r"(?:d(\d+)|([tca])(\d+)@(\d+))$")

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 from kafka.record.legacy_records import LegacyRecordBatchBuilder
 
-from protocol.records import (
+from kipside.protocol.records import (
     HEADER_SIZE,
     Compression,
     RecordBatchError,

@@ -19,9 +19,9 @@ import trio.testing
 from relaykit.base import DROP, FORWARD, Answer, Conn, Decision, Forward, Relay, Request
 from relaykit.base import response_frame as answer_frame
 
-from protocol.apis import ApiKey
-from protocol.framing import FrameDecoder
-from protocol.headers import (
+from kipside.protocol.apis import ApiKey
+from kipside.protocol.framing import FrameDecoder
+from kipside.protocol.headers import (
     build_frame,
     encode_request_header,
     parse_request_header,

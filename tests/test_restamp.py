@@ -25,10 +25,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
-from protocol.apis import ApiKey
-from protocol.messages import decode_request
-from protocol.produce import PartitionBatch, encode_produce_request, parse_produce_request
-from protocol.records import (
+from kipside.protocol.apis import ApiKey
+from kipside.protocol.messages import decode_request
+from kipside.protocol.produce import PartitionBatch, encode_produce_request, parse_produce_request
+from kipside.protocol.records import (
     HEADER_SIZE,
     Compression,
     ControlType,

@@ -19,7 +19,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rules import (
+from kipside.rules import (
     CoalescingRule,
     CoalescingRules,
     HoldBegin,

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import pytest
 import trio
 
-from protocol.apis import ApiKey
-from protocol.framing import FrameDecoder
-from protocol.headers import (
+from kipside.protocol.apis import ApiKey
+from kipside.protocol.framing import FrameDecoder
+from kipside.protocol.headers import (
     build_frame,
     encode_request_header,
     encode_response_header,
@@ -27,11 +27,11 @@ from protocol.headers import (
     request_correlation_id,
     response_correlation_id,
 )
-from protocol.messages import decode_response
-from proxy.addresses import AddressRewriter
-from proxy.nodes import Address, NodeMap
-from proxy.session import Session
-from proxy.versions import VersionPolicy
+from kipside.protocol.messages import decode_response
+from kipside.proxy.features.versions import VersionPolicy
+from kipside.proxy.network.addresses import AddressRewriter
+from kipside.proxy.network.nodes import Address, NodeMap
+from kipside.proxy.network.session import Session
 
 TIMEOUT = 10
 QUIET = 0.2  # how long "nothing arrives" is watched for

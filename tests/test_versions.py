@@ -12,12 +12,12 @@ from kio.schema.api_versions.v3 import response as v3
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16, i32Timedelta, i64
 
-from protocol.apis import ApiKey
-from protocol.errors import DecodeError
-from protocol.headers import build_frame, encode_response_header, parse_response_header
-from protocol.messages import decode_response, encode_message
-from proxy.addresses import address_apis
-from proxy.versions import MAX_API_VERSIONS_VERSION, VersionPolicy, kipside_ranges
+from kipside.protocol.apis import ApiKey
+from kipside.protocol.errors import DecodeError
+from kipside.protocol.headers import build_frame, encode_response_header, parse_response_header
+from kipside.protocol.messages import decode_response, encode_message
+from kipside.proxy.features.versions import MAX_API_VERSIONS_VERSION, VersionPolicy, kipside_ranges
+from kipside.proxy.network.addresses import address_apis
 
 HEARTBEAT = 12
 UNKNOWN_KEY = 1000

@@ -14,8 +14,8 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 
-from proxy import wire as wire_module
-from proxy.wire import Wire, WireBroken
+from kipside.proxy.network import wire as wire_module
+from kipside.proxy.network.wire import Wire, WireBroken
 
 TIMEOUT = 10
 

@@ -46,10 +46,16 @@ from kio.schema.errors import ErrorCode
 from relaykit.base import FORWARD, Answer, Conn, Decision, Relay, Request, response_frame
 from relaykit.tansu import start_tansu_advertising as start_tansu_advertising  # re-exported
 
-from protocol.apis import ApiKey
-from protocol.errors import ProtocolError
-from protocol.headers import RequestHeader, parse_response_header
-from protocol.messages import build, decode_request, decode_response, encode_message, response_class
+from kipside.protocol.apis import ApiKey
+from kipside.protocol.errors import ProtocolError
+from kipside.protocol.headers import RequestHeader, parse_response_header
+from kipside.protocol.messages import (
+    build,
+    decode_request,
+    decode_response,
+    encode_message,
+    response_class,
+)
 
 CONCURRENT_TRANSACTIONS: Final = int(ErrorCode.concurrent_transactions)  # 51
 MAX_V3_ADD_PARTITIONS: Final = 3  # v4+ is the broker-to-broker batch form: forwarded as is

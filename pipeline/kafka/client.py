@@ -15,11 +15,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
-from protocol.apis import ApiKey, api_name
-from protocol.client import Response, VersionRange, pick_version
-from protocol.errors import ProtocolError
-from protocol.kafka_errors import error_name, is_retriable
-from protocol.messages import build_request, encode_message
+from kipside.protocol.apis import ApiKey, api_name
+from kipside.protocol.client import Response, VersionRange, pick_version
+from kipside.protocol.errors import ProtocolError
+from kipside.protocol.kafka_errors import error_name, is_retriable
+from kipside.protocol.messages import build_request, encode_message
 
 from .connection import Address, BrokerConnection, ConnectionFailed
 from .errors import BrokerError, RetriableError

@@ -14,8 +14,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from protocol.client import ClientConnection, Response
-from protocol.errors import ProtocolError
+from kipside.protocol.client import ClientConnection, Response
+from kipside.protocol.errors import ProtocolError
 
 __all__ = ["Address", "BrokerConnection", "ConnectionFailed"]
 

@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
-from protocol.apis import ApiKey
-from protocol.fetch import (
+from kipside.protocol.apis import ApiKey
+from kipside.protocol.fetch import (
     READ_COMMITTED,
     READ_UNCOMMITTED,
     FetchPartition,
@@ -28,9 +28,9 @@ from protocol.fetch import (
     encode_fetch_request,
     parse_fetch_response,
 )
-from protocol.kafka_errors import ErrorCode
-from protocol.read_committed import ReadCommittedFilter, Verdict
-from protocol.records import RecordBatchError, RecordBatchView, iter_batches
+from kipside.protocol.kafka_errors import ErrorCode
+from kipside.protocol.read_committed import ReadCommittedFilter, Verdict
+from kipside.protocol.records import RecordBatchError, RecordBatchView, iter_batches
 
 from .client import KafkaClient, check_error
 from .errors import CorruptBatchError, DataLossError, KafkaError

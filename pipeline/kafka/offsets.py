@@ -14,23 +14,23 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from protocol.apis import ApiKey
-from protocol.client import VersionRange
-from protocol.fetch import (
+from kipside.protocol.apis import ApiKey
+from kipside.protocol.client import VersionRange
+from kipside.protocol.fetch import (
     MAX_VERSION as FETCH_MAX,
 )
-from protocol.fetch import (
+from kipside.protocol.fetch import (
     MIN_VERSION as FETCH_MIN,
 )
-from protocol.fetch import (
+from kipside.protocol.fetch import (
     READ_UNCOMMITTED,
     FetchPartition,
     encode_fetch_request,
     parse_fetch_response,
 )
-from protocol.kafka_errors import ErrorCode
-from protocol.messages import build_request, encode_message
-from protocol.records import batch_extent
+from kipside.protocol.kafka_errors import ErrorCode
+from kipside.protocol.messages import build_request, encode_message
+from kipside.protocol.records import batch_extent
 
 from .client import KafkaClient, check_error
 from .errors import RetriableError

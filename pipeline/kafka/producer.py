@@ -20,22 +20,22 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import Final, Generic, TypeVar
 
-from protocol.apis import ApiKey
-from protocol.client import VersionRange
-from protocol.kafka_errors import ErrorCode, error_name, is_retriable
-from protocol.messages import build_request, encode_message
-from protocol.produce import (
+from kipside.protocol.apis import ApiKey
+from kipside.protocol.client import VersionRange
+from kipside.protocol.kafka_errors import ErrorCode, error_name, is_retriable
+from kipside.protocol.messages import build_request, encode_message
+from kipside.protocol.produce import (
     MAX_VERSION as PRODUCE_MAX,
 )
-from protocol.produce import (
+from kipside.protocol.produce import (
     MIN_VERSION as PRODUCE_MIN,
 )
-from protocol.produce import (
+from kipside.protocol.produce import (
     PartitionBatch,
     encode_produce_request,
     parse_produce_response,
 )
-from protocol.records import RecordBatchView, restamp
+from kipside.protocol.records import RecordBatchView, restamp
 
 from .client import DedicatedConnection, KafkaClient, check_error
 from .connection import BrokerConnection, ConnectionFailed

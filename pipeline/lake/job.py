@@ -21,11 +21,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, TextIO
 
-from pipeline import jobrun
-from pipeline.jobrun import JobFiles
-from pipeline.kafka.errors import KafkaError
-from pipeline.progress import LiveLine, ProgressListener, Totals, describe_lag
-from pipeline.spark import start_session
+from kipside.pipeline import jobrun
+from kipside.pipeline.jobrun import JobFiles
+from kipside.pipeline.kafka.errors import KafkaError
+from kipside.pipeline.progress import LiveLine, ProgressListener, Totals, describe_lag
+from kipside.pipeline.spark import start_session
 
 from .commit import BatchPublisher
 from .decode import ERROR, decode, good_rows, quarantine_rows

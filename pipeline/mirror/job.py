@@ -20,14 +20,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, TextIO
 
-from pipeline import jobrun
-from pipeline.jobrun import JobFiles
-from pipeline.kafka.client import ClientConfig, KafkaClient
-from pipeline.kafka.connection import Address
-from pipeline.kafka.errors import KafkaError
-from pipeline.kafka.retry import RetryPolicy
-from pipeline.progress import LiveLine, ProgressListener, Totals, describe_lag
-from pipeline.spark import start_session
+from kipside.pipeline import jobrun
+from kipside.pipeline.jobrun import JobFiles
+from kipside.pipeline.kafka.client import ClientConfig, KafkaClient
+from kipside.pipeline.kafka.connection import Address
+from kipside.pipeline.kafka.errors import KafkaError
+from kipside.pipeline.kafka.retry import RetryPolicy
+from kipside.pipeline.progress import LiveLine, ProgressListener, Totals, describe_lag
+from kipside.pipeline.spark import start_session
 
 from .offset_sync import DEFAULT_TOPIC
 

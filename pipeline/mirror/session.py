@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from pipeline.kafka.admin import NewTopic, create_topics, partition_counts
-from pipeline.kafka.client import ClientConfig
-from pipeline.kafka.connection import Address
-from pipeline.kafka.producer import IdempotentProducer, ProduceConfig, Written
-from pipeline.kafka.shared import drop_client, shared_client
-from protocol.batch_builder import Record, encode_batch
-from protocol.records import RecordBatchView
+from kipside.pipeline.kafka.admin import NewTopic, create_topics, partition_counts
+from kipside.pipeline.kafka.client import ClientConfig
+from kipside.pipeline.kafka.connection import Address
+from kipside.pipeline.kafka.producer import IdempotentProducer, ProduceConfig, Written
+from kipside.pipeline.kafka.shared import drop_client, shared_client
+from kipside.protocol.batch_builder import Record, encode_batch
+from kipside.protocol.records import RecordBatchView
 
 from .offset_sync import TOPIC_CONFIGS, OffsetSync, encode_sync
 from .topics import DestinationTopics

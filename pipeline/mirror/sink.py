@@ -24,11 +24,11 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from pipeline.kafka.client import ClientConfig
-from pipeline.kafka.connection import Address
-from pipeline.kafka.producer import ProduceConfig
-from pipeline.source.batch_rows import BATCH_STRUCT
-from pipeline.source.options import OptionError
+from kipside.pipeline.kafka.client import ClientConfig
+from kipside.pipeline.kafka.connection import Address
+from kipside.pipeline.kafka.producer import ProduceConfig
+from kipside.pipeline.source.batch_rows import BATCH_STRUCT
+from kipside.pipeline.source.options import OptionError
 
 from .offset_sync import DEFAULT_TOPIC
 from .session import SinkOptions, discard_session, session_for

@@ -12,9 +12,14 @@ from __future__ import annotations
 
 from typing import Final
 
-from pipeline.kafka.admin import NewTopic, create_topics, describe_topic_configs, partition_counts
-from pipeline.kafka.client import KafkaClient
-from pipeline.kafka.errors import KafkaError, RetriableError, TopicNotFound
+from kipside.pipeline.kafka.admin import (
+    NewTopic,
+    create_topics,
+    describe_topic_configs,
+    partition_counts,
+)
+from kipside.pipeline.kafka.client import KafkaClient
+from kipside.pipeline.kafka.errors import KafkaError, RetriableError, TopicNotFound
 
 __all__ = ["EXCLUDED_CONFIGS", "DestinationTopics"]
 

@@ -14,14 +14,14 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TextIO
 
-from pipeline.kafka.admin import commit_group_offsets, group_offsets, partition_counts
-from pipeline.kafka.client import ClientConfig, KafkaClient
-from pipeline.kafka.connection import Address
-from pipeline.kafka.errors import KafkaError
-from pipeline.kafka.fetcher import FetchConfig, RangeReader
-from pipeline.kafka.offsets import EARLIEST, list_offsets, watermarks
-from pipeline.kafka.retry import RetryPolicy
-from protocol.record_columns import decode_batch_records
+from kipside.pipeline.kafka.admin import commit_group_offsets, group_offsets, partition_counts
+from kipside.pipeline.kafka.client import ClientConfig, KafkaClient
+from kipside.pipeline.kafka.connection import Address
+from kipside.pipeline.kafka.errors import KafkaError
+from kipside.pipeline.kafka.fetcher import FetchConfig, RangeReader
+from kipside.pipeline.kafka.offsets import EARLIEST, list_offsets, watermarks
+from kipside.pipeline.kafka.retry import RetryPolicy
+from kipside.protocol.record_columns import decode_batch_records
 
 from .offset_sync import OffsetSync, SyncIndex, Translation, decode_sync, translate_all
 

@@ -34,10 +34,10 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from pipeline.kafka.errors import DataLossError, KafkaError
-from pipeline.kafka.fetcher import RangeReader
-from pipeline.kafka.shared import drop_client, shared_client
-from pipeline.notices import post_notice
+from kipside.pipeline.kafka.errors import DataLossError, KafkaError
+from kipside.pipeline.kafka.fetcher import RangeReader
+from kipside.pipeline.kafka.shared import drop_client, shared_client
+from kipside.pipeline.notices import post_notice
 
 from .batch_rows import BATCH_STRUCT, batch_rows
 from .options import OptionError, SourceOptions, parse_source_options

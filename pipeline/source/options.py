@@ -18,10 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from pipeline.kafka.client import ClientConfig
-from pipeline.kafka.connection import Address
-from pipeline.kafka.fetcher import FetchConfig
-from pipeline.kafka.retry import RetryPolicy
+from kipside.pipeline.kafka.client import ClientConfig
+from kipside.pipeline.kafka.connection import Address
+from kipside.pipeline.kafka.fetcher import FetchConfig
+from kipside.pipeline.kafka.retry import RetryPolicy
 
 __all__ = [
     "EARLIEST",

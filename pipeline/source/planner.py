@@ -14,9 +14,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-from pipeline.kafka.client import KafkaClient
-from pipeline.kafka.errors import DataLossError, TopicNotFound
-from pipeline.kafka.offsets import EARLIEST, LATEST, Watermarks, list_offsets, watermarks
+from kipside.pipeline.kafka.client import KafkaClient
+from kipside.pipeline.kafka.errors import DataLossError, TopicNotFound
+from kipside.pipeline.kafka.offsets import EARLIEST, LATEST, Watermarks, list_offsets, watermarks
 
 from .options import OffsetSpec, OptionError, SourceOptions, Subscription
 from .ranges import Offsets

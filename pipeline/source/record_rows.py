@@ -25,8 +25,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from protocol.record_columns import Binary, Columns, decode_columns
-from protocol.records import RecordBatchView
+from kipside.protocol.record_columns import Binary, Columns, decode_columns
+from kipside.protocol.records import RecordBatchView
 
 from .ranges import OffsetRange
 

@@ -42,8 +42,8 @@ import psutil
 import pytest
 from conftest import DIRECT, Broker, Kipside, create_topics, start_kipside, unique_name
 
-from proxy.admin import MAX_BODY_BYTES, REQUEST_DEADLINE_SECONDS
-from proxy.devbroker import free_port
+from kipside.proxy.devbroker import free_port
+from kipside.proxy.operations.admin import MAX_BODY_BYTES, REQUEST_DEADLINE_SECONDS
 
 from .clients import ck_config
 

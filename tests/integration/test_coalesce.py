@@ -70,11 +70,11 @@ from conftest import (
 from relaykit.tansu import start_tansu_advertising
 from relays import BatchSeen, CountingRelay, produce_batches
 
-from protocol.apis import ApiKey
-from protocol.framing import FrameDecoder
-from protocol.headers import parse_request_header
-from protocol.records import Compression
-from proxy.devbroker import free_port
+from kipside.protocol.apis import ApiKey
+from kipside.protocol.framing import FrameDecoder
+from kipside.protocol.headers import parse_request_header
+from kipside.protocol.records import Compression
+from kipside.proxy.devbroker import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -1191,7 +1191,7 @@ class RawIdempotentProducer:
         return "closed"
 
     def send(self, api_key: int, version: int, body: bytes) -> int:
-        from protocol.headers import build_frame, encode_request_header
+        from kipside.protocol.headers import build_frame, encode_request_header
 
         self.correlation_id += 1
         header = encode_request_header(api_key, version, self.correlation_id, "raw-idempotent")
@@ -1199,7 +1199,7 @@ class RawIdempotentProducer:
         return self.correlation_id
 
     def receive(self, api_key: int, version: int, correlation_id: int) -> bytes:
-        from protocol.headers import parse_response_header
+        from kipside.protocol.headers import parse_response_header
 
         while (frame := self.decoder.next_frame()) is None:
             data = self.sock.recv(65536)
@@ -1222,7 +1222,7 @@ class RawIdempotentProducer:
         """Write a one-record batch with this base sequence, acks=all; return the correlation id."""
         from kafka.record.default_records import DefaultRecordBatchBuilder
 
-        from protocol.produce import PartitionBatch, encode_produce_request
+        from kipside.protocol.produce import PartitionBatch, encode_produce_request
 
         builder = DefaultRecordBatchBuilder(
             magic=2,
@@ -1240,7 +1240,7 @@ class RawIdempotentProducer:
         return self.send(ApiKey.PRODUCE, 9, b"".join(bytes(c) for c in chunks))
 
     def produce_result(self, correlation_id: int) -> int:
-        from protocol.produce import parse_produce_response
+        from kipside.protocol.produce import parse_produce_response
 
         body = self.receive(ApiKey.PRODUCE, 9, correlation_id)
         header_size = 8  # parse_produce_response reads from a frame: put the prefix back

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from protocol.apis import ApiKey
-from protocol.framing import FrameDecoder
-from protocol.headers import build_frame, encode_request_header
+from kipside.protocol.apis import ApiKey
+from kipside.protocol.framing import FrameDecoder
+from kipside.protocol.headers import build_frame, encode_request_header
 
 pytestmark = pytest.mark.integration
 

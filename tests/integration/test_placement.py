@@ -12,7 +12,7 @@ import time
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from proxy.lanes import LanePlacement, lane_index
+from kipside.proxy.network.lanes import LanePlacement, lane_index
 
 PARTITIONS = 4
 MESSAGES = 200

@@ -18,8 +18,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind
 from txn_relay import MarkerWindowRelay, start_tansu_advertising
 
-from protocol.apis import ApiKey
-from proxy.metrics import render_metrics
+from kipside.protocol.apis import ApiKey
+from kipside.proxy.telemetry.metrics import render_metrics
 
 pytestmark = pytest.mark.integration
 

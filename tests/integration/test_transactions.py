@@ -68,17 +68,17 @@ from txn_relay import (
     start_tansu_advertising,
 )
 
-from protocol.apis import ApiKey
-from protocol.headers import (
+from kipside.protocol.apis import ApiKey
+from kipside.protocol.headers import (
     build_frame,
     encode_request_header,
     parse_response_header,
     response_correlation_id,
 )
-from protocol.messages import decode_response, encode_message, request_class
-from protocol.primitives import read_uvarint
-from protocol.records import iter_batches
-from proxy.devbroker import free_port, start_tansu
+from kipside.protocol.messages import decode_response, encode_message, request_class
+from kipside.protocol.primitives import read_uvarint
+from kipside.protocol.records import iter_batches
+from kipside.proxy.devbroker import free_port, start_tansu
 
 from .clients import (
     Msg,

@@ -51,7 +51,7 @@ def require_java() -> None:
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     require_java()
-    from pipeline.spark import start_session
+    from kipside.pipeline.spark import start_session
 
     log = tmp_path_factory.mktemp("spark") / "spark.log"
     session = start_session("kipside-tests", "local[2]", log_path=str(log))
@@ -120,7 +120,7 @@ def run_in_process(spark: Any, job: Any, timeout: float = 180.0) -> Any:
     """Run a MirrorJob's query on the test session's Spark (no JVM start per test); returns
     the finished query, or raises the query's exception (what the CLI reports the root cause
     of) or AssertionError if it outlives `timeout`."""
-    from pipeline.mirror.job import start_query
+    from kipside.pipeline.mirror.job import start_query
 
     query = start_query(spark, job)
     try:

@@ -24,20 +24,26 @@ from dataclasses import dataclass
 from relaykit.base import FORWARD, Answer, Conn, Decision, Relay, Request, response_frame
 from relaykit.tansu import start_tansu_advertising
 
-from protocol.apis import ApiKey
-from protocol.fetch import MAX_VERSION as FETCH_MAX
-from protocol.fetch import MIN_VERSION as FETCH_MIN
-from protocol.fetch import parse_fetch_response
-from protocol.headers import parse_response_header
-from protocol.kafka_errors import ErrorCode
-from protocol.messages import build, decode_request, decode_response, encode_message, response_class
-from protocol.produce import (
+from kipside.protocol.apis import ApiKey
+from kipside.protocol.fetch import MAX_VERSION as FETCH_MAX
+from kipside.protocol.fetch import MIN_VERSION as FETCH_MIN
+from kipside.protocol.fetch import parse_fetch_response
+from kipside.protocol.headers import parse_response_header
+from kipside.protocol.kafka_errors import ErrorCode
+from kipside.protocol.messages import (
+    build,
+    decode_request,
+    decode_response,
+    encode_message,
+    response_class,
+)
+from kipside.protocol.produce import (
     PartitionResult,
     ProduceResponseData,
     encode_produce_response,
     parse_produce_request,
 )
-from protocol.records import HEADER_SIZE, iter_batches
+from kipside.protocol.records import HEADER_SIZE, iter_batches
 
 NOT_LEADER = int(ErrorCode.not_leader_or_follower)
 OUT_OF_RANGE = int(ErrorCode.offset_out_of_range)

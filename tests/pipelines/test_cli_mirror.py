@@ -9,8 +9,8 @@ import argparse
 
 import pytest
 
-from pipeline.cli import _size
-from proxy.cli import main
+from kipside.pipeline.cli import _size
+from kipside.proxy.cli import main
 
 REQUIRED = "--source", "--dest", "--topics", "--checkpoint"
 

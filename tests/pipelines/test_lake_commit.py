@@ -16,7 +16,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.lake.commit import BatchPublisher, Published
+from kipside.pipeline.lake.commit import BatchPublisher, Published
 
 pytestmark = pytest.mark.spark
 

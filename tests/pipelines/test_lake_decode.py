@@ -25,8 +25,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from pipeline.lake.decode import decode, explain, good_rows, quarantine_rows
-from pipeline.lake.schema import LakeSchema
+from kipside.pipeline.lake.decode import decode, explain, good_rows, quarantine_rows
+from kipside.pipeline.lake.schema import LakeSchema
 
 
 def struct(*fields: tuple[str, DataType]) -> StructType:

@@ -27,7 +27,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from pipeline.lake.schema import RESERVED, LakeSchema, SchemaError, load_schema
+from kipside.pipeline.lake.schema import RESERVED, LakeSchema, SchemaError, load_schema
 
 
 def write(tmp_path: Path, name: str, *lines: str) -> str:

@@ -19,13 +19,13 @@ import confluent_kafka as ck
 import pytest
 from conftest import Broker, create_topics, free_port, unique_name
 
-from pipeline.kafka.client import KafkaClient
-from pipeline.kafka.connection import Address
-from pipeline.kafka.fetcher import FetchConfig, RangeReader
-from pipeline.kafka.offsets import watermarks
-from pipeline.mirror.job import OBSERVED, MirrorJob
-from pipeline.mirror.offset_sync import DEFAULT_TOPIC, decode_sync
-from protocol.records import RecordBatchView
+from kipside.pipeline.kafka.client import KafkaClient
+from kipside.pipeline.kafka.connection import Address
+from kipside.pipeline.kafka.fetcher import FetchConfig, RangeReader
+from kipside.pipeline.kafka.offsets import watermarks
+from kipside.pipeline.mirror.job import OBSERVED, MirrorJob
+from kipside.pipeline.mirror.offset_sync import DEFAULT_TOPIC, decode_sync
+from kipside.protocol.records import RecordBatchView
 
 from .conftest import CliResult, run_cli, run_in_process
 from .kafka_data import (

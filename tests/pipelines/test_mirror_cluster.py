@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from conftest import Broker, create_topics, unique_name
 
-from pipeline.mirror.job import OBSERVED, MirrorJob, start_query
+from kipside.pipeline.mirror.job import OBSERVED, MirrorJob, start_query
 
 from .conftest import run_cli
 from .kafka_data import by_partition, consume_all, produce_dataset, produce_plain, records_of

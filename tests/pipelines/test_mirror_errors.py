@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from conftest import Broker, create_topics, free_port, unique_name
 
-from pipeline.jobrun import root_cause
-from pipeline.kafka.admin import partition_counts
-from pipeline.kafka.client import KafkaClient
-from pipeline.kafka.connection import Address
-from pipeline.mirror.job import MirrorJob
+from kipside.pipeline.jobrun import root_cause
+from kipside.pipeline.kafka.admin import partition_counts
+from kipside.pipeline.kafka.client import KafkaClient
+from kipside.pipeline.kafka.connection import Address
+from kipside.pipeline.mirror.job import MirrorJob
 
 from .conftest import run_cli, run_in_process
 from .fault_relays import (

@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from conftest import unique_name
 
-from pipeline.mirror.job import MirrorJob
+from kipside.pipeline.mirror.job import MirrorJob
 
 from .conftest import run_in_process
 from .fault_relays import KafkaLikeSource, LeaderElectionRelay, broker_behind

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.mirror.offset_sync import (
+from kipside.pipeline.mirror.offset_sync import (
     OffsetSync,
     SyncIndex,
     Translation,

@@ -12,11 +12,11 @@ from collections.abc import Mapping
 
 import pytest
 
-from pipeline.kafka.client import ClientConfig
-from pipeline.kafka.connection import Address
-from pipeline.kafka.fetcher import FetchConfig
-from pipeline.kafka.retry import RetryPolicy
-from pipeline.source.options import (
+from kipside.pipeline.kafka.client import ClientConfig
+from kipside.pipeline.kafka.connection import Address
+from kipside.pipeline.kafka.fetcher import FetchConfig
+from kipside.pipeline.kafka.retry import RetryPolicy
+from kipside.pipeline.source.options import (
     EARLIEST,
     LATEST,
     OffsetSpec,

@@ -13,8 +13,14 @@ from typing import Any
 
 import pytest
 
-from pipeline import progress
-from pipeline.progress import LiveLine, ProgressListener, Totals, describe_lag, lag_by_partition
+from kipside.pipeline import progress
+from kipside.pipeline.progress import (
+    LiveLine,
+    ProgressListener,
+    Totals,
+    describe_lag,
+    lag_by_partition,
+)
 
 QUERY = "kipside-mirror"
 OBSERVED = "copied"

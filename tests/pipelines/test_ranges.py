@@ -12,7 +12,7 @@ import math
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from pipeline.source.ranges import (
+from kipside.pipeline.source.ranges import (
     OffsetRange,
     Offsets,
     byte_limit,

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from conftest import Broker, create_topics, free_port, unique_name
 
-from pipeline.jobrun import root_cause
+from kipside.pipeline.jobrun import root_cause
 
 from .conftest import require_java
 from .kafka_data import Dataset, Rec, consume_all, produce_dataset, produce_plain

@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pyspark
 
-from pipeline.spark_daemon import PRELOAD
+from kipside.pipeline.spark_daemon import PRELOAD
 
 PROBE = """
 import json, os, sys
-import pipeline.spark_daemon as d
+import kipside.pipeline.spark_daemon as d
 d.configure()
 d.preload()
 import pyspark
 
-from pipeline.spark_daemon import PRELOAD
+from kipside.pipeline.spark_daemon import PRELOAD
 tasks = os.listdir("/proc/self/task")
 threads = sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in tasks)
 loaded = [m for m in d.PRELOAD if m in sys.modules]

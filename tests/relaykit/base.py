@@ -35,9 +35,9 @@ from typing import Final, Self, TypeVar
 
 import trio
 
-from protocol.errors import ProtocolError
-from protocol.framing import FrameDecoder
-from protocol.headers import (
+from kipside.protocol.errors import ProtocolError
+from kipside.protocol.framing import FrameDecoder
+from kipside.protocol.headers import (
     RequestHeader,
     build_frame,
     encode_response_header,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import subprocess
 
-from proxy.devbroker import free_port, tansu_path, wait_for_port
+from kipside.proxy.devbroker import free_port, tansu_path, wait_for_port
 
 from .base import LOOPBACK
 

@@ -20,12 +20,11 @@ from kio.schema.api_versions.v0.response import ApiVersionsResponse as ApiVersio
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16
 
-from protocol import produce
-from protocol.apis import ApiKey
-from protocol.headers import ResponseHeader, build_frame, encode_response_header
-from protocol.messages import Message, decode_response, encode_message, known_versions
-
-from .addresses import address_apis
+from kipside.protocol import produce
+from kipside.protocol.apis import ApiKey
+from kipside.protocol.headers import ResponseHeader, build_frame, encode_response_header
+from kipside.protocol.messages import Message, decode_response, encode_message, known_versions
+from kipside.proxy.network.addresses import address_apis
 
 log = logging.getLogger("kipside.versions")
 

@@ -17,13 +17,12 @@ from collections.abc import Callable, Hashable
 import trio
 from kio.schema.errors import ErrorCode
 
-from protocol.apis import ApiKey
-from protocol.headers import build_frame, encode_request_header, parse_response_header
-from protocol.messages import decode_response
-
-from .nodes import Address
-from .stats import Stats
-from .upstream import UpstreamConnection, UpstreamFailed
+from kipside.protocol.apis import ApiKey
+from kipside.protocol.headers import build_frame, encode_request_header, parse_response_header
+from kipside.protocol.messages import decode_response
+from kipside.proxy.network.nodes import Address
+from kipside.proxy.network.upstream import UpstreamConnection, UpstreamFailed
+from kipside.proxy.telemetry.stats import Stats
 
 log = logging.getLogger("kipside.lanes")
 

@@ -24,23 +24,22 @@ from typing import TYPE_CHECKING
 import trio
 from opentelemetry.trace import Span
 
-from protocol.apis import ApiKey, api_name
-from protocol.errors import DecodeError, FrameError, ProtocolError
-from protocol.framing import FrameDecoder
-from protocol.headers import RequestHeader, parse_request_header, parse_response_header
-from protocol.primitives import INT16, read_uvarint
-from protocol.produce import MAX_VERSION, MIN_VERSION, parse_produce_request
-
-from .addresses import AddressRewriter, carries_addresses
-from .nodes import Address
-from .stats import Stats
-from .tracing import Tracer, finish
-from .upstream import Pending, UpstreamConnection, UpstreamFailed
-from .versions import MAX_API_VERSIONS_VERSION, VersionPolicy
-from .wire import WRITE_GRACE_SECONDS, Wire, WireBroken
+from kipside.protocol.apis import ApiKey, api_name
+from kipside.protocol.errors import DecodeError, FrameError, ProtocolError
+from kipside.protocol.framing import FrameDecoder
+from kipside.protocol.headers import RequestHeader, parse_request_header, parse_response_header
+from kipside.protocol.primitives import INT16, read_uvarint
+from kipside.protocol.produce import MAX_VERSION, MIN_VERSION, parse_produce_request
+from kipside.proxy.features.versions import MAX_API_VERSIONS_VERSION, VersionPolicy
+from kipside.proxy.network.addresses import AddressRewriter, carries_addresses
+from kipside.proxy.network.nodes import Address
+from kipside.proxy.network.upstream import Pending, UpstreamConnection, UpstreamFailed
+from kipside.proxy.network.wire import WRITE_GRACE_SECONDS, Wire, WireBroken
+from kipside.proxy.telemetry.stats import Stats
+from kipside.proxy.telemetry.tracing import Tracer, finish
 
 if TYPE_CHECKING:
-    from .routing import Routed
+    from kipside.proxy.features.routing import Routed
 
 log = logging.getLogger("kipside.session")
 

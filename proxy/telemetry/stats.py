@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Final
 
-from protocol.apis import ApiKey
+from kipside.protocol.apis import ApiKey
 
 # Seconds; fine at the low end, where a proxy's added latency lives.
 LATENCY_BUCKETS: Final = (

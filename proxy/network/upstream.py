@@ -19,18 +19,17 @@ from dataclasses import dataclass
 
 import trio
 
-from protocol.apis import api_name
-from protocol.errors import ProtocolError
-from protocol.framing import FrameDecoder
-from protocol.headers import (
+from kipside.protocol.apis import api_name
+from kipside.protocol.errors import ProtocolError
+from kipside.protocol.framing import FrameDecoder
+from kipside.protocol.headers import (
     request_correlation_id,
     response_correlation_id,
     with_request_correlation_id,
     with_response_correlation_id,
 )
-
-from .nodes import Address
-from .wire import Chunk, Wire, WireBroken
+from kipside.proxy.network.nodes import Address
+from kipside.proxy.network.wire import Chunk, Wire, WireBroken
 
 log = logging.getLogger("kipside.upstream")
 

@@ -13,15 +13,14 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, Final
 
-from protocol.apis import ApiKey
-from protocol.errors import DecodeError
-from protocol.fetch import fetch_response_names_nodes
-from protocol.headers import ResponseHeader
-from protocol.messages import Message, decode_response, encode_message
-from protocol.primitives import INT32
-from protocol.produce import produce_response_names_nodes
-
-from .nodes import NodeMap
+from kipside.protocol.apis import ApiKey
+from kipside.protocol.errors import DecodeError
+from kipside.protocol.fetch import fetch_response_names_nodes
+from kipside.protocol.headers import ResponseHeader
+from kipside.protocol.messages import Message, decode_response, encode_message
+from kipside.protocol.primitives import INT32
+from kipside.protocol.produce import produce_response_names_nodes
+from kipside.proxy.network.nodes import NodeMap
 
 # Lowest version whose response carries addresses; below it the response passes untouched.
 _FIRST_VERSION_WITH_ADDRESSES: Final[dict[int, int]] = {

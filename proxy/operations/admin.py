@@ -25,15 +25,14 @@ from typing import TYPE_CHECKING, Final, Protocol
 import h11
 import trio
 
-from protocol.apis import ApiKey, api_name
-from rules import RuleSet
-
-from .metrics import BUILD_VERSION, render_metrics
-from .reload import RuleReloader
-from .stats import Stats
+from kipside.protocol.apis import ApiKey, api_name
+from kipside.proxy.operations.reload import RuleReloader
+from kipside.proxy.telemetry.metrics import BUILD_VERSION, render_metrics
+from kipside.proxy.telemetry.stats import Stats
+from kipside.rules import RuleSet
 
 if TYPE_CHECKING:
-    from .server import ServerConfig
+    from kipside.proxy.server import ServerConfig
 
 log = logging.getLogger("kipside.admin")
 

@@ -30,17 +30,17 @@ import trio
 from kio.schema.errors import ErrorCode
 from opentelemetry.trace import Span
 
-from protocol.apis import ApiKey
-from protocol.errors import DecodeError
-from protocol.headers import (
+from kipside.protocol.apis import ApiKey
+from kipside.protocol.errors import DecodeError
+from kipside.protocol.headers import (
     RequestHeader,
     build_frame,
     encode_request_header,
     encode_response_header,
     parse_response_header,
 )
-from protocol.primitives import INT32
-from protocol.produce import (
+from kipside.protocol.primitives import INT32
+from kipside.protocol.produce import (
     MAX_VERSION,
     MIN_VERSION,
     NodeEndpointData,
@@ -52,13 +52,12 @@ from protocol.produce import (
     parse_produce_request,
     parse_produce_response,
 )
-from rules import CoalescingRules
-
-from .lanes import LanePlacement, LanePool
-from .nodes import NodeMap
-from .stats import Stats
-from .tracing import Tracer, finish
-from .upstream import Pending, UpstreamConnection, UpstreamFailed
+from kipside.proxy.network.lanes import LanePlacement, LanePool
+from kipside.proxy.network.nodes import NodeMap
+from kipside.proxy.network.upstream import Pending, UpstreamConnection, UpstreamFailed
+from kipside.proxy.telemetry.stats import Stats
+from kipside.proxy.telemetry.tracing import Tracer, finish
+from kipside.rules import CoalescingRules
 
 log = logging.getLogger("kipside.coalesce")
 

@@ -28,8 +28,8 @@ from opentelemetry.sdk.trace.export import (
 )
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 
-from protocol.apis import ApiKey, api_name
-from rules import Tracing
+from kipside.protocol.apis import ApiKey, api_name
+from kipside.rules import Tracing
 
 log = logging.getLogger("kipside.tracing")
 

@@ -35,16 +35,16 @@ from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16, i32, i32Timedelta
 from opentelemetry.trace import Span
 
-from protocol.apis import ApiKey, api_name
-from protocol.errors import DecodeError
-from protocol.headers import (
+from kipside.protocol.apis import ApiKey, api_name
+from kipside.protocol.errors import DecodeError
+from kipside.protocol.headers import (
     RequestHeader,
     build_frame,
     encode_request_header,
     encode_response_header,
     parse_response_header,
 )
-from protocol.messages import (
+from kipside.protocol.messages import (
     Message,
     decode_request,
     decode_response,
@@ -52,12 +52,11 @@ from protocol.messages import (
     request_class,
     response_class,
 )
-from rules import RuleSet, TransactionRule
-
-from .lanes import LanePool
-from .stats import Stats
-from .tracing import event
-from .upstream import Pending, UpstreamFailed
+from kipside.proxy.network.lanes import LanePool
+from kipside.proxy.network.upstream import Pending, UpstreamFailed
+from kipside.proxy.telemetry.stats import Stats
+from kipside.proxy.telemetry.tracing import event
+from kipside.rules import RuleSet, TransactionRule
 
 log = logging.getLogger("kipside.transactions")
 

@@ -15,17 +15,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from protocol.apis import ApiKey
-from protocol.headers import RequestHeader
-
-from .coalesce import Coalescer
-from .lanes import LanePool
-from .stats import Stats
-from .transactions import TransactionManager
-from .upstream import Pending
+from kipside.protocol.apis import ApiKey
+from kipside.protocol.headers import RequestHeader
+from kipside.proxy.features.coalesce import Coalescer
+from kipside.proxy.features.transactions import TransactionManager
+from kipside.proxy.network.lanes import LanePool
+from kipside.proxy.network.upstream import Pending
+from kipside.proxy.telemetry.stats import Stats
 
 if TYPE_CHECKING:
-    from .session import Session
+    from kipside.proxy.network.session import Session
 
 # Answered by the broker straight away, whatever else is going on: safe to share a connection.
 SHORT_APIS: Final = frozenset(

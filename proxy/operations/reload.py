@@ -27,18 +27,17 @@ from typing import TYPE_CHECKING, Final, Literal
 
 import trio
 
-from protocol.apis import ApiKey
-from protocol.headers import RequestHeader
-from rules import CoalescingRules, RuleError, RuleProblem, RuleSet, load_rules
-from rules.errors import FILE_KEY
-from rules.model import DEFAULT_SOURCE
-
-from .upstream import Pending, UpstreamFailed
+from kipside.protocol.apis import ApiKey
+from kipside.protocol.headers import RequestHeader
+from kipside.proxy.network.upstream import Pending, UpstreamFailed
+from kipside.rules import CoalescingRules, RuleError, RuleProblem, RuleSet, load_rules
+from kipside.rules.errors import FILE_KEY
+from kipside.rules.model import DEFAULT_SOURCE
 
 if TYPE_CHECKING:
-    from .routing import Routed
-    from .server import Server
-    from .session import Session
+    from kipside.proxy.features.routing import Routed
+    from kipside.proxy.network.session import Session
+    from kipside.proxy.server import Server
 
 log = logging.getLogger("kipside.rules")
 

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from protocol.apis import ApiKey, api_name
-
-from .stats import Histogram, Stats
+from kipside.protocol.apis import ApiKey, api_name
+from kipside.proxy.telemetry.stats import Histogram, Stats
 
 BUILD_VERSION = "0.1.0"
 
