@@ -32,7 +32,7 @@ __all__ = ["JobFiles", "preflight", "root_cause", "run_query"]
 
 STOP_GRACE_SECONDS: Final = 60.0
 _CAUSE: Final = re.compile(
-    r"^((?:pipeline|protocol)\.[\w.]+\.\w+|[\w.]*OptionError|[\w.]*SchemaError): (.+)$",
+    r"^(kipside\.(?:pipeline|protocol)\.[\w.]+\.\w+|[\w.]*OptionError|[\w.]*SchemaError): (.+)$",
     re.MULTILINE,
 )
 
