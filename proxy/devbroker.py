@@ -58,11 +58,17 @@ def wait_for_port(host: str, port: int, timeout: float = 10.0) -> None:
 
 
 def start_tansu(
-    host: str = "127.0.0.1", port: int = 0, *, silent: bool = True
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    silent: bool = True,
+    advertised_port: int | None = None,
 ) -> tuple[subprocess.Popen[bytes], int]:
     """Start Tansu on host:port (a free port when 0) with in-memory storage.
 
-    Returns the process and the port once the broker accepts connections.
+    The broker advertises host:advertised_port (default: its own port); the tests put a relay
+    there so that clients never learn the broker's real address. Returns the process and the
+    port once the broker accepts connections.
     """
     port = port or free_port(host)
     args = [
@@ -71,7 +77,7 @@ def start_tansu(
         "--listener-url",
         f"tcp://{host}:{port}",
         "--advertised-listener-url",
-        f"tcp://{host}:{port}",
+        f"tcp://{host}:{advertised_port or port}",
         "--storage-engine",
         "memory://tansu/",
     ]

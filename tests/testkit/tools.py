@@ -1,0 +1,52 @@
+"""External programs the tests and benchmarks use but pip cannot install (Debian packages).
+
+A missing one is never a FileNotFoundError: tests skip with `require()` naming the tool and how
+to install it; benchmarks get a ToolMissing error that says the same.
+"""
+
+from __future__ import annotations
+
+import shutil
+from typing import NoReturn
+
+__all__ = ["INSTALL", "ToolMissing", "find", "require"]
+
+INSTALL: dict[str, str] = {
+    "kcat": "`make system-deps` (apt-get install kcat)",
+    "haproxy": "`make system-deps` (apt-get install haproxy)",
+    "java": "`make system-deps` (apt-get install openjdk-17-jre-headless)",
+    "chromium": "`make system-deps` (apt-get install chromium)",
+    "tshark": "`apt-get install -y tshark`",
+    "curl": "`apt-get install -y curl`",
+}
+
+
+class ToolMissing(RuntimeError):
+    """An external program is not on PATH."""
+
+
+def _message(name: str, why: str) -> str:
+    how = INSTALL.get(name, f"install {name}")
+    return f"{name} is not installed ({why}): {how}"
+
+
+def find(name: str, why: str = "needed here") -> str:
+    """The path of program `name`; ToolMissing (naming how to install it) when it is absent."""
+    path = shutil.which(name)
+    if path is None:
+        raise ToolMissing(_message(name, why))
+    return path
+
+
+def require(name: str, why: str = "needed by this test") -> str:
+    """In a test: the path of program `name`, or skip the test naming the tool and its install."""
+    try:
+        return find(name, why)
+    except ToolMissing as exc:
+        _skip(str(exc))
+
+
+def _skip(reason: str) -> NoReturn:
+    import pytest
+
+    pytest.skip(reason)
