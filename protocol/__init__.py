@@ -1,0 +1,189 @@
+"""kipside's Kafka codec, sans-I/O: bytes in, frames, headers and messages out, and back.
+
+The proxy (kipside.proxy, on trio) and the pipelines (kipside.pipeline, on blocking sockets) are
+two shells over this one codec, and they import only the names listed in ``__all__`` below; the
+modules behind them are free to change. The pieces:
+
+- framing: ``FrameDecoder`` (size-prefixed frames, foreign-protocol sniffing, a size cap);
+- headers: request and response headers, correlation ids, ``build_frame``;
+- ``ApiKey`` and ``api_name``; ``Message`` and the kio adapter (``decode_response`` ...);
+- Produce (v3-12) and Fetch (v4-12), hand-written with zero-copy record sets;
+- record batches (``RecordBatchView``, re-stamping), small batches (``encode_batch``),
+  ``ReadCommittedFilter``, and the client side of one connection (``ClientConnection``);
+- ``decode_columns``/``decode_batch_records``: whole batches decoded by a compiled kernel. They
+  need the ``pipeline`` extra (numba, numpy, cramjam), so they are imported on first use and a
+  proxy without that extra never loads them.
+
+This package must never import trio, sockets or any other I/O module, nor kipside.proxy,
+kipside.pipeline or kipside.rules: it decides, the shells move bytes (``make lint`` checks it).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kipside.protocol.apis import ApiKey, api_name
+from kipside.protocol.batch_builder import Record, encode_batch
+from kipside.protocol.client import ClientConnection, Response, VersionRange, pick_version
+from kipside.protocol.errors import (
+    DecodeError,
+    FrameError,
+    LocalProtocolError,
+    NotKafkaError,
+    ProtocolError,
+    UnsupportedVersionError,
+)
+from kipside.protocol.fetch import MAX_VERSION as FETCH_MAX_VERSION
+from kipside.protocol.fetch import MIN_VERSION as FETCH_MIN_VERSION
+from kipside.protocol.fetch import (
+    READ_COMMITTED,
+    READ_UNCOMMITTED,
+    FetchPartition,
+    PartitionData,
+    encode_fetch_request,
+    fetch_response_names_nodes,
+    parse_fetch_response,
+)
+from kipside.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
+from kipside.protocol.headers import (
+    RequestHeader,
+    ResponseHeader,
+    build_frame,
+    encode_request_header,
+    encode_response_header,
+    parse_request_header,
+    parse_response_header,
+    request_correlation_id,
+    response_correlation_id,
+    with_request_correlation_id,
+    with_response_correlation_id,
+)
+from kipside.protocol.kafka_errors import ErrorCode, error_name, is_retriable
+from kipside.protocol.messages import (
+    Message,
+    build_request,
+    decode_request,
+    decode_response,
+    encode_message,
+    known_versions,
+    request_class,
+    response_class,
+)
+from kipside.protocol.primitives import INT16, INT32, read_uvarint
+from kipside.protocol.produce import MAX_VERSION as PRODUCE_MAX_VERSION
+from kipside.protocol.produce import MIN_VERSION as PRODUCE_MIN_VERSION
+from kipside.protocol.produce import (
+    NodeEndpointData,
+    PartitionBatch,
+    PartitionResult,
+    ProduceResponseData,
+    encode_produce_request,
+    encode_produce_response,
+    parse_produce_request,
+    parse_produce_response,
+    produce_response_names_nodes,
+)
+from kipside.protocol.read_committed import ReadCommittedFilter, Verdict
+from kipside.protocol.records import (
+    RecordBatchError,
+    RecordBatchView,
+    batch_extent,
+    iter_batches,
+    restamp,
+)
+
+if TYPE_CHECKING:
+    from kipside.protocol.record_columns import (
+        Binary,
+        Columns,
+        decode_batch_records,
+        decode_columns,
+    )
+
+# The compiled kernel's names, loaded on first use (they need the pipeline extra).
+_RECORD_COLUMNS = frozenset({"Binary", "Columns", "decode_batch_records", "decode_columns"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _RECORD_COLUMNS:
+        from kipside.protocol import record_columns
+
+        return getattr(record_columns, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "DEFAULT_MAX_FRAME_BYTES",
+    "FETCH_MAX_VERSION",
+    "FETCH_MIN_VERSION",
+    "INT16",
+    "INT32",
+    "PRODUCE_MAX_VERSION",
+    "PRODUCE_MIN_VERSION",
+    "READ_COMMITTED",
+    "READ_UNCOMMITTED",
+    "ApiKey",
+    "Binary",
+    "ClientConnection",
+    "Columns",
+    "DecodeError",
+    "ErrorCode",
+    "FetchPartition",
+    "FrameDecoder",
+    "FrameError",
+    "LocalProtocolError",
+    "Message",
+    "NodeEndpointData",
+    "NotKafkaError",
+    "PartitionBatch",
+    "PartitionData",
+    "PartitionResult",
+    "ProduceResponseData",
+    "ProtocolError",
+    "ReadCommittedFilter",
+    "Record",
+    "RecordBatchError",
+    "RecordBatchView",
+    "RequestHeader",
+    "Response",
+    "ResponseHeader",
+    "UnsupportedVersionError",
+    "Verdict",
+    "VersionRange",
+    "api_name",
+    "batch_extent",
+    "build_frame",
+    "build_request",
+    "decode_batch_records",
+    "decode_columns",
+    "decode_request",
+    "decode_response",
+    "encode_batch",
+    "encode_fetch_request",
+    "encode_frame",
+    "encode_message",
+    "encode_produce_request",
+    "encode_produce_response",
+    "encode_request_header",
+    "encode_response_header",
+    "error_name",
+    "fetch_response_names_nodes",
+    "is_retriable",
+    "iter_batches",
+    "known_versions",
+    "parse_fetch_response",
+    "parse_produce_request",
+    "parse_produce_response",
+    "parse_request_header",
+    "parse_response_header",
+    "pick_version",
+    "produce_response_names_nodes",
+    "read_uvarint",
+    "request_class",
+    "request_correlation_id",
+    "response_class",
+    "response_correlation_id",
+    "restamp",
+    "with_request_correlation_id",
+    "with_response_correlation_id",
+]

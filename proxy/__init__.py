@@ -1,0 +1,17 @@
+"""kipside's sidecar: a Kafka wire-protocol proxy on trio, over the kipside.protocol codec.
+
+``run(ServerConfig(...))`` serves until SIGTERM/SIGINT; ``Server`` is the same thing for a
+caller that already runs trio (tests, embedding). The ``kipside`` command (kipside.proxy.cli)
+builds a ``ServerConfig`` from its options.
+
+The subpackages are layers, each importing only the ones below it (``make lint`` checks it):
+operations/ (admin endpoint, rule reload) > features/ (routing, coalescing, transactions,
+versions) > network/ (wire, sessions, upstream and lane connections, nodes, addresses) >
+telemetry/ (stats, metrics, tracing). server.py sits above them all, cli.py on top.
+This package must never import kipside.pipeline: the pipelines are found through entry points.
+"""
+
+from kipside.proxy.network.nodes import Address
+from kipside.proxy.server import Server, ServerConfig, StartupError, run
+
+__all__ = ["Address", "Server", "ServerConfig", "StartupError", "run"]

@@ -19,12 +19,16 @@ from dataclasses import dataclass, field
 
 import trio
 
-from kipside.protocol.apis import ApiKey
-from kipside.protocol.errors import ProtocolError
-from kipside.protocol.framing import FrameDecoder
-from kipside.protocol.headers import build_frame, encode_request_header, parse_response_header
-from kipside.protocol.messages import decode_response
-from kipside.protocol.primitives import INT32
+from kipside.protocol import (
+    INT32,
+    ApiKey,
+    FrameDecoder,
+    ProtocolError,
+    build_frame,
+    decode_response,
+    encode_request_header,
+    parse_response_header,
+)
 from kipside.proxy.features.coalesce import Coalescer
 from kipside.proxy.features.routing import Router
 from kipside.proxy.features.transactions import TransactionManager

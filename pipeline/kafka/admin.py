@@ -7,10 +7,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from kipside.protocol.apis import ApiKey
-from kipside.protocol.client import VersionRange
-from kipside.protocol.kafka_errors import ErrorCode, error_name
-from kipside.protocol.messages import build_request, encode_message
+from kipside.protocol import (
+    ApiKey,
+    ErrorCode,
+    VersionRange,
+    build_request,
+    encode_message,
+    error_name,
+)
 
 from .client import KafkaClient, check_error
 from .errors import BrokerError, RetriableError, TopicNotFound

@@ -15,11 +15,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
-from kipside.protocol.apis import ApiKey, api_name
-from kipside.protocol.client import Response, VersionRange, pick_version
-from kipside.protocol.errors import ProtocolError
-from kipside.protocol.kafka_errors import error_name, is_retriable
-from kipside.protocol.messages import build_request, encode_message
+from kipside.protocol import (
+    ApiKey,
+    ProtocolError,
+    Response,
+    VersionRange,
+    api_name,
+    build_request,
+    encode_message,
+    error_name,
+    is_retriable,
+    pick_version,
+)
 
 from .connection import Address, BrokerConnection, ConnectionFailed
 from .errors import BrokerError, RetriableError

@@ -14,8 +14,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kipside.protocol.client import ClientConnection, Response
-from kipside.protocol.errors import ProtocolError
+from kipside.protocol import ClientConnection, ProtocolError, Response
 
 __all__ = ["Address", "BrokerConnection", "ConnectionFailed"]
 

@@ -7,7 +7,7 @@ retries by itself; everything else reaches the job and fails it clearly.
 
 from __future__ import annotations
 
-from kipside.protocol.kafka_errors import error_name
+from kipside.protocol import error_name
 
 __all__ = [
     "BrokerError",

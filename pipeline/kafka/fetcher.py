@@ -19,18 +19,21 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
-from kipside.protocol.apis import ApiKey
-from kipside.protocol.fetch import (
+from kipside.protocol import (
     READ_COMMITTED,
     READ_UNCOMMITTED,
+    ApiKey,
+    ErrorCode,
     FetchPartition,
     PartitionData,
+    ReadCommittedFilter,
+    RecordBatchError,
+    RecordBatchView,
+    Verdict,
     encode_fetch_request,
+    iter_batches,
     parse_fetch_response,
 )
-from kipside.protocol.kafka_errors import ErrorCode
-from kipside.protocol.read_committed import ReadCommittedFilter, Verdict
-from kipside.protocol.records import RecordBatchError, RecordBatchView, iter_batches
 
 from .client import KafkaClient, check_error
 from .errors import CorruptBatchError, DataLossError, KafkaError

@@ -14,23 +14,20 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from kipside.protocol.apis import ApiKey
-from kipside.protocol.client import VersionRange
-from kipside.protocol.fetch import (
-    MAX_VERSION as FETCH_MAX,
-)
-from kipside.protocol.fetch import (
-    MIN_VERSION as FETCH_MIN,
-)
-from kipside.protocol.fetch import (
+from kipside.protocol import (
+    FETCH_MAX_VERSION,
+    FETCH_MIN_VERSION,
     READ_UNCOMMITTED,
+    ApiKey,
+    ErrorCode,
     FetchPartition,
+    VersionRange,
+    batch_extent,
+    build_request,
     encode_fetch_request,
+    encode_message,
     parse_fetch_response,
 )
-from kipside.protocol.kafka_errors import ErrorCode
-from kipside.protocol.messages import build_request, encode_message
-from kipside.protocol.records import batch_extent
 
 from .client import KafkaClient, check_error
 from .errors import RetriableError
@@ -48,7 +45,7 @@ TopicPartition = tuple[str, int]
 EARLIEST: Final = -2
 LATEST: Final = -1
 LIST_OFFSETS: Final = VersionRange(2, 9)
-FETCH: Final = VersionRange(FETCH_MIN, FETCH_MAX)
+FETCH: Final = VersionRange(FETCH_MIN_VERSION, FETCH_MAX_VERSION)
 _OUT_OF_RANGE: Final = int(ErrorCode.offset_out_of_range)
 _PROBE_BYTES: Final = 4096
 

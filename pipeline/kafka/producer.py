@@ -20,22 +20,22 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import Final, Generic, TypeVar
 
-from kipside.protocol.apis import ApiKey
-from kipside.protocol.client import VersionRange
-from kipside.protocol.kafka_errors import ErrorCode, error_name, is_retriable
-from kipside.protocol.messages import build_request, encode_message
-from kipside.protocol.produce import (
-    MAX_VERSION as PRODUCE_MAX,
-)
-from kipside.protocol.produce import (
-    MIN_VERSION as PRODUCE_MIN,
-)
-from kipside.protocol.produce import (
+from kipside.protocol import (
+    PRODUCE_MAX_VERSION,
+    PRODUCE_MIN_VERSION,
+    ApiKey,
+    ErrorCode,
     PartitionBatch,
+    RecordBatchView,
+    VersionRange,
+    build_request,
+    encode_message,
     encode_produce_request,
+    error_name,
+    is_retriable,
     parse_produce_response,
+    restamp,
 )
-from kipside.protocol.records import RecordBatchView, restamp
 
 from .client import DedicatedConnection, KafkaClient, check_error
 from .connection import BrokerConnection, ConnectionFailed
@@ -45,7 +45,7 @@ __all__ = ["IdempotentProducer", "ProduceConfig", "Written"]
 
 Tag = TypeVar("Tag")
 TopicPartition = tuple[str, int]
-PRODUCE: Final = VersionRange(PRODUCE_MIN, PRODUCE_MAX)
+PRODUCE: Final = VersionRange(PRODUCE_MIN_VERSION, PRODUCE_MAX_VERSION)
 INIT_PRODUCER_ID: Final = VersionRange(0, 5)
 _DUPLICATE: Final = int(ErrorCode.duplicate_sequence_number)
 _OUT_OF_ORDER: Final = int(ErrorCode.out_of_order_sequence_number)

@@ -21,7 +21,7 @@ from kipside.pipeline.kafka.errors import KafkaError
 from kipside.pipeline.kafka.fetcher import FetchConfig, RangeReader
 from kipside.pipeline.kafka.offsets import EARLIEST, list_offsets, watermarks
 from kipside.pipeline.kafka.retry import RetryPolicy
-from kipside.protocol.record_columns import decode_batch_records
+from kipside.protocol import decode_batch_records
 
 from .offset_sync import OffsetSync, SyncIndex, Translation, decode_sync, translate_all
 

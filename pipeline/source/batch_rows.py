@@ -22,7 +22,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from kipside.protocol.records import RecordBatchView
+from kipside.protocol import RecordBatchView
 
 from .ranges import OffsetRange, owns_batch
 

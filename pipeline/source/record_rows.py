@@ -25,8 +25,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from kipside.protocol.record_columns import Binary, Columns, decode_columns
-from kipside.protocol.records import RecordBatchView
+from kipside.protocol import Binary, Columns, RecordBatchView, decode_columns
 
 from .ranges import OffsetRange
 

@@ -30,27 +30,25 @@ import trio
 from kio.schema.errors import ErrorCode
 from opentelemetry.trace import Span
 
-from kipside.protocol.apis import ApiKey
-from kipside.protocol.errors import DecodeError
-from kipside.protocol.headers import (
-    RequestHeader,
-    build_frame,
-    encode_request_header,
-    encode_response_header,
-    parse_response_header,
-)
-from kipside.protocol.primitives import INT32
-from kipside.protocol.produce import (
-    MAX_VERSION,
-    MIN_VERSION,
+from kipside.protocol import (
+    INT32,
+    PRODUCE_MAX_VERSION,
+    PRODUCE_MIN_VERSION,
+    ApiKey,
+    DecodeError,
     NodeEndpointData,
     PartitionBatch,
     PartitionResult,
     ProduceResponseData,
+    RequestHeader,
+    build_frame,
     encode_produce_request,
     encode_produce_response,
+    encode_request_header,
+    encode_response_header,
     parse_produce_request,
     parse_produce_response,
+    parse_response_header,
 )
 from kipside.proxy.network.lanes import LanePlacement, LanePool
 from kipside.proxy.network.nodes import NodeMap
@@ -426,8 +424,8 @@ class ProduceLane:
 
     def _upstream_version(self) -> int:
         versions = self.pool.produce_versions
-        high = MAX_VERSION if versions is None else min(versions[1], MAX_VERSION)
-        return max(high, MIN_VERSION)
+        high = PRODUCE_MAX_VERSION if versions is None else min(versions[1], PRODUCE_MAX_VERSION)
+        return max(high, PRODUCE_MIN_VERSION)
 
     def _distribute(self, taken: list[QueuedBatch], frame: bytes, version: int) -> None:
         try:
@@ -490,7 +488,9 @@ class Coalescer:
         return lane
 
     def eligible(self, header: RequestHeader) -> bool:
-        return self.rules.enabled and MIN_VERSION <= header.api_version <= MAX_VERSION
+        return (
+            self.rules.enabled and PRODUCE_MIN_VERSION <= header.api_version <= PRODUCE_MAX_VERSION
+        )
 
     def submit(
         self,

@@ -15,8 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from kipside.protocol.apis import ApiKey
-from kipside.protocol.headers import RequestHeader
+from kipside.protocol import ApiKey, RequestHeader
 from kipside.proxy.features.coalesce import Coalescer
 from kipside.proxy.features.transactions import TransactionManager
 from kipside.proxy.network.lanes import LanePool

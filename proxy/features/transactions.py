@@ -35,20 +35,19 @@ from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16, i32, i32Timedelta
 from opentelemetry.trace import Span
 
-from kipside.protocol.apis import ApiKey, api_name
-from kipside.protocol.errors import DecodeError
-from kipside.protocol.headers import (
-    RequestHeader,
-    build_frame,
-    encode_request_header,
-    encode_response_header,
-    parse_response_header,
-)
-from kipside.protocol.messages import (
+from kipside.protocol import (
+    ApiKey,
+    DecodeError,
     Message,
+    RequestHeader,
+    api_name,
+    build_frame,
     decode_request,
     decode_response,
     encode_message,
+    encode_request_header,
+    encode_response_header,
+    parse_response_header,
     request_class,
     response_class,
 )

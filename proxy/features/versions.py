@@ -20,10 +20,17 @@ from kio.schema.api_versions.v0.response import ApiVersionsResponse as ApiVersio
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16
 
-from kipside.protocol import produce
-from kipside.protocol.apis import ApiKey
-from kipside.protocol.headers import ResponseHeader, build_frame, encode_response_header
-from kipside.protocol.messages import Message, decode_response, encode_message, known_versions
+from kipside.protocol import (
+    PRODUCE_MAX_VERSION,
+    ApiKey,
+    Message,
+    ResponseHeader,
+    build_frame,
+    decode_response,
+    encode_message,
+    encode_response_header,
+    known_versions,
+)
 from kipside.proxy.network.addresses import address_apis
 
 log = logging.getLogger("kipside.versions")
@@ -43,7 +50,7 @@ def kipside_ranges() -> dict[int, tuple[int, int]]:
         ranges[api_key] = (0 if first_decoded > low else low, high)
     ranges[ApiKey.API_VERSIONS] = (0, MAX_API_VERSIONS_VERSION)
     # Produce v13 names topics by id, which the coalescer does not map.
-    ranges[ApiKey.PRODUCE] = (0, produce.MAX_VERSION)
+    ranges[ApiKey.PRODUCE] = (0, PRODUCE_MAX_VERSION)
     return ranges
 
 

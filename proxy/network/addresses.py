@@ -13,13 +13,17 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, Final
 
-from kipside.protocol.apis import ApiKey
-from kipside.protocol.errors import DecodeError
-from kipside.protocol.fetch import fetch_response_names_nodes
-from kipside.protocol.headers import ResponseHeader
-from kipside.protocol.messages import Message, decode_response, encode_message
-from kipside.protocol.primitives import INT32
-from kipside.protocol.produce import produce_response_names_nodes
+from kipside.protocol import (
+    INT32,
+    ApiKey,
+    DecodeError,
+    Message,
+    ResponseHeader,
+    decode_response,
+    encode_message,
+    fetch_response_names_nodes,
+    produce_response_names_nodes,
+)
 from kipside.proxy.network.nodes import NodeMap
 
 # Lowest version whose response carries addresses; below it the response passes untouched.

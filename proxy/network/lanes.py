@@ -17,9 +17,13 @@ from collections.abc import Callable, Hashable
 import trio
 from kio.schema.errors import ErrorCode
 
-from kipside.protocol.apis import ApiKey
-from kipside.protocol.headers import build_frame, encode_request_header, parse_response_header
-from kipside.protocol.messages import decode_response
+from kipside.protocol import (
+    ApiKey,
+    build_frame,
+    decode_response,
+    encode_request_header,
+    parse_response_header,
+)
 from kipside.proxy.network.nodes import Address
 from kipside.proxy.network.upstream import UpstreamConnection, UpstreamFailed
 from kipside.proxy.telemetry.stats import Stats

@@ -24,12 +24,22 @@ from typing import TYPE_CHECKING
 import trio
 from opentelemetry.trace import Span
 
-from kipside.protocol.apis import ApiKey, api_name
-from kipside.protocol.errors import DecodeError, FrameError, ProtocolError
-from kipside.protocol.framing import FrameDecoder
-from kipside.protocol.headers import RequestHeader, parse_request_header, parse_response_header
-from kipside.protocol.primitives import INT16, read_uvarint
-from kipside.protocol.produce import MAX_VERSION, MIN_VERSION, parse_produce_request
+from kipside.protocol import (
+    INT16,
+    PRODUCE_MAX_VERSION,
+    PRODUCE_MIN_VERSION,
+    ApiKey,
+    DecodeError,
+    FrameDecoder,
+    FrameError,
+    ProtocolError,
+    RequestHeader,
+    api_name,
+    parse_produce_request,
+    parse_request_header,
+    parse_response_header,
+    read_uvarint,
+)
 from kipside.proxy.features.versions import MAX_API_VERSIONS_VERSION, VersionPolicy
 from kipside.proxy.network.addresses import AddressRewriter, carries_addresses
 from kipside.proxy.network.nodes import Address
@@ -84,7 +94,10 @@ SharedRoute = Callable[["Session", bytes, RequestHeader], Awaitable["Routed | No
 
 def _topics(frame: bytes, header: RequestHeader) -> tuple[str, ...]:
     """Topic names of a ProduceRequest, for its span; other requests stay undecoded."""
-    if header.api_key != ApiKey.PRODUCE or not MIN_VERSION <= header.api_version <= MAX_VERSION:
+    if (
+        header.api_key != ApiKey.PRODUCE
+        or not PRODUCE_MIN_VERSION <= header.api_version <= PRODUCE_MAX_VERSION
+    ):
         return ()
     try:
         request = parse_produce_request(frame, header.body_offset, header.api_version)

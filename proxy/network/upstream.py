@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import trio
 
-from kipside.protocol.apis import api_name
-from kipside.protocol.errors import ProtocolError
-from kipside.protocol.framing import FrameDecoder
-from kipside.protocol.headers import (
+from kipside.protocol import (
+    FrameDecoder,
+    ProtocolError,
+    api_name,
     request_correlation_id,
     response_correlation_id,
     with_request_correlation_id,

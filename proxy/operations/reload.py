@@ -27,8 +27,7 @@ from typing import TYPE_CHECKING, Final, Literal
 
 import trio
 
-from kipside.protocol.apis import ApiKey
-from kipside.protocol.headers import RequestHeader
+from kipside.protocol import ApiKey, RequestHeader
 from kipside.proxy.network.upstream import Pending, UpstreamFailed
 from kipside.rules import CoalescingRules, RuleError, RuleProblem, RuleSet, load_rules
 from kipside.rules.errors import FILE_KEY
