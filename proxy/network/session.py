@@ -258,7 +258,12 @@ class Session:
         span = None
         if self.tracer is not None and self.tracer.enabled_for(api_key):
             span = self.tracer.request_span(
-                api_key, version, self.client_id, self.peer, _topics(frame, header)
+                api_key,
+                version,
+                self.client_id,
+                self.peer,
+                _topics(frame, header),
+                correlation_id=header.correlation_id,
             )
         self.current_span = span
         if api_key == ApiKey.API_VERSIONS and version > MAX_API_VERSIONS_VERSION:
