@@ -3,8 +3,9 @@
 One SERVER span per traced client request (Kafka messaging semantic conventions), one CLIENT
 span per coalesced upstream ProduceRequest with a link to every member's request span, and span
 events for transaction-begin holds and locally answered transaction calls. Export is OTLP
-(http/protobuf) when an endpoint is configured, the console exporter for `kipside dev`, and
-nothing otherwise: with no exporter the tracer is None and the hot path pays one attribute check.
+(http/protobuf) when an endpoint is configured, one compact line per span on stdout with
+`--trace-console` (`span_line`), and nothing otherwise: with no exporter the tracer is None and
+the hot path pays one attribute check.
 This module must never block the proxy: spans are exported by the SDK's batch processor thread.
 """
 
@@ -15,11 +16,12 @@ import os
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Final
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
     ConsoleSpanExporter,
@@ -114,6 +116,7 @@ class Tracer:
         client_id: str | None,
         peer: str,
         topics: Iterable[str] = (),
+        correlation_id: int | None = None,
     ) -> Span:
         assert self._tracer is not None
         operation, operation_type = _OPERATIONS.get(api_key, (api_name(api_key).lower(), "other"))
@@ -128,6 +131,8 @@ class Tracer:
             "kafka.api_version": api_version,
             "client.address": peer,
         }
+        if correlation_id is not None:
+            attributes["kafka.correlation_id"] = correlation_id
         if topic_list:
             attributes["messaging.destination.name"] = (
                 topic_list[0] if len(topic_list) == 1 else ",".join(topic_list)
@@ -179,9 +184,51 @@ def event(span: Span | None, name: str, **attributes: str | int | float) -> None
         span.add_event(name, attributes)
 
 
+# The attributes a console line shows, in this order, under short labels; the rest (the
+# messaging.* duplicates, the topic list) stays in OTLP.
+_LINE_ATTRIBUTES: Final = (
+    ("messaging.client.id", "client"),
+    ("client.address", "from"),
+    ("kafka.correlation_id", "correlation"),
+    ("kafka.node_id", "node"),
+    ("kafka.lane", "lane"),
+    ("kafka.client_request_count", "requests"),
+    ("kafka.batch_count", "batches"),
+    ("kafka.partition_count", "partitions"),
+    ("kafka.request_bytes", "bytes"),
+    ("kafka.acks", "acks"),
+)
+
+
+def span_line(span: ReadableSpan) -> str:
+    """One span as one console line: end time, name, duration, API, key attributes, links,
+    events, and the result (`ok` or the Kafka error name)."""
+    attrs = span.attributes or {}
+    parts = []
+    if span.end_time is not None:
+        parts.append(datetime.fromtimestamp(span.end_time / 1e9).strftime("%H:%M:%S.%f")[:-3])
+    parts.append(span.name)
+    if span.end_time is not None and span.start_time is not None:
+        parts.append(f"{(span.end_time - span.start_time) / 1e6:.2f}ms")
+    if span.kind == SpanKind.SERVER and "kafka.api_name" in attrs:
+        parts.append(f"{attrs['kafka.api_name']} v{attrs.get('kafka.api_version', '?')}")
+    shown = ((label, attrs.get(key, "")) for key, label in _LINE_ATTRIBUTES)
+    parts.extend(f"{label}={value}" for label, value in shown if value != "")
+    if span.links:
+        parts.append(f"links={len(span.links)}")
+    for event in span.events:
+        details = " ".join(f"{k}={v}" for k, v in (event.attributes or {}).items())
+        name = event.name.removeprefix("kipside.txn.")
+        parts.append(f"[{name} {details}]" if details else f"[{name}]")
+    failed = span.status.status_code == StatusCode.ERROR
+    parts.append(str(attrs.get("error.type", span.status.description)) if failed else "ok")
+    return " ".join(parts) + "\n"
+
+
 def _exporter(config: TraceConfig) -> SpanExporter | None:
     if config.exporter == "console":
-        return ConsoleSpanExporter(out=sys.stdout)
+        # sys.stdout as it is now: `kipside dev` may have put its live console there.
+        return ConsoleSpanExporter(out=sys.stdout, formatter=span_line)
     if config.exporter == "otlp":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
