@@ -29,7 +29,7 @@ import trio
 from kipside.protocol.apis import ApiKey
 from kipside.proxy.cli import _admin_address, main
 from kipside.proxy.features.coalesce import Coalescer
-from kipside.proxy.features.routing import Routed
+from kipside.proxy.network.hooks import Routed
 from kipside.proxy.network.nodes import Address
 from kipside.proxy.network.upstream import Pending
 from kipside.proxy.operations import admin as admin_module

@@ -12,18 +12,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from kipside.protocol import ApiKey, RequestHeader
 from kipside.proxy.features.coalesce import Coalescer
 from kipside.proxy.features.transactions import TransactionManager
+from kipside.proxy.network.hooks import Routed, RoutedClient
 from kipside.proxy.network.lanes import LanePool
-from kipside.proxy.network.upstream import Pending
 from kipside.proxy.telemetry.stats import Stats
-
-if TYPE_CHECKING:
-    from kipside.proxy.network.session import Session
 
 # Answered by the broker straight away, whatever else is going on: safe to share a connection.
 SHORT_APIS: Final = frozenset(
@@ -55,14 +51,6 @@ SHORT_APIS: Final = frozenset(
 SASL_APIS: Final = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
 
 
-@dataclass(frozen=True, slots=True)
-class Routed:
-    """A request taken by a shared route."""
-
-    pending: Pending | None  # None: the client expects no response (acks=0)
-    raw: bool  # the answer is the broker's frame and still needs kipside's rewrites
-
-
 class Router:
     def __init__(
         self,
@@ -78,7 +66,9 @@ class Router:
         self.stats = stats
         self._default_node = default_node
 
-    async def route(self, session: Session, frame: bytes, header: RequestHeader) -> Routed | None:
+    async def route(
+        self, session: RoutedClient, frame: bytes, header: RequestHeader
+    ) -> Routed | None:
         """Take the request onto a shared connection, or return None to forward it on the
         session's own connection."""
         api_key = header.api_key

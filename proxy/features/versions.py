@@ -24,6 +24,7 @@ from kipside.protocol import (
     PRODUCE_MAX_VERSION,
     ApiKey,
     Message,
+    RequestHeader,
     ResponseHeader,
     build_frame,
     decode_response,
@@ -135,6 +136,12 @@ class VersionPolicy:
         body = encode_message(self.intersect(message))
         head = frame[4 : header.body_offset]
         return build_frame(head, body)
+
+    def unsupported_answer(self, header: RequestHeader) -> bytes | None:
+        """UNSUPPORTED_VERSION for an ApiVersions request newer than kipside's; else None."""
+        if header.api_version <= MAX_API_VERSIONS_VERSION:
+            return None
+        return self.unsupported_response(header.correlation_id)
 
     def unsupported_response(self, correlation_id: int) -> bytes:
         """The v0-layout UNSUPPORTED_VERSION answer for an ApiVersions newer than kipside's."""

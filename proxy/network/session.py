@@ -17,9 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import trio
 from opentelemetry.trace import Span
@@ -40,16 +38,13 @@ from kipside.protocol import (
     parse_response_header,
     read_uvarint,
 )
-from kipside.proxy.features.versions import MAX_API_VERSIONS_VERSION, VersionPolicy
 from kipside.proxy.network.addresses import AddressRewriter, carries_addresses
+from kipside.proxy.network.hooks import ApiVersionsPolicy, SharedRoute
 from kipside.proxy.network.nodes import Address
 from kipside.proxy.network.upstream import Pending, UpstreamConnection, UpstreamFailed
 from kipside.proxy.network.wire import WRITE_GRACE_SECONDS, Wire, WireBroken
 from kipside.proxy.telemetry.stats import Stats
 from kipside.proxy.telemetry.tracing import Tracer, finish
-
-if TYPE_CHECKING:
-    from kipside.proxy.features.routing import Routed
 
 log = logging.getLogger("kipside.session")
 
@@ -86,10 +81,6 @@ class _Marker:
 UPSTREAM_GONE = _Marker("upstream gone")
 # The session is draining for shutdown: no requests were read after this point.
 DRAINED = _Marker("drained")
-
-# A shared route takes (session, frame, header) and returns how the request was taken, or None
-# if it does not take it (the session then forwards it on its own connection).
-SharedRoute = Callable[["Session", bytes, RequestHeader], Awaitable["Routed | None"]]
 
 
 def _topics(frame: bytes, header: RequestHeader) -> tuple[str, ...]:
@@ -128,7 +119,7 @@ class Session:
         upstream_candidates: list[Address],
         *,
         rewriter: AddressRewriter,
-        versions: VersionPolicy,
+        versions: ApiVersionsPolicy,
         max_frame_bytes: int,
         shared_route: SharedRoute | None = None,
         node_id: int | None = None,
@@ -266,10 +257,11 @@ class Session:
                 correlation_id=header.correlation_id,
             )
         self.current_span = span
-        if api_key == ApiKey.API_VERSIONS and version > MAX_API_VERSIONS_VERSION:
-            local = self.versions.unsupported_response(header.correlation_id)
-            self._owe(header, Pending.answered(local), False, started, span)
-            return
+        if api_key == ApiKey.API_VERSIONS:
+            local = self.versions.unsupported_answer(header)
+            if local is not None:
+                self._owe(header, Pending.answered(local), False, started, span)
+                return
         if self.shared_route is not None:
             routed = await self.shared_route(self, frame, header)
             if routed is not None:

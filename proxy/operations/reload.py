@@ -23,20 +23,18 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final, Literal
+from typing import Final, Literal, Protocol
 
 import trio
 
 from kipside.protocol import ApiKey, RequestHeader
+from kipside.proxy.features.coalesce import Coalescer
+from kipside.proxy.features.versions import VersionPolicy
+from kipside.proxy.network.hooks import Routed, RoutedClient
 from kipside.proxy.network.upstream import Pending, UpstreamFailed
 from kipside.rules import CoalescingRules, RuleError, RuleProblem, RuleSet, load_rules
 from kipside.rules.errors import FILE_KEY
 from kipside.rules.model import DEFAULT_SOURCE
-
-if TYPE_CHECKING:
-    from kipside.proxy.features.routing import Routed
-    from kipside.proxy.network.session import Session
-    from kipside.proxy.server import Server
 
 log = logging.getLogger("kipside.rules")
 
@@ -72,6 +70,51 @@ class ReloadResult:
         }
 
 
+class _Sharing(Protocol):
+    @property
+    def share_connections(self) -> bool: ...
+
+
+class RuleHolder(Protocol):
+    """What a reload reads and changes: the server (kipside.proxy.server.Server) as it sees it.
+
+    The server builds the reloader, so the reloader knows the server only through this.
+    """
+
+    rules: RuleSet
+    """The rules in force: sessions, new lane pools and the transactions read them from here."""
+
+    @property
+    def config(self) -> _Sharing: ...
+
+    @property
+    def versions(self) -> VersionPolicy: ...
+
+    @property
+    def coalescer(self) -> Coalescer | None: ...
+
+
+class _Router(Protocol):
+    async def route(
+        self, session: RoutedClient, frame: bytes, header: RequestHeader
+    ) -> Routed | None: ...
+
+
+class _Coalescing(Protocol):
+    @property
+    def rules(self) -> CoalescingRules: ...
+
+
+class SharedRoutes(Protocol):
+    """The server's shared routes, as ProduceOrder sees them (set before any session starts)."""
+
+    @property
+    def router(self) -> _Router | None: ...
+
+    @property
+    def coalescer(self) -> _Coalescing | None: ...
+
+
 FileStamp = tuple[int, int, int, int]
 
 
@@ -85,10 +128,10 @@ def file_stamp(path: str) -> FileStamp | None:
     return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_dev)
 
 
-def apply_rules(server: Server, new: RuleSet) -> None:
+def apply_rules(server: RuleHolder, new: RuleSet) -> None:
     """Put a validated rule set in force for every request that starts from now on."""
     old = server.rules
-    server.rules = new  # sessions, new lane pools and the TransactionManager read it from here
+    server.rules = new
     server.versions.lower_transaction_version = (
         bool(new.transactions) and server.config.share_connections
     )
@@ -123,7 +166,7 @@ def apply_rules(server: Server, new: RuleSet) -> None:
 class RuleReloader:
     """Reloads the server's rule file on demand, on SIGHUP and when the file changes."""
 
-    def __init__(self, server: Server, *, poll_seconds: float = POLL_SECONDS) -> None:
+    def __init__(self, server: RuleHolder, *, poll_seconds: float = POLL_SECONDS) -> None:
         self.server = server
         source = server.rules.source
         self.path: str | None = None if source == DEFAULT_SOURCE else source
@@ -284,14 +327,16 @@ class ProduceOrder:
     nothing else meanwhile). acks=0 requests have no answer to wait for and are not ordered.
     """
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: SharedRoutes) -> None:
         self.server = server
-        self._sessions: weakref.WeakKeyDictionary[Session, _SessionProduce] = (
+        self._sessions: weakref.WeakKeyDictionary[RoutedClient, _SessionProduce] = (
             weakref.WeakKeyDictionary()
         )
 
-    async def route(self, session: Session, frame: bytes, header: RequestHeader) -> Routed | None:
-        """proxy.routing.Router.route, with the ordering barrier in front of it."""
+    async def route(
+        self, session: RoutedClient, frame: bytes, header: RequestHeader
+    ) -> Routed | None:
+        """features.routing.Router.route, with the ordering barrier in front of it."""
         router, coalescer = self.server.router, self.server.coalescer
         assert router is not None and coalescer is not None  # set before any session starts
         if header.api_key != ApiKey.PRODUCE:
@@ -321,7 +366,7 @@ class ProduceOrder:
                     await pending.wait()
         state.lane_answers.clear()
 
-    async def _drain(self, session: Session, state: _SessionProduce) -> None:
+    async def _drain(self, session: RoutedClient, state: _SessionProduce) -> None:
         with trio.move_on_after(ORDER_DRAIN_LIMIT_SECONDS) as limit:
             await self._drain_lanes(state)
             # The client's own connection answers in order: nothing in flight means the broker
