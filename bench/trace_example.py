@@ -30,7 +30,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E4
     InMemorySpanExporter,
 )
 from opentelemetry.trace import SpanKind  # noqa: E402
-from txn_relay import MarkerWindowRelay, start_tansu_advertising  # noqa: E402
+from testkit.broker import start_tansu  # noqa: E402
+from txn_relay import MarkerWindowRelay  # noqa: E402
 
 from kipside.proxy.devbroker import free_port  # noqa: E402
 from kipside.proxy.network.nodes import Address  # noqa: E402
@@ -61,8 +62,8 @@ def produce(bootstrap: str, index: int) -> None:
 
 def main() -> None:
     relay = MarkerWindowRelay(window_ms=50).start()
-    broker, broker_port = start_tansu_advertising(relay.port)
-    relay.upstream = ("127.0.0.1", broker_port)
+    broker = start_tansu(advertised_port=relay.port)
+    relay.upstream = ("127.0.0.1", broker.port)
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -116,7 +117,7 @@ def main() -> None:
         trio.from_thread.run_sync(server.request_shutdown, trio_token=token[0])
         thread.join(15)
         relay.close()
-        broker.kill()
+        broker.close()
     spans = exporter.get_finished_spans()
     show(spans)
 

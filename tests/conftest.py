@@ -34,45 +34,24 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-from kipside.proxy.devbroker import free_port, start_tansu
+from testkit import procs, tools
+from testkit.broker import TANSU_NODE_ID, Broker, start_tansu
+from testkit.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 KIPSIDE_BIN = REPO / ".venv" / "bin" / "kipside"
-TANSU_NODE_ID = 111
 READY_TIMEOUT = 15.0
 STOP_TIMEOUT = 10.0
 HARD_LIMIT = float(os.environ.get("KIPSIDE_TEST_HARD_LIMIT", "180"))
 DIRECT = os.environ.get("KIPSIDE_TEST_DIRECT", "") not in ("", "0")
 
-# Every child process the harness starts, so the hard-deadline watchdog can kill them.
-_CHILDREN: list[subprocess.Popen[bytes]] = []
 _LOGS: list[Path] = []  # kipside stderr logs, shown by the watchdog
 
-
-def _kill_children() -> None:
-    for proc in _CHILDREN:
-        if proc.poll() is None:
-            proc.kill()
-
-
 # --------------------------------------------------------------------------- broker
-
-
-@dataclass(frozen=True)
-class Broker:
-    host: str
-    port: int
-    pid: int
-    proc: subprocess.Popen[bytes] = field(repr=False, compare=False)
-
-    @property
-    def bootstrap(self) -> str:
-        return f"{self.host}:{self.port}"
 
 
 @pytest.fixture(scope="session")
@@ -82,17 +61,8 @@ def tansu() -> Iterator[Broker]:
 
 def running_tansu() -> Iterator[Broker]:
     """A Tansu broker on loopback for as long as the generator runs (fixtures yield from it)."""
-    proc, port = start_tansu("127.0.0.1")
-    _CHILDREN.append(proc)
-    try:
-        yield Broker(host="127.0.0.1", port=port, pid=proc.pid, proc=proc)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+    with start_tansu() as broker:
+        yield broker
 
 
 # --------------------------------------------------------------------------- kipside
@@ -218,8 +188,9 @@ def start_kipside(
     log_path = workdir / "kipside.stderr.log"
     stdout_path = workdir / "kipside.stdout.log"
     with log_path.open("wb") as err, stdout_path.open("wb") as out:
-        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
-    _CHILDREN.append(proc)
+        proc = procs.track(
+            subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+        )
     _LOGS.append(log_path)
 
     deadline = time.monotonic() + timeout
@@ -334,8 +305,9 @@ class DirectProbe:
         import json
 
         if check == "kcat-metadata":
+            kcat = tools.require("kcat", "the direct kcat probe")
             proc = subprocess.run(
-                ["kcat", "-b", self.broker.bootstrap, "-L", "-m", "5"],
+                [kcat, "-b", self.broker.bootstrap, "-L", "-m", "5"],
                 capture_output=True,
                 text=True,
                 timeout=30,
@@ -437,7 +409,7 @@ def _watchdog_fire(nodeid: str) -> None:
     for path in _LOGS:
         err.write(f"\n--- tail of {path} ---\n{_tail(path.read_text(errors='replace'))}\n")
     err.flush()
-    _kill_children()
+    procs.kill_all()
     os._exit(3)
 
 
@@ -463,7 +435,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    _kill_children()
+    procs.kill_all()
 
 
 # kipside inside the test process (spans, Stats); see tests/inprocess.py.

@@ -13,7 +13,8 @@ It is a filter on tests/relaykit's Relay, which is Kafka-frame aware in both dir
 requests are read whole, responses are matched to the requests they answer by correlation id,
 and a local answer is queued behind every response still owed on its connection, so each
 connection's responses stay in request order (clients and kipside require that). Local answers
-use the request's API version, header version and correlation id.
+are built by kipside's own answer builders (kipside.proxy.features.transactions), in the
+request's API version, header version and correlation id.
 
 Independently of kipside it counts, per transactional id: forwarded ("accepted") and locally
 rejected AddPartitionsToTxn / AddOffsetsToTxn, and EndTxn (with the broker's answer), as an
@@ -28,8 +29,9 @@ refused that way by the relay (counted as "refused", never forwarded).
 2 * delay_ms more): a way to give the simulated broker a network RTT. Frames keep their order.
 
 It runs trio in a background thread; the public methods are called from the test's thread.
-It binds and dials loopback only. start_tansu_advertising() (from relaykit) starts the Tansu to
-put behind it (the broker must advertise the relay's address, or clients would bypass it).
+It binds and dials loopback only. testkit.broker.start_tansu(advertised_port=relay.port) starts
+the Tansu to put behind it (the broker must advertise the relay's address, or clients would
+bypass it).
 """
 
 from __future__ import annotations
@@ -43,19 +45,13 @@ from typing import Any, Final
 
 import trio
 from kio.schema.errors import ErrorCode
-from relaykit.base import FORWARD, Answer, Conn, Decision, Relay, Request, response_frame
-from relaykit.tansu import start_tansu_advertising as start_tansu_advertising  # re-exported
+from relaykit.base import FORWARD, Answer, Conn, Decision, Relay, Request
 
 from kipside.protocol.apis import ApiKey
 from kipside.protocol.errors import ProtocolError
 from kipside.protocol.headers import RequestHeader, parse_response_header
-from kipside.protocol.messages import (
-    build,
-    decode_request,
-    decode_response,
-    encode_message,
-    response_class,
-)
+from kipside.protocol.messages import decode_request, decode_response
+from kipside.proxy.features.transactions import add_offsets_answer, add_partitions_answer
 
 CONCURRENT_TRANSACTIONS: Final = int(ErrorCode.concurrent_transactions)  # 51
 MAX_V3_ADD_PARTITIONS: Final = 3  # v4+ is the broker-to-broker batch form: forwarded as is
@@ -257,7 +253,7 @@ class MarkerWindowRelay(Relay):
             if kind == ADD_PARTITIONS:
                 answer = _add_partitions_answer(header, request, lambda _: CONCURRENT_TRANSACTIONS)
             else:
-                answer = _answer(header, {"error_code": ErrorCode(CONCURRENT_TRANSACTIONS)})
+                answer = add_offsets_answer(header, CONCURRENT_TRANSACTIONS)
         else:
             outcome, code, answer = ACCEPTED, None, None
         self._record(
@@ -308,25 +304,11 @@ def _segment(counts: Counter[tuple[str, str]], end: TxnEvent | None) -> TxnSegme
 def _add_partitions_answer(
     header: RequestHeader, request: Any, error_for: Callable[[str], int]
 ) -> bytes:
-    """AddPartitionsToTxn v0-3: every requested partition, in request order, with
-    error_for(topic)."""
-    results = [
-        {
-            "name": topic.name,
-            "results_by_partition": [
-                {
-                    "partition_index": p,
-                    "partition_error_code": ErrorCode(error_for(str(topic.name))),
-                }
-                for p in topic.partitions
-            ],
-        }
+    """AddPartitionsToTxn v0-3, built by kipside's own code: every requested partition, in
+    request order, with error_for(topic)."""
+    errors = {
+        (str(topic.name), int(p)): error_for(str(topic.name))
         for topic in request.v3_and_below_topics
-    ]
-    return _answer(header, {"results_by_topic_v3_and_below": results})
-
-
-def _answer(header: RequestHeader, fields: dict[str, Any]) -> bytes:
-    cls = response_class(header.api_key, header.api_version)
-    message = build(cls, {"throttle_time": 0, **fields})
-    return response_frame(header, encode_message(message))
+        for p in topic.partitions
+    }
+    return add_partitions_answer(header, request, errors)

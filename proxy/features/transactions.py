@@ -363,10 +363,10 @@ class TransactionManager:
     ) -> None:
         header = add.header
         if header.api_key == ApiKey.ADD_PARTITIONS_TO_TXN:
-            add.answer.resolve(self._add_partitions_answer(header, add.request, partition_errors))
+            add.answer.resolve(add_partitions_answer(header, add.request, partition_errors))
         else:
             assert add.group is not None
-            add.answer.resolve(self._add_offsets_answer(header, group_errors.get(add.group, NONE)))
+            add.answer.resolve(add_offsets_answer(header, group_errors.get(add.group, NONE)))
 
     async def _register(
         self,
@@ -644,44 +644,50 @@ class TransactionManager:
         self._topic_partitions[topic] = (now, partitions)
         return partitions
 
-    # Answers -----------------------------------------------------------------------------
-
-    def _add_partitions_answer(
-        self, header: RequestHeader, request: Message, errors: dict[TopicPartition, int]
-    ) -> bytes:
-        """Exactly the requested partitions, in request order, with their error (0 if none)."""
-        cls = response_class(ApiKey.ADD_PARTITIONS_TO_TXN, header.api_version)
-        topic_cls = _field_class(cls, "results_by_topic_v3_and_below")
-        partition_cls = _field_class(topic_cls, "results_by_partition")
-        message = cls(
-            throttle_time=i32Timedelta.parse(_ZERO),
-            results_by_topic_v3_and_below=tuple(
-                topic_cls(
-                    name=topic.name,
-                    results_by_partition=tuple(
-                        partition_cls(
-                            partition_index=p,
-                            partition_error_code=ErrorCode(errors.get((topic.name, int(p)), NONE)),
-                        )
-                        for p in topic.partitions
-                    ),
-                )
-                for topic in request.v3_and_below_topics
-            ),
-        )
-        return _response_frame(
-            ApiKey.ADD_PARTITIONS_TO_TXN, header.api_version, header.correlation_id, message
-        )
-
-    def _add_offsets_answer(self, header: RequestHeader, code: int) -> bytes:
-        cls = response_class(ApiKey.ADD_OFFSETS_TO_TXN, header.api_version)
-        message = cls(throttle_time=i32Timedelta.parse(_ZERO), error_code=ErrorCode(code))
-        return _response_frame(
-            ApiKey.ADD_OFFSETS_TO_TXN, header.api_version, header.correlation_id, message
-        )
-
 
 _ZERO = datetime.timedelta(0)
+
+
+# Answers --------------------------------------------------------------------------------
+# Public: the tests' fault-injecting relays answer for a simulated broker with these same frames.
+
+
+def add_partitions_answer(
+    header: RequestHeader, request: Message, errors: dict[TopicPartition, int]
+) -> bytes:
+    """An AddPartitionsToTxn v0-3 response frame answering `request` (sent with `header`):
+    exactly the requested partitions, in request order, with their error (0 if none)."""
+    cls = response_class(ApiKey.ADD_PARTITIONS_TO_TXN, header.api_version)
+    topic_cls = _field_class(cls, "results_by_topic_v3_and_below")
+    partition_cls = _field_class(topic_cls, "results_by_partition")
+    message = cls(
+        throttle_time=i32Timedelta.parse(_ZERO),
+        results_by_topic_v3_and_below=tuple(
+            topic_cls(
+                name=topic.name,
+                results_by_partition=tuple(
+                    partition_cls(
+                        partition_index=p,
+                        partition_error_code=ErrorCode(errors.get((topic.name, int(p)), NONE)),
+                    )
+                    for p in topic.partitions
+                ),
+            )
+            for topic in request.v3_and_below_topics
+        ),
+    )
+    return _response_frame(
+        ApiKey.ADD_PARTITIONS_TO_TXN, header.api_version, header.correlation_id, message
+    )
+
+
+def add_offsets_answer(header: RequestHeader, code: int) -> bytes:
+    """An AddOffsetsToTxn response frame answering the request sent with `header`."""
+    cls = response_class(ApiKey.ADD_OFFSETS_TO_TXN, header.api_version)
+    message = cls(throttle_time=i32Timedelta.parse(_ZERO), error_code=ErrorCode(code))
+    return _response_frame(
+        ApiKey.ADD_OFFSETS_TO_TXN, header.api_version, header.correlation_id, message
+    )
 
 
 def _field_class(cls: type, name: str) -> type:

@@ -40,6 +40,7 @@ Run: .venv/bin/pytest tests/integration/test_coalesce.py -q -p no:cacheprovider 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import multiprocessing
@@ -47,10 +48,8 @@ import os
 import re
 import socket
 import struct
-import subprocess
 import time
 import traceback
-import urllib.request
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -59,7 +58,6 @@ from typing import Any
 
 import pytest
 from conftest import (
-    _CHILDREN,  # registered so the hard-deadline watchdog kills our Tansu too
     DIRECT,
     Broker,
     Kipside,
@@ -67,14 +65,15 @@ from conftest import (
     start_kipside,
     unique_name,
 )
-from relaykit.tansu import start_tansu_advertising
+from relaykit.tansu import tansu_behind
 from relays import BatchSeen, CountingRelay, produce_batches
+from testkit.metrics import Metrics, scrape
+from testkit.ports import free_port
 
 from kipside.protocol.apis import ApiKey
 from kipside.protocol.framing import FrameDecoder
 from kipside.protocol.headers import parse_request_header
 from kipside.protocol.records import Compression
-from kipside.proxy.devbroker import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -137,72 +136,56 @@ class Stack:
     kipside: Kipside
     admin_port: int
 
-    def metrics(self) -> dict[str, float]:
-        """kipside's /metrics, as {'name{labels}': value}."""
-        url = f"http://127.0.0.1:{self.admin_port}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as response:
-            text = response.read().decode()
-        out = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                out[name] = float(value)
-        return out
-
-
-def _start_tansu_advertising(advertised_port: int) -> tuple[subprocess.Popen[bytes], int]:
-    proc, port = start_tansu_advertising(advertised_port)
-    _CHILDREN.append(proc)
-    return proc, port
+    def metrics(self) -> Metrics:
+        """kipside's /metrics."""
+        return scrape(self.admin_port)
 
 
 @contextlib.contextmanager
-def _stack(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, kafka_acks0: bool
+def _stack(tmp_path: Path, *, kafka_acks0: bool) -> Iterator[Stack]:
+    relay = CountingRelay(kafka_acks0=kafka_acks0)
+    with tansu_behind(relay) as tansu, _kipside_behind(relay, tansu, tmp_path) as s:
+        yield s
+
+
+@contextlib.contextmanager
+def _kipside_behind(
+    relay: CountingRelay, tansu: Broker, tmp_path: Path
 ) -> Iterator[Stack]:
-    relay = CountingRelay(kafka_acks0=kafka_acks0).start()
-    proc, broker_port = _start_tansu_advertising(relay.port)
-    relay.upstream = ("127.0.0.1", broker_port)
-    via_relay = Broker(host="127.0.0.1", port=relay.port, pid=proc.pid, proc=proc)
+    via_relay = dataclasses.replace(tansu, port=relay.port)
     rules = tmp_path / "rules.yaml"
     rules.write_text(f"coalescing:\n  enabled: true\n  lanes: {LANES}\n  linger_ms: 0\n")
     admin_port = free_port()
-    # start_kipside does not pass its extra_args on to `kipside serve`; the environment
-    # variable it reads does reach it.
-    serve_args = os.environ.get("KIPSIDE_TEST_SERVE_ARGS", "")
-    monkeypatch.setenv("KIPSIDE_TEST_SERVE_ARGS", f"{serve_args} --admin 127.0.0.1:{admin_port}")
     kipside: Kipside | None = None
     try:
-        kipside = start_kipside(via_relay, tmp_path / "kipside", rules=rules)
-        monkeypatch.setenv("KIPSIDE_TEST_SERVE_ARGS", serve_args)
+        kipside = start_kipside(
+            via_relay,
+            tmp_path / "kipside",
+            rules=rules,
+            extra_args=["--admin", f"127.0.0.1:{admin_port}"],
+        )
         stdout = kipside.stdout_path.read_text()
         assert f"kipside: admin listening on http://127.0.0.1:{admin_port}" in stdout, stdout
-        yield Stack(relay, via_relay, broker_port, kipside, admin_port)
+        yield Stack(relay, via_relay, tansu.port, kipside, admin_port)
         code = kipside.stop()
         assert code == 0, f"kipside exited with {code} after SIGTERM:\n{kipside.log()[-3000:]}"
     finally:
         if kipside is not None and kipside.proc.poll() is None:
             kipside.proc.kill()
-        relay.close()
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 @pytest.fixture
-def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
+def stack(tmp_path: Path) -> Iterator[Stack]:
     """The stack with a broker that, like Apache Kafka, never answers acks=0 ProduceRequests:
     Tansu does answer them (kafka-rules.md), and the relay swallows those answers."""
-    with _stack(tmp_path, monkeypatch, kafka_acks0=True) as s:
+    with _stack(tmp_path, kafka_acks0=True) as s:
         yield s
 
 
 @pytest.fixture
-def tansu_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
+def tansu_stack(tmp_path: Path) -> Iterator[Stack]:
     """The stack with Tansu as it is: its answers to acks=0 ProduceRequests reach kipside."""
-    with _stack(tmp_path, monkeypatch, kafka_acks0=False) as s:
+    with _stack(tmp_path, kafka_acks0=False) as s:
         yield s
 
 
@@ -905,19 +888,19 @@ def test_many_producers_coalesce_without_loss_or_change(
 
     # Fewer requests upstream than clients sent, by kipside's count and by independent ones
     # (the capture for the clients' side, the relay for the broker's side).
-    produce_label = 'kipside_{}_requests_total{{api="Produce"}}'
-    client_metric = metrics_after[produce_label.format("client")] - metrics_before.get(
-        produce_label.format("client"), 0
-    )
-    upstream_metric = metrics_after[produce_label.format("upstream")] - metrics_before.get(
-        produce_label.format("upstream"), 0
-    )
+    def produce_requests(side: str) -> float:
+        name = f"kipside_{side}_requests_total"
+        after = metrics_after.value(name, api="Produce")
+        return after - metrics_before.value(name, 0.0, api="Produce")
+
+    client_metric = produce_requests("client")
+    upstream_metric = produce_requests("upstream")
     relay_upstream = after.requests[ApiKey.PRODUCE] - before.requests[ApiKey.PRODUCE]
     assert len(client_produce) == client_metric, (len(client_produce), client_metric)
     assert relay_upstream == upstream_metric, (relay_upstream, upstream_metric)
     assert relay_upstream < len(client_produce), (relay_upstream, len(client_produce))
     assert upstream_metric < client_metric
-    coalesced = metrics_after["kipside_coalesced_batches_total"]
+    coalesced = metrics_after.value("kipside_coalesced_batches_total")
     assert coalesced == len(upstream_batches), (coalesced, len(upstream_batches))
 
     # Upstream connections. While the 18 producers ran, only LANES per broker node were open:
@@ -931,7 +914,7 @@ def test_many_producers_coalesce_without_loss_or_change(
     opened_during = after.accepted - before.accepted
     assert before.open + opened_during <= LANES * BROKERS, (before, after)
     assert after.peak_open <= LANES * BROKERS, after
-    assert metrics_after["kipside_upstream_connections"] <= LANES * BROKERS
+    assert metrics_after.value("kipside_upstream_connections") <= LANES * BROKERS
     produce_connections = [c for c in connections if c.requests[ApiKey.PRODUCE]]
     assert 1 <= len(produce_connections) <= LANES * BROKERS, produce_connections
     others = sorted(
@@ -940,7 +923,7 @@ def test_many_producers_coalesce_without_loss_or_change(
         if not c.requests[ApiKey.PRODUCE]
     )
     assert others == [([(ApiKey.METADATA, 1)], True), ([(ApiKey.CREATE_TOPICS, 1)], True)], others
-    assert metrics_after["kipside_lane_failures_total"] == 0
+    assert metrics_after.value("kipside_lane_failures_total") == 0
     print(
         f"\nclients: {len(specs)} producers, {len(client_produce)} ProduceRequests "
         f"({len(client_batches)} batches, {len(sent)} records); upstream: {relay_upstream} "
@@ -1069,9 +1052,9 @@ def test_upstream_cut_mid_flight_disconnects_affected_clients_and_loses_nothing(
     closed_for_batches = Counter(m.group(2) for m in client_lines)
     closed_at_all = closed_for_batches + Counter(m.group(2) for m in short_api_lines)
     assert set(closed_at_all) <= names, closed_at_all
-    assert metrics["kipside_lane_failures_total"] >= 1
+    assert metrics.value("kipside_lane_failures_total") >= 1
     assert relay.counts().accepted > accepted_before_cut, "kipside never re-dialled its lanes"
-    assert metrics["kipside_upstream_connections"] <= LANES * BROKERS
+    assert metrics.value("kipside_upstream_connections") <= LANES * BROKERS
 
     for o in outcomes.values():
         assert o.error is None, f"{o.spec.name} crashed:\n{o.error}"
@@ -1250,7 +1233,7 @@ class RawIdempotentProducer:
 
 
 def _client_produce_requests(stack: Stack) -> float:
-    return stack.metrics().get('kipside_client_requests_total{api="Produce"}', 0.0)
+    return stack.metrics().value("kipside_client_requests_total", 0.0, api="Produce")
 
 
 def test_lane_cut_closes_the_client_so_no_later_idempotent_batch_overtakes(
@@ -1310,7 +1293,7 @@ def test_lane_cut_closes_the_client_so_no_later_idempotent_batch_overtakes(
     assert sequence_gaps(ours) == ([], 0)
     records = consume_everything(stack.kipside.bootstrap, [(topic, 0)], at_least=3)
     assert [r.seq for r in sorted(records, key=lambda r: r.offset)] == [0, 1, 2], records
-    assert stack.metrics()["kipside_lane_failures_total"] >= 1
+    assert stack.metrics().value("kipside_lane_failures_total") >= 1
     print(
         f"\nkipside: {lanes[0].group(0)}; client connection {how}; broker saw sequences "
         f"{[b.base_sequence for b in ours]}"
@@ -1370,7 +1353,7 @@ def test_acks0_producers_through_kipside_to_tansu_deliver_and_fail_no_lane(
         assert o.undelivered == 0, f"{o.spec.name}: {o.undelivered} never delivered"
         assert len(o.delivered) == o.spec.messages, f"{o.spec.name}: {len(o.delivered)}"
     # No answer nobody asked for took a lane down (kipside dropped each), none was re-dialled.
-    assert metrics["kipside_lane_failures_total"] == 0
+    assert metrics.value("kipside_lane_failures_total") == 0
     assert counts.accepted == accepted_before, (accepted_before, counts)
     log = stack.kipside.log_since(mark)
     assert not LANE_FAILED_LINE.search(log), log[-3000:]

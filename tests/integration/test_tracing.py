@@ -16,7 +16,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind
-from txn_relay import MarkerWindowRelay, start_tansu_advertising
+from relaykit.tansu import tansu_behind
+from txn_relay import MarkerWindowRelay
 
 from kipside.protocol.apis import ApiKey
 from kipside.proxy.telemetry.metrics import render_metrics
@@ -120,10 +121,8 @@ def test_coalesced_upstream_span_links_every_member(start_kipside_in_process, ta
 def test_transaction_spans_show_preregistration_hold_and_local_answers(
     start_kipside_in_process,  # type: ignore[no-untyped-def]
 ) -> None:
-    relay = MarkerWindowRelay(window_ms=50).start()
-    broker, broker_port = start_tansu_advertising(relay.port)
-    relay.upstream = ("127.0.0.1", broker_port)
-    try:
+    relay = MarkerWindowRelay(window_ms=50)
+    with tansu_behind(relay):
         out, source = f"txn-out-{time.monotonic_ns()}", f"txn-in-{time.monotonic_ns()}"
         kipside = start_kipside_in_process(
             relay.bootstrap,
@@ -171,7 +170,3 @@ def test_transaction_spans_show_preregistration_hold_and_local_answers(
         # Relay's view: the hold's retries were rejected in the window, none reached a client.
         assert relay.counts().rejected_add_partitions + relay.counts().rejected_add_offsets > 0
         assert f"kipside_holds_total {stats.holds}" in render_metrics(stats)
-    finally:
-        relay.close()
-        broker.kill()
-        broker.wait(timeout=5)

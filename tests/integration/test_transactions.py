@@ -35,14 +35,12 @@ import os
 import re
 import socket
 import struct
-import subprocess
 import time
 import typing
-import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -51,7 +49,6 @@ import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions
 from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 from conftest import (
-    _CHILDREN,  # registered so the hard-deadline watchdog kills our brokers too
     DIRECT,
     Broker,
     DirectProbe,
@@ -61,12 +58,11 @@ from conftest import (
     unique_name,
 )
 from kio.static.primitive import i16, i32, i64
-from txn_relay import (
-    CONCURRENT_TRANSACTIONS,
-    MarkerWindowRelay,
-    TxnSegment,
-    start_tansu_advertising,
-)
+from relaykit.tansu import tansu_behind
+from testkit.broker import start_tansu
+from testkit.metrics import Metrics, scrape
+from testkit.ports import free_port
+from txn_relay import CONCURRENT_TRANSACTIONS, MarkerWindowRelay, TxnSegment
 
 from kipside.protocol.apis import ApiKey
 from kipside.protocol.headers import (
@@ -78,7 +74,6 @@ from kipside.protocol.headers import (
 from kipside.protocol.messages import decode_response, encode_message, request_class
 from kipside.protocol.primitives import read_uvarint
 from kipside.protocol.records import iter_batches
-from kipside.proxy.devbroker import free_port, start_tansu
 
 from .clients import (
     Msg,
@@ -135,35 +130,12 @@ class TxnStack:
     def bootstrap(self) -> str:
         return self.kipside.bootstrap
 
-    def metrics(self) -> dict[str, float]:
-        """kipside's /metrics, as {'name{labels}': value}."""
-        url = f"http://127.0.0.1:{self.admin_port}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as response:
-            text = response.read().decode()
-        out = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                out[name] = float(value)
-        return out
+    def metrics(self) -> Metrics:
+        """kipside's /metrics."""
+        return scrape(self.admin_port)
 
     def api_metric(self, name: str, api: str) -> float:
-        return self.metrics().get(f'{name}{{api="{api}"}}', 0.0)
-
-
-def _start_tansu_advertising(advertised_port: int) -> tuple[subprocess.Popen[bytes], int]:
-    proc, port = start_tansu_advertising(advertised_port)
-    _CHILDREN.append(proc)
-    return proc, port
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=5)
+        return self.metrics().value(name, 0.0, api=api)
 
 
 class Output(NamedTuple):
@@ -199,39 +171,36 @@ def make_stack(tmp_path: Path) -> Iterator[StackFactory]:
     """make_stack(rules_text, window_ms=WINDOW_MS) -> a new TxnStack; all stopped at the end
     (kipside must exit 0 on SIGTERM)."""
     _needs_kipside_transactions()
-    made: list[tuple[MarkerWindowRelay, subprocess.Popen[bytes], Kipside | None]] = []
+    made: list[Kipside] = []
+    brokers = contextlib.ExitStack()
 
     def make(rules_text: str, window_ms: float = WINDOW_MS) -> TxnStack:
-        relay = MarkerWindowRelay(window_ms=window_ms).start()
-        proc, broker_port = _start_tansu_advertising(relay.port)
-        relay.upstream = ("127.0.0.1", broker_port)
-        made.append((relay, proc, None))
-        workdir = tmp_path / f"stack{len(made)}"
+        relay = MarkerWindowRelay(window_ms=window_ms)
+        tansu = brokers.enter_context(tansu_behind(relay))
+        workdir = tmp_path / f"stack{len(made) + 1}"
         workdir.mkdir()
         rules = workdir / "rules.yaml"
         rules.write_text(rules_text)
         admin_port = free_port()
-        via_relay = Broker(host="127.0.0.1", port=relay.port, pid=proc.pid, proc=proc)
+        via_relay = replace(tansu, port=relay.port)
         kipside = start_kipside(
             via_relay, workdir, rules=rules, extra_args=["--admin", f"127.0.0.1:{admin_port}"]
         )
-        made[-1] = (relay, proc, kipside)
+        made.append(kipside)
         stdout = kipside.stdout_path.read_text()
         assert f"kipside: admin listening on http://127.0.0.1:{admin_port}" in stdout, stdout
         return TxnStack(relay, via_relay, kipside, admin_port)
 
-    try:
-        yield make
-        for _relay, _proc, kipside in made:
-            if kipside is not None:
+    with brokers:
+        try:
+            yield make
+            for kipside in made:
                 code = kipside.stop()
                 assert code == 0, f"kipside exited with {code}:\n{kipside.log()[-3000:]}"
-    finally:
-        for relay, proc, kipside in made:
-            if kipside is not None and kipside.proc.poll() is None:
-                kipside.proc.kill()
-            relay.close()
-            _stop(proc)
+        finally:
+            for kipside in made:
+                if kipside.proc.poll() is None:
+                    kipside.proc.kill()
 
 
 # --------------------------------------------------------------------------- client logs
@@ -1042,14 +1011,9 @@ def test_fencing_matches_direct(
     warnings = assert_no_kipside_errors(stack.kipside)
     assert not stack.relay.problems(), stack.relay.problems()
 
-    proc, port = start_tansu("127.0.0.1")
-    _CHILDREN.append(proc)
-    try:
-        direct_bootstrap = f"127.0.0.1:{port}"
-        create_topics(direct_bootstrap, [topic], 3)
-        direct = fence_scenario(client, direct_bootstrap, topic, unique_name("fence"))
-    finally:
-        _stop(proc)
+    with start_tansu() as broker:
+        create_topics(broker.bootstrap, [topic], 3)
+        direct = fence_scenario(client, broker.bootstrap, topic, unique_name("fence"))
 
     assert direct.errors, "the broker did not fence the first producer (without kipside)"
     assert direct.errors[0][1] == FENCING_ERRORS[client], direct.errors
@@ -1226,10 +1190,8 @@ def test_relay_answers_in_order_with_right_headers(request: pytest.FixtureReques
     v0 and v3 (flexible) rejections list exactly the requested partitions with error 51 under
     the request's correlation id and header version; AddOffsetsToTxn gets 51; outside the
     window requests are forwarded; unknown_topics are refused the Apache Kafka way."""
-    relay = MarkerWindowRelay(window_ms=50).start()
-    proc, broker_port = _start_tansu_advertising(relay.port)
-    relay.upstream = ("127.0.0.1", broker_port)
-    try:
+    relay = MarkerWindowRelay(window_ms=50)
+    with tansu_behind(relay):
         topic = unique_name("relay", request)
         create_topics(relay.bootstrap, [topic], 3)
         txn_id = unique_name("relay-self")
@@ -1330,6 +1292,3 @@ def test_relay_answers_in_order_with_right_headers(request: pytest.FixtureReques
             f"\n[relay] parked Fetch answered after {fetch_seconds:.3f} s, local answers after "
             f"it; round trips with delay_ms=30: {[round(t, 3) for t in round_trips]}"
         )
-    finally:
-        relay.close()
-        _stop(proc)

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import _CHILDREN, Broker, running_tansu, unique_name
+from conftest import Broker, running_tansu, unique_name
+from testkit import procs
 
 REPO = Path(__file__).resolve().parents[2]
 KIPSIDE = REPO / ".venv" / "bin" / "kipside"
@@ -98,7 +99,7 @@ def run_cli(
         text=True,
         env={**os.environ, "PYSPARK_PYTHON": sys.executable, **(env or {})},
     )
-    _CHILDREN.append(proc)  # type: ignore[arg-type]
+    procs.track(proc)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

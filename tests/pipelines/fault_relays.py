@@ -16,13 +16,13 @@ base (tests/relaykit), each in front of a real Tansu broker:
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from relaykit.base import FORWARD, Answer, Conn, Decision, Relay, Request, response_frame
-from relaykit.tansu import start_tansu_advertising
+from relaykit.tansu import tansu_behind
+from testkit.broker import Broker
 
 from kipside.protocol.apis import ApiKey
 from kipside.protocol.fetch import MAX_VERSION as FETCH_MAX
@@ -111,7 +111,7 @@ class RefusingProduceRelay(Relay):
 @dataclass
 class RelayedBroker:
     relay: Relay
-    broker: subprocess.Popen[bytes]
+    broker: Broker  # its real listener: only the relay dials it
 
     @property
     def bootstrap(self) -> str:
@@ -121,15 +121,8 @@ class RelayedBroker:
 @contextmanager
 def broker_behind(relay: Relay) -> Iterator[RelayedBroker]:
     """A fresh Tansu that advertises the relay's address, with the relay in front of it."""
-    relay.start()
-    proc, port = start_tansu_advertising(relay.port)
-    relay.upstream = ("127.0.0.1", port)
-    try:
-        yield RelayedBroker(relay, proc)
-    finally:
-        relay.close()
-        proc.kill()
-        proc.wait(timeout=5)
+    with tansu_behind(relay) as broker:
+        yield RelayedBroker(relay, broker)
 
 
 class LeaderElectionRelay(Relay):

@@ -19,7 +19,8 @@ from typing import Any
 
 import pyarrow.dataset as ds
 import pytest
-from conftest import _CHILDREN, Broker, create_topics, free_port, unique_name
+from conftest import Broker, create_topics, free_port, unique_name
+from testkit import procs
 
 from .conftest import KIPSIDE, CliResult, require_java, run_cli
 from .kafka_data import JSON_SCHEMA, JsonDataset, consume_all, produce_json_dataset, produce_plain
@@ -167,7 +168,7 @@ def test_restart_mid_stream_writes_every_record_once(source_broker: Broker, tmp_
         text=True,
         env={**os.environ, "PYSPARK_PYTHON": sys.executable},
     )
-    _CHILDREN.append(live)  # type: ignore[arg-type]
+    procs.track(live)
     commits = tmp_path / "ck" / "commits"
     deadline = time.monotonic() + 180
     while len([f for f in commits.glob("[0-9]*")] if commits.exists() else []) < 2:

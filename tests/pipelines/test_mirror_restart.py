@@ -21,7 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import _CHILDREN, Broker, create_topics, unique_name
+from conftest import Broker, create_topics, unique_name
+from testkit import procs
 
 from .conftest import KIPSIDE, require_java
 from .kafka_data import consume_all, produce_plain
@@ -73,7 +74,7 @@ def _start(source: Broker, dest: Broker, topic: str, checkpoint: Path) -> subpro
         text=True,
         env={**os.environ, "PYSPARK_PYTHON": sys.executable},
     )
-    _CHILDREN.append(proc)  # type: ignore[arg-type]
+    procs.track(proc)
     return proc
 
 

@@ -1,37 +1,27 @@
-"""Start the Tansu that a relay fronts: it must advertise the relay's address, not its own,
-or clients would learn the broker's real port from Metadata and bypass the relay."""
+"""A real Tansu behind a relay: the broker must advertise the relay's address, not its own, or
+clients would learn the broker's real port from Metadata and bypass the relay."""
 
 from __future__ import annotations
 
-import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from kipside.proxy.devbroker import free_port, tansu_path, wait_for_port
+from testkit.broker import Broker, start_tansu
 
-from .base import LOOPBACK
+from .base import LOOPBACK, Relay
 
 
-def start_tansu_advertising(advertised_port: int) -> tuple[subprocess.Popen[bytes], int]:
-    """Start an in-memory Tansu on a free loopback port that advertises 127.0.0.1:advertised_port
-    (the relay's) as its address; returns the process and its real port once it listens."""
-    port = free_port()
-    args = [
-        str(tansu_path()),
-        "broker",
-        "--listener-url",
-        f"tcp://{LOOPBACK}:{port}",
-        "--advertised-listener-url",
-        f"tcp://{LOOPBACK}:{advertised_port}",
-        "--storage-engine",
-        "memory://tansu/",
-        "--silent",
-    ]
-    proc = subprocess.Popen(
-        args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+@contextmanager
+def tansu_behind(relay: Relay) -> Iterator[Broker]:
+    """Start `relay` (unless it runs already) and a fresh in-memory Tansu that advertises it;
+    yields the broker (its real listener: nothing but the relay should dial it). Clients
+    bootstrap from `relay.bootstrap`. Both are stopped on exit, the relay first."""
+    if relay.port == 0:
+        relay.start()
     try:
-        wait_for_port(LOOPBACK, port)
-    except Exception:
-        proc.kill()
-        proc.wait(timeout=5)
-        raise
-    return proc, port
+        broker = start_tansu(advertised_port=relay.port)
+        relay.upstream = (LOOPBACK, broker.port)
+        with broker:
+            yield broker
+    finally:
+        relay.close()
