@@ -54,8 +54,10 @@ system-deps:
 run: $(STAMP)
 	$(BIN)/kipside dev
 
+# lint-imports checks the layer contracts in pyproject.toml ([tool.importlinter]).
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/ruff format --check protocol proxy rules pipeline pyspark_kipside tests/pipelines
 
 # mypy reads kipside.* from the link tree and names files by their checkout paths.

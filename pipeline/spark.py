@@ -4,8 +4,9 @@
 logs would bury their progress line, so the JVM logs errors only (pipeline/resources/
 log4j2.properties) and the console progress bar is off. Python workers run the same
 interpreter as the driver (PYSPARK_PYTHON), so they import this package and pyarrow. The
-kipside data sources are registered on the session, so jobs work whether or not Spark found the
-pyspark_kipside module on its own.
+kipside source is registered on the session, so jobs work whether or not Spark found the
+pyspark_kipside module on its own; the mirror registers its own sink (this module must not import
+the jobs that use it).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def start_session(
     *,
     log_path: str | None = None,
 ) -> SparkSession:
-    """A session on `master` with kipside's sources registered and Spark kept quiet.
+    """A session on `master` with kipside's source registered and Spark kept quiet.
 
     With `log_path`, the JVM (and the Python workers it starts) write their stderr there: the
     JVM prints a few lines at start that no log setting silences.
@@ -79,9 +80,7 @@ def start_session(
     with _stderr_to(log_path):
         spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    from kipside.pipeline.mirror.sink import MirrorSink
     from kipside.pipeline.source.datasource import KipsideDataSource
 
     spark.dataSource.register(KipsideDataSource)
-    spark.dataSource.register(MirrorSink)
     return spark

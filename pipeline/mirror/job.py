@@ -30,6 +30,7 @@ from kipside.pipeline.progress import LiveLine, ProgressListener, Totals, descri
 from kipside.pipeline.spark import start_session
 
 from .offset_sync import DEFAULT_TOPIC
+from .sink import MirrorSink
 
 __all__ = ["MirrorJob", "run_mirror", "start_query"]
 
@@ -117,6 +118,8 @@ def _render(totals: Totals) -> str:
 def start_query(spark: Any, job: MirrorJob) -> Any:
     """Start the mirror's streaming query on `spark`; returns the StreamingQuery."""
     from pyspark.sql import functions as F
+
+    spark.dataSource.register(MirrorSink)  # idempotent: the name maps to the class
 
     stream = (
         spark.readStream.format("kipside")
