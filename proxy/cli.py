@@ -1,8 +1,8 @@
 """The `kipside` command line: serve, dev, and rules check.
 
-Parses arguments into a ServerConfig and hands over to proxy.server; `dev` also starts the
-embedded Tansu broker. Errors a user can act on are printed as one line and exit with status 2;
-nothing here knows the Kafka protocol.
+Parses arguments into a ServerConfig and hands over to proxy.server, or to proxy.dev for `dev`
+(the embedded broker and the live console). Errors a user can act on are printed as one line and
+exit with status 2; nothing here knows the Kafka protocol.
 """
 
 from __future__ import annotations
@@ -62,7 +62,9 @@ def _setup_logging(level: str) -> None:
     )
 
 
-def _add_proxy_options(parser: argparse.ArgumentParser, *, listen_default: str | None) -> None:
+def _add_proxy_options(
+    parser: argparse.ArgumentParser, *, listen_default: str | None, dev: bool = False
+) -> None:
     parser.add_argument(
         "--listen",
         default=listen_default,
@@ -86,7 +88,8 @@ def _add_proxy_options(parser: argparse.ArgumentParser, *, listen_default: str |
         metavar="[HOST:]PORT",
         help="serve the admin endpoint over HTTP here: status page, /metrics, /healthz, "
         "/readyz, /rules, POST /rules/reload (a bare PORT binds 127.0.0.1; "
-        "see docs/observability.md)",
+        "see docs/observability.md)"
+        + ("; default here: 127.0.0.1:9644, and 0 picks a free port" if dev else ""),
     )
     parser.add_argument(
         "--shutdown-grace",
@@ -110,7 +113,7 @@ def _add_proxy_options(parser: argparse.ArgumentParser, *, listen_default: str |
     parser.add_argument(
         "--trace-console",
         action="store_true",
-        help="print spans to stdout (the default for `kipside dev`)",
+        help="print one line per span to stdout",
     )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
 
@@ -128,12 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_proxy_options(serve, listen_default=None)
 
     dev = sub.add_parser("dev", help="start the embedded Tansu broker with kipside in front")
-    _add_proxy_options(dev, listen_default="127.0.0.1:9092")
+    _add_proxy_options(dev, listen_default="127.0.0.1:9092", dev=True)
     dev.add_argument(
         "--broker-port", type=int, default=0, help="port for Tansu itself (default: any free)"
-    )
-    dev.add_argument(
-        "--no-trace", action="store_true", help="don't print spans (dev prints them by default)"
     )
 
     rules = sub.add_parser("rules", help="work with rule files")
@@ -169,26 +169,16 @@ def _config(args: argparse.Namespace, upstreams: list[Address]) -> ServerConfig:
 def _trace_config(args: argparse.Namespace) -> TraceConfig:
     if args.otlp_endpoint:
         return TraceConfig("otlp", args.otlp_endpoint)
-    if args.trace_console or (args.command == "dev" and not args.no_trace):
+    if args.trace_console:
         return TraceConfig("console")
     return TraceConfig("none")
 
 
 def _dev(args: argparse.Namespace) -> int:
-    from kipside.proxy.devbroker import start_tansu
+    from kipside.proxy.dev import run_dev
 
-    proc, broker_port = start_tansu("127.0.0.1", args.broker_port)
-    print(f"kipside: embedded Tansu broker on 127.0.0.1:{broker_port} (in-memory)", flush=True)
-    try:
-        config = _config(args, [Address("127.0.0.1", broker_port)])
-        print(f"kipside: give clients bootstrap.servers={args.listen}", flush=True)
-        return run(config)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except Exception:
-            proc.kill()
+    # The embedded broker becomes the upstream once it runs.
+    return run_dev(_config(args, []), args.broker_port)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
