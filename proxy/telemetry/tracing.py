@@ -211,13 +211,13 @@ def span_line(span: ReadableSpan) -> str:
     if span.end_time is not None and span.start_time is not None:
         parts.append(f"{(span.end_time - span.start_time) / 1e6:.2f}ms")
     if span.kind == SpanKind.SERVER and "kafka.api_name" in attrs:
-        parts.append(f"{attrs['kafka.api_name']} v{attrs.get('kafka.api_version', '?')}")
+        parts.append(f"{attrs['kafka.api_name']!s} v{attrs.get('kafka.api_version', '?')!s}")
     shown = ((label, attrs.get(key, "")) for key, label in _LINE_ATTRIBUTES)
-    parts.extend(f"{label}={value}" for label, value in shown if value != "")
+    parts.extend(f"{label}={value!s}" for label, value in shown if value != "")
     if span.links:
         parts.append(f"links={len(span.links)}")
     for event in span.events:
-        details = " ".join(f"{k}={v}" for k, v in (event.attributes or {}).items())
+        details = " ".join(f"{k}={v!s}" for k, v in (event.attributes or {}).items())
         name = event.name.removeprefix("kipside.txn.")
         parts.append(f"[{name} {details}]" if details else f"[{name}]")
     failed = span.status.status_code == StatusCode.ERROR
