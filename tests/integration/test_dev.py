@@ -141,13 +141,16 @@ def piped() -> Iterator[Dev]:
         dev.proc.kill()
 
 
-def _produce_one_request_each(bootstrap: str, topic: str, count: int) -> Producer:
-    """`count` records, each flushed alone, so each is one ProduceRequest."""
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+def _producer(bootstrap: str) -> Producer:
+    return Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+
+
+def _produce_one_request_each(producer: Producer, topic: str, count: int) -> None:
+    """`count` records, each flushed alone, so each is one ProduceRequest. (librdkafka closes
+    its connections when the producer is collected.)"""
     for i in range(count):
         producer.produce(topic, value=f"{topic}-{i}".encode(), partition=0)
         assert producer.flush(15) == 0
-    return producer
 
 
 def test_kipside_dev_says_where_to_connect_and_stays_quiet(piped: Dev) -> None:
@@ -163,12 +166,13 @@ def test_kipside_dev_says_where_to_connect_and_stays_quiet(piped: Dev) -> None:
         assert page.status == 200 and b"<html" in page.read().lower()
     started = dev.output()
 
-    _produce_one_request_each(dev.bootstrap, "dev-quiet", 30)
+    _produce_one_request_each(_producer(dev.bootstrap), "dev-quiet", 30)
     producer = Producer({"bootstrap.servers": dev.bootstrap, "enable.idempotence": True})
     values = [f"dev-{i}".encode() for i in range(100)]
     for value in values:
         producer.produce("dev-topic", value=value, partition=0)
     assert producer.flush(15) == 0
+    del producer
     consumer = Consumer(
         {"bootstrap.servers": dev.bootstrap, "group.id": "dev-check", "enable.auto.commit": False}
     )
@@ -197,7 +201,7 @@ def test_trace_console_prints_one_line_per_span() -> None:
     dev = Dev("--trace-console", terminal=False)
     try:
         dev.wait_for(r"kipside: traces: one line per span below \(--trace-console\)\n")
-        _produce_one_request_each(dev.bootstrap, "dev-spans", 5)
+        _produce_one_request_each(_producer(dev.bootstrap), "dev-spans", 5)
         produce = dev.status()["produce"]
         dev.wait_for(r"upstream Produce .* ok\n")
     finally:
@@ -223,7 +227,8 @@ def test_live_line_is_drawn_in_place_on_a_terminal() -> None:
         dev.wait_for(r"status page http://")
         first = dev.wait_for(LIVE.pattern)
         assert first.group(5, 6) == ("0", "0")
-        producer = _produce_one_request_each(dev.bootstrap, "dev-live", 20)
+        producer = _producer(dev.bootstrap)
+        _produce_one_request_each(producer, "dev-live", 20)
         status = dev.status()
         in_, out = status["produce"]["client_requests"], status["produce"]["upstream_requests"]
         clients = status["connections"]["client"]
