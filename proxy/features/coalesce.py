@@ -24,10 +24,9 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 import trio
-from kio.schema.errors import ErrorCode
 from opentelemetry.trace import Span
 
 from kipside.protocol import (
@@ -36,6 +35,7 @@ from kipside.protocol import (
     PRODUCE_MIN_VERSION,
     ApiKey,
     DecodeError,
+    ErrorCode,
     NodeEndpointData,
     PartitionBatch,
     PartitionResult,
@@ -46,6 +46,7 @@ from kipside.protocol import (
     encode_produce_response,
     encode_request_header,
     encode_response_header,
+    error_name,
     parse_produce_request,
     parse_produce_response,
     parse_response_header,
@@ -60,14 +61,7 @@ from kipside.rules import CoalescingRules
 log = logging.getLogger("kipside.coalesce")
 
 
-def _error_name(code: int) -> str:
-    try:
-        return ErrorCode(code).name.upper()
-    except ValueError:
-        return f"ERROR_{code}"
-
-
-UNKNOWN_SERVER_ERROR = -1
+UNKNOWN_SERVER_ERROR: Final = int(ErrorCode.unknown_server_error)
 
 
 class Submitted(NamedTuple):
@@ -121,7 +115,7 @@ class ClientProduce:
         for endpoint in endpoints:
             self.endpoints[endpoint.node_id] = endpoint
         if result.error_code != 0 and self.pending.error_name is None:
-            self.pending.error_name = _error_name(result.error_code)
+            self.pending.error_name = error_name(result.error_code)
         self.remaining -= 1
         if self.remaining == 0:
             self.pending.resolve(self._frame())

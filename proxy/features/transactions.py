@@ -31,13 +31,13 @@ from functools import partial
 from typing import Final, TypeVar
 
 import trio
-from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16, i32, i32Timedelta
 from opentelemetry.trace import Span
 
 from kipside.protocol import (
     ApiKey,
     DecodeError,
+    ErrorCode,
     Message,
     RequestHeader,
     api_name,
@@ -47,6 +47,7 @@ from kipside.protocol import (
     encode_message,
     encode_request_header,
     encode_response_header,
+    error_name,
     parse_response_header,
     request_class,
     response_class,
@@ -82,11 +83,19 @@ HOLD_MAX_RETRY_SECONDS: Final = 0.010
 METADATA_TTL_SECONDS: Final = 30.0
 
 
+@dataclass(frozen=True, slots=True)
+class Producer:
+    """A producer id and epoch, as InitProducerId gave them to a transactional client."""
+
+    id: int
+    epoch: int
+
+
 @dataclass(slots=True)
 class TransactionState:
     transactional_id: str
-    producer_id: int = -1
-    producer_epoch: int = -1
+    producer: Producer | None = None
+    """The producer the broker last confirmed for this transactional id; None: none known."""
     open: bool = False
     """kipside registered something upstream for the current transaction."""
     partitions: set[TopicPartition] = field(default_factory=set)
@@ -98,8 +107,13 @@ class TransactionState:
         self.partitions.clear()
         self.groups.clear()
 
-    def confirmed(self, producer_id: int, producer_epoch: int) -> bool:
-        return (producer_id, producer_epoch) == (self.producer_id, self.producer_epoch)
+    def forget(self) -> None:
+        """Nothing kipside knew is confirmed any more (fenced, or an answer it cannot read)."""
+        self.reset()
+        self.producer = None
+
+    def confirmed(self, producer: Producer) -> bool:
+        return producer == self.producer
 
 
 @dataclass(slots=True)
@@ -113,8 +127,7 @@ class _ClientAdd:
     request: Message
     answer: Pending
     client_id: str
-    producer_id: int
-    producer_epoch: int
+    producer: Producer
     wanted: set[TopicPartition]
     group: str | None
     span: Span | None
@@ -219,11 +232,12 @@ class TransactionManager:
                 for p in topic.partitions
             }
             group = None
-            pid = int(request.v3_and_below_producer_id)
-            epoch = int(request.v3_and_below_producer_epoch)
+            producer = Producer(
+                int(request.v3_and_below_producer_id), int(request.v3_and_below_producer_epoch)
+            )
         else:
             wanted, group = set(), str(request.group_id)
-            pid, epoch = int(request.producer_id), int(request.producer_epoch)
+            producer = Producer(int(request.producer_id), int(request.producer_epoch))
         add = _ClientAdd(
             pool,
             rule,
@@ -232,14 +246,13 @@ class TransactionManager:
             request,
             answer,
             client_id or "kipside",
-            pid,
-            epoch,
+            producer,
             wanted,
             group,
             span,
         )
         covered = wanted <= state.partitions and (group is None or group in state.groups)
-        if state.open and state.confirmed(pid, epoch) and covered:
+        if state.open and state.confirmed(producer) and covered:
             self.stats.txn_local_answers += 1
             event(span, "kipside.txn.answered_locally", partitions=len(wanted), group=group or "")
             self._answer(add, {}, {})
@@ -284,22 +297,18 @@ class TransactionManager:
                     api_name(header.api_key),
                     exc,
                 )
-                state.reset()
-                state.producer_id = state.producer_epoch = -1
+                state.forget()
                 answer.resolve(response)
                 return
             if message.error_code == ErrorCode.none:
                 state.reset()
                 if header.api_key == ApiKey.INIT_PRODUCER_ID or hasattr(message, "producer_id"):
-                    state.producer_id = int(message.producer_id)
-                    state.producer_epoch = int(message.producer_epoch)
-            elif header.api_key == ApiKey.INIT_PRODUCER_ID or message.error_code in (
-                ErrorCode.invalid_producer_epoch,
-                ErrorCode.producer_fenced,
+                    state.producer = Producer(int(message.producer_id), int(message.producer_epoch))
+            elif (
+                header.api_key == ApiKey.INIT_PRODUCER_ID
+                or int(message.error_code) in FENCING_ERRORS
             ):
-                # Nothing kipside knew is confirmed any more.
-                state.reset()
-                state.producer_id = state.producer_epoch = -1
+                state.forget()
             answer.resolve(response)
 
     # Registration ------------------------------------------------------------------------
@@ -307,7 +316,7 @@ class TransactionManager:
     async def _client_add(self, add: _ClientAdd) -> None:
         state = add.state
         async with state.lock:
-            if not state.confirmed(add.producer_id, add.producer_epoch):
+            if not state.confirmed(add.producer):
                 # A new producer id/epoch (or one kipside never saw): start from scratch.
                 state.reset()
             first = not state.open
@@ -345,14 +354,13 @@ class TransactionManager:
             fenced = FENCING_ERRORS & (set(partition_errors.values()) | set(group_errors.values()))
             if fenced:
                 # The broker no longer accepts this producer epoch: nothing of ours to end.
-                state.reset()
-                state.producer_id = state.producer_epoch = -1
+                state.forget()
             elif first and not client_ok and (state.partitions or state.groups):
                 # kipside opened a transaction the client thinks failed: end it.
-                await self._abort_orphan(add.pool, state, add.client_id)
+                await self._abort_orphan(add.pool, state, add.producer, add.client_id)
             if not client_ok:
                 codes = [c for c in (*partition_errors.values(), *group_errors.values()) if c]
-                add.answer.error_name = ErrorCode(codes[0]).name.upper() if codes else None
+                add.answer.error_name = error_name(codes[0]) if codes else None
             self._answer(add, partition_errors, group_errors)
 
     def _answer(
@@ -431,7 +439,7 @@ class TransactionManager:
             for group in groups:
                 nursery.start_soon(add_offsets, group)
         if state.open:
-            state.producer_id, state.producer_epoch = add.producer_id, add.producer_epoch
+            state.producer = add.producer
         return partition_errors, group_errors
 
     async def _held(
@@ -498,7 +506,7 @@ class TransactionManager:
         for tp in refused:
             self._refused[tp] = now
         self.stats.rule_problems += 1
-        bad = sorted(f"{t}-{p} ({ErrorCode(result[(t, p)]).name.upper()})" for t, p in refused)
+        bad = sorted(f"{t}-{p} ({error_name(result[(t, p)])})" for t, p in refused)
         key = f"{rule.transactional_id}:{','.join(bad)}"
         if key not in self._reported:
             self._reported.add(key)
@@ -515,7 +523,7 @@ class TransactionManager:
         self, add: _ClientAdd, version: int, partitions: Iterable[TopicPartition]
     ) -> dict[TopicPartition, int]:
         pool, state, client_id = add.pool, add.state, add.client_id
-        producer_id, producer_epoch = add.producer_id, add.producer_epoch
+        producer = add.producer
         by_topic: dict[str, list[int]] = {}
         for topic, partition in sorted(partitions):
             by_topic.setdefault(topic, []).append(partition)
@@ -523,8 +531,8 @@ class TransactionManager:
         topic_cls = _field_class(cls, "v3_and_below_topics")
         message = cls(
             v3_and_below_transactional_id=state.transactional_id,
-            v3_and_below_producer_id=producer_id,
-            v3_and_below_producer_epoch=i16(producer_epoch),
+            v3_and_below_producer_id=producer.id,
+            v3_and_below_producer_epoch=i16(producer.epoch),
             v3_and_below_topics=tuple(
                 topic_cls(name=name, partitions=tuple(i32(p) for p in ps))
                 for name, ps in by_topic.items()
@@ -544,13 +552,13 @@ class TransactionManager:
 
     async def _add_offsets_once(self, add: _ClientAdd, group: str) -> int:
         pool, state, client_id = add.pool, add.state, add.client_id
-        producer_id, producer_epoch = add.producer_id, add.producer_epoch
+        producer = add.producer
         version = 0
         cls = request_class(ApiKey.ADD_OFFSETS_TO_TXN, version)
         message = cls(
             transactional_id=state.transactional_id,
-            producer_id=producer_id,
-            producer_epoch=i16(producer_epoch),
+            producer_id=producer.id,
+            producer_epoch=i16(producer.epoch),
             group_id=group,
         )
         frame = await pool.request(
@@ -560,12 +568,14 @@ class TransactionManager:
         )
         return int(_decode_answer(ApiKey.ADD_OFFSETS_TO_TXN, version, frame).error_code)
 
-    async def _abort_orphan(self, pool: LanePool, state: TransactionState, client_id: str) -> None:
+    async def _abort_orphan(
+        self, pool: LanePool, state: TransactionState, producer: Producer, client_id: str
+    ) -> None:
         cls = request_class(ApiKey.END_TXN, 0)
         message = cls(
             transactional_id=state.transactional_id,
-            producer_id=state.producer_id,
-            producer_epoch=i16(state.producer_epoch),
+            producer_id=producer.id,
+            producer_epoch=i16(producer.epoch),
             committed=False,
         )
         try:

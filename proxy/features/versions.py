@@ -17,12 +17,12 @@ from typing import Final
 
 from kio.schema.api_versions.v0.response import ApiVersion as ApiVersionV0
 from kio.schema.api_versions.v0.response import ApiVersionsResponse as ApiVersionsV0
-from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16
 
 from kipside.protocol import (
     PRODUCE_MAX_VERSION,
     ApiKey,
+    ErrorCode,
     Message,
     RequestHeader,
     ResponseHeader,

@@ -15,10 +15,10 @@ import zlib
 from collections.abc import Callable, Hashable
 
 import trio
-from kio.schema.errors import ErrorCode
 
 from kipside.protocol import (
     ApiKey,
+    ErrorCode,
     build_frame,
     decode_response,
     encode_request_header,

@@ -143,7 +143,8 @@ class UpstreamConnection:
         self._next_correlation_id = 0
         self.closed = False
         self._closed_event = trio.Event()
-        self.close_reason = ""
+        self.close_reason: str | None = None
+        """Why the connection closed; None while it is open."""
         self.requests_sent = 0
 
     @property
@@ -225,7 +226,7 @@ class UpstreamConnection:
             while True:
                 data = await wire.receive(READ_SIZE)
                 if not data:
-                    if wire.broken_reason:
+                    if wire.broken_reason is not None:
                         reason = f"{self.name}: {wire.broken_reason}"
                     return
                 decoder.receive_data(data)

@@ -66,7 +66,8 @@ class Wire:
         self._drained: trio.Event | None = None
         self._on_broken: Callable[[str], None] | None = None
         self.closed = False
-        self.broken_reason = ""
+        self.broken_reason: str | None = None
+        """Why the connection broke or closed; None while it works."""
 
     @classmethod
     def from_stream(cls, stream: trio.SocketStream) -> Wire:
