@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 import trio
+import trio.testing
 
 from kipside.protocol.apis import ApiKey
 from kipside.protocol.framing import FrameDecoder
@@ -33,6 +34,9 @@ from kipside.proxy.network.addresses import AddressRewriter
 from kipside.proxy.network.nodes import Address, NodeMap
 from kipside.proxy.network.session import Session
 
+# Every test runs on trio's autojump clock (the autojump_clock fixture): once every task waits,
+# on a socket or a timer, the clock jumps to the next deadline, so "nothing arrives for QUIET"
+# costs no real time. Loopback bytes written in this process are readable before it can jump.
 TIMEOUT = 10
 QUIET = 0.2  # how long "nothing arrives" is watched for
 
@@ -206,7 +210,9 @@ async def wired_session() -> AsyncIterator[Wiring]:
 API_VERSIONS_REQUEST_BODY = bytes.fromhex("000000")  # compact empty name and version, no tags
 
 
-async def test_responses_in_request_order_around_a_local_answer() -> None:
+async def test_responses_in_request_order_around_a_local_answer(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     with trio.fail_after(TIMEOUT):
         async with wired_session() as w:
             api_versions_v3 = request(ApiKey.API_VERSIONS, 3, 4, API_VERSIONS_REQUEST_BODY)
@@ -264,7 +270,7 @@ async def test_responses_in_request_order_around_a_local_answer() -> None:
             assert await broker.closed()
 
 
-async def test_local_answer_first_is_sent_at_once() -> None:
+async def test_local_answer_first_is_sent_at_once(autojump_clock: trio.testing.MockClock) -> None:
     with trio.fail_after(TIMEOUT):
         async with wired_session() as w:
             await w.send(request(ApiKey.API_VERSIONS, 7, 99, API_VERSIONS_REQUEST_BODY))
@@ -280,7 +286,9 @@ async def test_local_answer_first_is_sent_at_once() -> None:
 
 
 @pytest.mark.parametrize("version", [3, 8, 9, 11])
-async def test_acks0_produce_gets_no_response(version: int) -> None:
+async def test_acks0_produce_gets_no_response(
+    version: int, autojump_clock: trio.testing.MockClock
+) -> None:
     with trio.fail_after(TIMEOUT):
         async with wired_session() as w:
             await w.send(produce_request(version, 1, acks=0), heartbeat_request(2))
@@ -313,7 +321,7 @@ async def test_acks0_produce_gets_no_response(version: int) -> None:
 
 
 async def test_upstream_closing_mid_flight_closes_the_client(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
 ) -> None:
     caplog.set_level(logging.INFO, logger="kipside")
     with trio.fail_after(TIMEOUT):
@@ -330,7 +338,9 @@ async def test_upstream_closing_mid_flight_closes_the_client(
     assert "closed the connection" in caplog.text
 
 
-async def test_upstream_closing_before_any_answer_closes_the_client() -> None:
+async def test_upstream_closing_before_any_answer_closes_the_client(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     with trio.fail_after(TIMEOUT):
         async with wired_session() as w:
             await w.send(heartbeat_request(1))
@@ -342,7 +352,7 @@ async def test_upstream_closing_before_any_answer_closes_the_client() -> None:
 
 
 async def test_upstream_answering_the_wrong_correlation_id_closes_the_client(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
 ) -> None:
     caplog.set_level(logging.INFO, logger="kipside")
     with trio.fail_after(TIMEOUT):
@@ -372,7 +382,10 @@ async def test_upstream_answering_the_wrong_correlation_id_closes_the_client(
     ids=["http", "tls", "tiny-frame", "huge-frame", "bad-header"],
 )
 async def test_client_garbage_closes_with_a_log_line(
-    caplog: pytest.LogCaptureFixture, garbage: bytes, mentions: list[str]
+    caplog: pytest.LogCaptureFixture,
+    garbage: bytes,
+    mentions: list[str],
+    autojump_clock: trio.testing.MockClock,
 ) -> None:
     caplog.set_level(logging.INFO, logger="kipside")
     with trio.fail_after(TIMEOUT):
@@ -387,7 +400,9 @@ async def test_client_garbage_closes_with_a_log_line(
     assert "127.0.0.1:" in matching[0]  # who sent it
 
 
-async def test_garbage_after_a_good_request_still_closes() -> None:
+async def test_garbage_after_a_good_request_still_closes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     with trio.fail_after(TIMEOUT):
         async with wired_session() as w:
             await w.send(heartbeat_request(1))

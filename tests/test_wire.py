@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 import trio
+import trio.testing
 
 from kipside.proxy.network import wire as wire_module
 from kipside.proxy.network.wire import Wire, WireBroken
@@ -106,7 +107,7 @@ async def test_closing_wakes_a_waiting_reader() -> None:
                 got.append(await w.receive(1024))
 
             nursery.start_soon(reader)
-            await trio.sleep(0.05)
+            await trio.testing.wait_all_tasks_blocked()  # the reader waits on the socket
             w.close()
         assert got == [b""]
         with pytest.raises(WireBroken):
@@ -114,17 +115,19 @@ async def test_closing_wakes_a_waiting_reader() -> None:
 
 
 async def test_a_peer_that_stops_reading_breaks_the_connection(
-    monkeypatch: pytest.MonkeyPatch,
+    autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """A backlog nobody reads must not hold the flusher (and shutdown) forever."""
-    monkeypatch.setattr(wire_module, "WRITE_GRACE_SECONDS", 0.3)
+    """A backlog nobody reads must not hold the flusher (and shutdown) forever: after
+    WRITE_GRACE_SECONDS of virtual time (the clock jumps while the socket stays unwritable)."""
     broken: list[str] = []
-    with trio.fail_after(TIMEOUT):
+    with trio.fail_after(wire_module.WRITE_GRACE_SECONDS + TIMEOUT):
         async with pair() as (w, _peer):
             w.on_broken(broken.append)
             w.write([b"x" * 4_000_000])
             assert w.backlog_bytes > 0
+            started = trio.current_time()
             await w.run_flusher()  # returns once it gave up and closed the connection
+            assert trio.current_time() - started >= wire_module.WRITE_GRACE_SECONDS
     assert w.closed
     assert broken and "read nothing" in broken[0]
 

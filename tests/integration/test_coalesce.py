@@ -67,6 +67,7 @@ from conftest import (
 )
 from relaykit.tansu import tansu_behind
 from relays import BatchSeen, CountingRelay, produce_batches
+from testkit import tools
 from testkit.metrics import Metrics, scrape
 from testkit.ports import free_port
 
@@ -213,6 +214,7 @@ def _open_loopback_socket(bpf: str) -> Any:
     snap length, forces a 64 MiB buffer, skips the duplicate PACKET_OUTGOING copy that lo
     shows of every packet, and hands scapy raw bytes (dissected after the capture).
     """
+    tools.require_library("pcap", "the capture compiles its BPF filter with libpcap")
     import ctypes
 
     from scapy.arch.linux import L2ListenSocket

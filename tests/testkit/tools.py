@@ -6,10 +6,11 @@ to install it; benchmarks get a ToolMissing error that says the same.
 
 from __future__ import annotations
 
+import ctypes.util
 import shutil
 from typing import NoReturn
 
-__all__ = ["INSTALL", "ToolMissing", "find", "require"]
+__all__ = ["INSTALL", "ToolMissing", "find", "require", "require_library"]
 
 INSTALL: dict[str, str] = {
     "kcat": "`make system-deps` (apt-get install kcat)",
@@ -18,6 +19,7 @@ INSTALL: dict[str, str] = {
     "chromium": "`make system-deps` (apt-get install chromium)",
     "tshark": "`apt-get install -y tshark`",
     "curl": "`apt-get install -y curl`",
+    "libpcap": "`make system-deps` (apt-get install libpcap0.8)",
 }
 
 
@@ -44,6 +46,14 @@ def require(name: str, why: str = "needed by this test") -> str:
         return find(name, why)
     except ToolMissing as exc:
         _skip(str(exc))
+
+
+def require_library(name: str, why: str = "needed by this test") -> str:
+    """In a test: the shared library lib`name` (e.g. "pcap"), or skip naming how to install it."""
+    found = ctypes.util.find_library(name)
+    if found is None:
+        _skip(_message(f"lib{name}", why))
+    return found
 
 
 def _skip(reason: str) -> NoReturn:
