@@ -188,9 +188,7 @@ def start_kipside(
     log_path = workdir / "kipside.stderr.log"
     stdout_path = workdir / "kipside.stdout.log"
     with log_path.open("wb") as err, stdout_path.open("wb") as out:
-        proc = procs.track(
-            subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
-        )
+        proc = procs.track(subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=err))
     _LOGS.append(log_path)
 
     deadline = time.monotonic() + timeout
@@ -347,7 +345,7 @@ def unique_name(prefix: str, request: pytest.FixtureRequest | None = None) -> st
 
 def create_topics(bootstrap: str, names: list[str], partitions: int, timeout: float = 10.0) -> None:
     """Create topics with confluent-kafka's AdminClient and wait until metadata shows them."""
-    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+    from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient(
         {"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000, "client.id": "kipside-tests"}

@@ -12,8 +12,9 @@ import trio
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from testkit.broker import TANSU_NODE_ID
+from testkit.ports import free_port
 
-from kipside.proxy.devbroker import free_port
 from kipside.proxy.network.nodes import Address
 from kipside.proxy.server import Server, ServerConfig
 from kipside.proxy.telemetry.tracing import TraceConfig, Tracer
@@ -41,8 +42,12 @@ class InProcessKipside:
         assert not self.thread.is_alive(), "in-process kipside did not stop"
 
 
+StartKipside = Callable[[str, str], InProcessKipside]
+"""start_kipside_in_process(upstream "host:port", rules YAML text) -> a running kipside."""
+
+
 @pytest.fixture
-def start_kipside_in_process() -> Iterator[Callable[[str, str], InProcessKipside]]:
+def start_kipside_in_process() -> Iterator[StartKipside]:
     started: list[InProcessKipside] = []
 
     def start(upstream: str, rules_text: str) -> InProcessKipside:
@@ -55,7 +60,7 @@ def start_kipside_in_process() -> Iterator[Callable[[str, str], InProcessKipside
         config = ServerConfig(
             upstreams=[Address(host, int(port))],
             listen=Address("127.0.0.1", 0),
-            node_port_base=node_port - 111,
+            node_port_base=node_port - TANSU_NODE_ID,
             rules=rules,
         )
         server = Server(

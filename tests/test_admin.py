@@ -764,7 +764,7 @@ def produce_order(rules: CoalescingRules) -> tuple[ProduceOrder, FakeRouter, Fak
     coalescer = FakeCoalescer(rules)
     router = FakeRouter(coalescer)
     server = SimpleNamespace(router=router, coalescer=coalescer)
-    return ProduceOrder(server), router, coalescer  # type: ignore[arg-type]
+    return ProduceOrder(server), router, coalescer
 
 
 async def test_produce_waits_for_its_lane_answers_when_coalescing_is_switched_off(

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable
 
 import confluent_kafka as ck
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import AdminClient, NewTopic
 
 
 def _topic(bootstrap: str, partitions: int = 1) -> str:

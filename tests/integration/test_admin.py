@@ -40,7 +40,8 @@ import confluent_kafka as ck
 import h11
 import psutil
 import pytest
-from conftest import DIRECT, Broker, Kipside, create_topics, start_kipside, unique_name
+from conftest import DIRECT, Kipside, create_topics, start_kipside, unique_name
+from testkit.broker import Broker
 
 from kipside.proxy.devbroker import free_port
 from kipside.proxy.operations.admin import MAX_BODY_BYTES, REQUEST_DEADLINE_SECONDS

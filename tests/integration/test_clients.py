@@ -26,7 +26,7 @@ from typing import Any
 import confluent_kafka as ck
 import psutil
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import AdminClient, NewTopic
 from conftest import (
     DIRECT,
     DirectProbe,
@@ -258,10 +258,8 @@ def _kcat_roundtrip(target: Target, topic: str) -> None:
     n = 300
     lines = [f"key{i}:kcat-{i:05d}" for i in range(n)]
     _kcat(["-b", target.bootstrap, "-P", "-t", topic, "-K:"], stdin="\n".join(lines) + "\n")
-    out = _kcat(
-        ["-b", target.bootstrap, "-C", "-t", topic, "-e", "-o", "beginning", "-q",
-         "-f", "%p\t%k\t%s\n"]
-    )  # fmt: skip
+    consume = ["-C", "-t", topic, "-e", "-o", "beginning", "-q", "-f", "%p\t%k\t%s\n"]
+    out = _kcat(["-b", target.bootstrap, *consume])
     rows = [ln.split("\t") for ln in out.splitlines() if ln]
     values = sorted(r[2] for r in rows)
     assert len(rows) == n, f"kcat consumed {len(rows)} of {n}"
@@ -587,13 +585,10 @@ def txn_run(request: pytest.FixtureRequest, target: Target) -> TxnRun:
 
 def _read_committed(bootstrap: str, run: TxnRun, expect: int) -> list[tuple[str, list[Msg]]]:
     """read_committed views by confluent-kafka and, for kafka-python runs, by kafka-python."""
-    views = [
-        ("confluent-kafka", ck_consume_assigned(
-            bootstrap, run.topic, PARTITIONS, expect, "read_committed")[0]),
-    ]  # fmt: skip
+    args = (bootstrap, run.topic, PARTITIONS, expect, "read_committed")
+    views = [("confluent-kafka", ck_consume_assigned(*args)[0])]
     if run.client == "kafka-python":
-        views.append(("kafka-python", kp_consume_assigned(
-            bootstrap, run.topic, PARTITIONS, expect, "read_committed")[0]))  # fmt: skip
+        views.append(("kafka-python", kp_consume_assigned(*args)[0]))
     return views
 
 

@@ -59,7 +59,6 @@ from typing import Any
 import pytest
 from conftest import (
     DIRECT,
-    Broker,
     Kipside,
     create_topics,
     start_kipside,
@@ -68,6 +67,7 @@ from conftest import (
 from relaykit.tansu import tansu_behind
 from relays import BatchSeen, CountingRelay, produce_batches
 from testkit import tools
+from testkit.broker import Broker
 from testkit.metrics import Metrics, scrape
 from testkit.ports import free_port
 
@@ -150,9 +150,7 @@ def _stack(tmp_path: Path, *, kafka_acks0: bool) -> Iterator[Stack]:
 
 
 @contextlib.contextmanager
-def _kipside_behind(
-    relay: CountingRelay, tansu: Broker, tmp_path: Path
-) -> Iterator[Stack]:
+def _kipside_behind(relay: CountingRelay, tansu: Broker, tmp_path: Path) -> Iterator[Stack]:
     via_relay = dataclasses.replace(tansu, port=relay.port)
     rules = tmp_path / "rules.yaml"
     rules.write_text(f"coalescing:\n  enabled: true\n  lanes: {LANES}\n  linger_ms: 0\n")
@@ -385,8 +383,9 @@ def _target(spec: ProducerSpec, seq: int) -> tuple[str, int]:
     return spec.targets[seq % len(spec.targets)]
 
 
-def _producer_main(spec: ProducerSpec, bootstrap: str, result: str, ready: Any, go: Any,
-                   stop: Any) -> None:  # fmt: skip
+def _producer_main(
+    spec: ProducerSpec, bootstrap: str, result: str, ready: Any, go: Any, stop: Any
+) -> None:
     """Entry point of a producer process: produce, then write what happened to `result`."""
     import threading
 
@@ -432,8 +431,9 @@ def _keep_client_log(outcome: dict[str, Any], logger_name: str) -> logging.Logge
     return logger
 
 
-def _run_confluent(spec: ProducerSpec, bootstrap: str, outcome: dict[str, Any], ready: Any,
-                   go: Any, stop: Any) -> None:  # fmt: skip
+def _run_confluent(
+    spec: ProducerSpec, bootstrap: str, outcome: dict[str, Any], ready: Any, go: Any, stop: Any
+) -> None:
     import confluent_kafka as ck
 
     conf = {
@@ -484,8 +484,9 @@ def _run_confluent(spec: ProducerSpec, bootstrap: str, outcome: dict[str, Any], 
     outcome["undelivered"] = producer.flush(PRODUCE_TIMEOUT)
 
 
-def _run_kafka_python(spec: ProducerSpec, bootstrap: str, outcome: dict[str, Any], ready: Any,
-                      go: Any, stop: Any) -> None:  # fmt: skip
+def _run_kafka_python(
+    spec: ProducerSpec, bootstrap: str, outcome: dict[str, Any], ready: Any, go: Any, stop: Any
+) -> None:
     from kafka import KafkaProducer
 
     _keep_client_log(outcome, "kafka")
@@ -532,8 +533,9 @@ def _run_kafka_python(spec: ProducerSpec, bootstrap: str, outcome: dict[str, Any
         producer.close(timeout=5)
 
 
-async def _run_aiokafka(spec: ProducerSpec, bootstrap: str, outcome: dict[str, Any], ready: Any,
-                        go: Any, stop: Any) -> None:  # fmt: skip
+async def _run_aiokafka(
+    spec: ProducerSpec, bootstrap: str, outcome: dict[str, Any], ready: Any, go: Any, stop: Any
+) -> None:
     import asyncio
 
     from aiokafka import AIOKafkaProducer
@@ -936,35 +938,21 @@ def test_many_producers_coalesce_without_loss_or_change(
 
 
 def _cut_specs(targets: list[tuple[str, int]]) -> list[ProducerSpec]:
-    endless = {"messages": 1_000_000, "pause_every": 2, "pause": 0.004}  # until told to stop
-    common: dict[str, Any] = {"conf": {}, **endless}
+    endless: dict[str, Any] = {"conf": {}, "messages": 1_000_000, "pause_every": 2, "pause": 0.004}
+    no_retry = {**endless, "conf": {"retries": 0}}  # until told to stop, either way
+    rows: list[tuple[str, str, int, bool, str, int, dict[str, Any]]] = [
+        # name, library, acks, idempotent, compression, rotation of the targets, the rest
+        ("idem-lz4", "confluent-kafka", -1, True, "lz4", 0, {**endless, "debug": "msg"}),
+        ("idem-zstd", "confluent-kafka", -1, True, "zstd", 3, {**endless, "debug": "msg"}),
+        ("all-gzip", "confluent-kafka", -1, False, "gzip", 5, endless),
+        ("ck-noretry", "confluent-kafka", 1, False, "none", 2, no_retry),
+        ("kp-noretry", "kafka-python", 1, False, "gzip", 6, no_retry),
+        ("aio-acks1", "aiokafka", 1, False, "snappy", 1, endless),
+    ]
     return [
-        ProducerSpec(
-            "idem-lz4", "confluent-kafka", -1, True, "lz4",
-            targets=_rotated(targets, 0), debug="msg", **common,
-        ),
-        ProducerSpec(
-            "idem-zstd", "confluent-kafka", -1, True, "zstd", targets=_rotated(targets, 3),
-            debug="msg", **common,
-        ),
-        ProducerSpec(
-            "all-gzip", "confluent-kafka", -1, False, "gzip", targets=_rotated(targets, 5),
-            **common,
-        ),
-        ProducerSpec(
-            "ck-noretry", "confluent-kafka", 1, False, "none", targets=_rotated(targets, 2),
-            messages=1_000_000, pause_every=2, pause=0.004,
-            conf={"retries": 0},
-        ),
-        ProducerSpec(
-            "kp-noretry", "kafka-python", 1, False, "gzip", targets=_rotated(targets, 6),
-            messages=1_000_000, pause_every=2, pause=0.004,
-            conf={"retries": 0},
-        ),
-        ProducerSpec(
-            "aio-acks1", "aiokafka", 1, False, "snappy", targets=_rotated(targets, 1), **common,
-        ),
-    ]  # fmt: skip
+        ProducerSpec(name, lib, acks, idem, codec, targets=_rotated(targets, turn), **rest)
+        for name, lib, acks, idem, codec, turn, rest in rows
+    ]
 
 
 def sequence_gaps(batches: list[BatchSeen]) -> tuple[list[str], int]:
@@ -1218,8 +1206,13 @@ class RawIdempotentProducer:
             base_sequence=sequence,
             batch_size=1 << 20,
         )
-        builder.append(0, timestamp=int(time.time() * 1000), key=None,
-                       value=_value("raw", sequence), headers=[])  # fmt: skip
+        builder.append(
+            0,
+            timestamp=int(time.time() * 1000),
+            key=None,
+            value=_value("raw", sequence),
+            headers=[],
+        )
         batch = PartitionBatch(self.topic, 0, memoryview(bytes(builder.build())))
         chunks = encode_produce_request(9, acks=-1, timeout_ms=10000, partitions=[batch])
         return self.send(ApiKey.PRODUCE, 9, b"".join(bytes(c) for c in chunks))
@@ -1322,20 +1315,18 @@ def test_acks0_producers_through_kipside_to_tansu_deliver_and_fail_no_lane(
         "pause_every": 8,
         "pause": 0.002,
     }
+    rows = [  # name, library, acks, idempotent, compression, rotation of the targets
+        ("a0-ck-lz4", "confluent-kafka", 0, False, "lz4", 0),
+        ("a0-ck-none", "confluent-kafka", 0, False, "none", 3),
+        ("a0-kp-gzip", "kafka-python", 0, False, "gzip", 5),
+        ("a0-aio-zstd", "aiokafka", 0, False, "zstd", 6),
+        ("a1-ck-snappy", "confluent-kafka", 1, False, "snappy", 1),
+        ("idem-ck-zstd", "confluent-kafka", -1, True, "zstd", 2),
+    ]
     specs = [
-        ProducerSpec("a0-ck-lz4", "confluent-kafka", 0, False, "lz4",
-                     targets=_rotated(targets, 0), **common),
-        ProducerSpec("a0-ck-none", "confluent-kafka", 0, False, "none",
-                     targets=_rotated(targets, 3), **common),
-        ProducerSpec("a0-kp-gzip", "kafka-python", 0, False, "gzip",
-                     targets=_rotated(targets, 5), **common),
-        ProducerSpec("a0-aio-zstd", "aiokafka", 0, False, "zstd", targets=_rotated(targets, 6),
-                     **common),
-        ProducerSpec("a1-ck-snappy", "confluent-kafka", 1, False, "snappy",
-                     targets=_rotated(targets, 1), **common),
-        ProducerSpec("idem-ck-zstd", "confluent-kafka", -1, True, "zstd",
-                     targets=_rotated(targets, 2), **common),
-    ]  # fmt: skip
+        ProducerSpec(name, lib, acks, idem, codec, targets=_rotated(targets, turn), **common)
+        for name, lib, acks, idem, codec, turn in rows
+    ]
     mark = stack.kipside.log_mark()
     fleet = ProducerFleet(specs, stack.kipside.bootstrap, tmp_path)
     try:

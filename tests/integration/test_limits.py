@@ -6,6 +6,8 @@ import socket
 import time
 
 import pytest
+from inprocess import StartKipside
+from testkit.broker import Broker
 
 from kipside.protocol.apis import ApiKey
 from kipside.protocol.framing import FrameDecoder
@@ -26,7 +28,9 @@ def _api_versions_roundtrip(sock: socket.socket) -> bytes:
     return frame
 
 
-def test_connections_past_the_limit_are_refused(start_kipside_in_process, tansu, caplog) -> None:  # type: ignore[no-untyped-def]
+def test_connections_past_the_limit_are_refused(
+    start_kipside_in_process: StartKipside, tansu: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
     kipside = start_kipside_in_process(tansu.bootstrap, "limits:\n  max_connections: 2\n")
     host, port = kipside.bootstrap.rsplit(":", 1)
     first = socket.create_connection((host, int(port)), timeout=10)

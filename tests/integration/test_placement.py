@@ -11,6 +11,8 @@ import time
 
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from inprocess import StartKipside
+from testkit.broker import Broker
 
 from kipside.proxy.network.lanes import LanePlacement, lane_index
 
@@ -55,8 +57,8 @@ def _produce(bootstrap: str, topic: str, name: str, conf: dict[str, object], out
     out[name] = (producer.flush(30), errors)
 
 
-def test_mixed_acks_share_partitions_exactly_once_in_order_and_release_every_lane(  # type: ignore[no-untyped-def]
-    start_kipside_in_process, tansu
+def test_mixed_acks_share_partitions_exactly_once_in_order_and_release_every_lane(
+    start_kipside_in_process: StartKipside, tansu: Broker
 ) -> None:
     kipside = start_kipside_in_process(tansu.bootstrap, "coalescing:\n  enabled: true\n")
     topic = f"placement-{time.monotonic_ns()}"
@@ -80,7 +82,8 @@ def test_mixed_acks_share_partitions_exactly_once_in_order_and_release_every_lan
         thread.join(60)
     assert results == {name: (0, []) for name in confs}
 
-    placement = kipside.server.coalescer.placement  # type: ignore[union-attr]
+    assert kipside.server.coalescer is not None
+    placement = kipside.server.coalescer.placement
     assert placement.outstanding() == 0  # every batch answered released its partition
 
     consumer = Consumer(
@@ -99,8 +102,10 @@ def test_mixed_acks_share_partitions_exactly_once_in_order_and_release_every_lan
         for msg in consumer.consume(500, 0.5):
             if msg.error():
                 continue
-            name, seq = msg.value().decode().split(":")
-            seen.setdefault((name, msg.partition()), []).append(int(seq))
+            value, partition = msg.value(), msg.partition()
+            assert value is not None and partition is not None, msg
+            name, seq = value.decode().split(":")
+            seen.setdefault((name, partition), []).append(int(seq))
             total += 1
     consumer.close()
     for name in confs:

@@ -47,10 +47,9 @@ from typing import Any, NamedTuple
 import confluent_kafka as ck
 import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions
-from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
+from confluent_kafka.admin import AdminClient
 from conftest import (
     DIRECT,
-    Broker,
     DirectProbe,
     Kipside,
     create_topics,
@@ -59,7 +58,7 @@ from conftest import (
 )
 from kio.static.primitive import i16, i32, i64
 from relaykit.tansu import tansu_behind
-from testkit.broker import start_tansu
+from testkit.broker import Broker, start_tansu
 from testkit.metrics import Metrics, scrape
 from testkit.ports import free_port
 from txn_relay import CONCURRENT_TRANSACTIONS, MarkerWindowRelay, TxnSegment

@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Broker, running_tansu, unique_name
+from conftest import running_tansu, unique_name
 from testkit import procs
+from testkit.broker import Broker
 
 REPO = Path(__file__).resolve().parents[2]
 KIPSIDE = REPO / ".venv" / "bin" / "kipside"

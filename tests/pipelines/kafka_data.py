@@ -188,13 +188,15 @@ def consume_all(
             m = consumer.poll(0.2)
             if m is None:
                 continue
-            if m.error() is not None:
-                if m.error().code() == ck.KafkaError._PARTITION_EOF:
-                    at_end.add(m.partition())
+            error, partition, offset = m.error(), m.partition(), m.offset()
+            assert partition is not None and offset is not None, m
+            if error is not None:
+                if error.code() == ck.KafkaError._PARTITION_EOF:
+                    at_end.add(partition)
                     continue
-                raise AssertionError(f"consumer error on {topic}: {m.error()}")
-            at_end.discard(m.partition())
-            out[m.partition()].append((m.offset(), as_rec(m)))
+                raise AssertionError(f"consumer error on {topic}: {error}")
+            at_end.discard(partition)
+            out[partition].append((offset, as_rec(m)))
         return out
     finally:
         consumer.close()

@@ -19,8 +19,10 @@ from typing import Any
 
 import pyarrow.dataset as ds
 import pytest
-from conftest import Broker, create_topics, free_port, unique_name
+from conftest import create_topics, unique_name
 from testkit import procs
+from testkit.broker import Broker
+from testkit.ports import free_port
 
 from .conftest import KIPSIDE, CliResult, require_java, run_cli
 from .kafka_data import JSON_SCHEMA, JsonDataset, consume_all, produce_json_dataset, produce_plain

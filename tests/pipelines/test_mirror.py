@@ -17,7 +17,9 @@ from typing import Any
 
 import confluent_kafka as ck
 import pytest
-from conftest import Broker, create_topics, free_port, unique_name
+from conftest import create_topics, unique_name
+from testkit.broker import Broker
+from testkit.ports import free_port
 
 from kipside.pipeline.kafka.client import KafkaClient
 from kipside.pipeline.kafka.connection import Address
@@ -249,9 +251,9 @@ def _first_per_partition(bootstrap: str, topic: str, group: str, partitions: int
         while len(first) < partitions:
             assert time.monotonic() < deadline, f"group {group} read only {sorted(first)}"
             m = consumer.poll(0.2)
-            if m is None or m.error() is not None:
+            if m is None or m.error() is not None or (partition := m.partition()) is None:
                 continue
-            first.setdefault(m.partition(), as_rec(m))
+            first.setdefault(partition, as_rec(m))
     finally:
         consumer.close()
     return first

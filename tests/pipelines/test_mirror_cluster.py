@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Broker, create_topics, unique_name
+from conftest import create_topics, unique_name
+from testkit.broker import Broker
 
 from kipside.pipeline.mirror.job import OBSERVED, MirrorJob, start_query
 

@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Broker, create_topics, free_port, unique_name
+from conftest import create_topics, unique_name
+from testkit.broker import Broker
+from testkit.ports import free_port
 
 from kipside.pipeline.jobrun import root_cause
 from kipside.pipeline.kafka.admin import partition_counts

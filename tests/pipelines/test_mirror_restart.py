@@ -21,8 +21,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import Broker, create_topics, unique_name
+from conftest import create_topics, unique_name
 from testkit import procs
+from testkit.broker import Broker
 
 from .conftest import KIPSIDE, require_java
 from .kafka_data import consume_all, produce_plain
