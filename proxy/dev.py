@@ -29,7 +29,7 @@ def run_dev(config: ServerConfig, broker_port: int = 0) -> int:
     """Start Tansu on broker_port (any free port when 0), serve `config` in front of it until
     SIGINT/SIGTERM, then stop the broker. config.upstreams is replaced by the embedded broker;
     an admin port of 0 becomes a free port, so the status page URL can be printed."""
-    proc, port = start_tansu(BROKER_HOST, broker_port)
+    proc, port = start_tansu(BROKER_HOST, broker_port, own_process_group=True)
     print(f"kipside: embedded Tansu broker on {BROKER_HOST}:{port} (in-memory)", flush=True)
     admin = config.admin or ADMIN_DEFAULT
     if admin.port == 0:
@@ -94,6 +94,6 @@ def _traces_hint(config: ServerConfig) -> str:
     if config.trace.exporter == "otlp":
         return f"traces: exported over OTLP to {config.trace.otlp_endpoint}"
     return (
-        "traces are off; --trace-console prints one line per span here, "
-        "OTEL_EXPORTER_OTLP_ENDPOINT=URL sends them to a collector"
+        "traces are off; see them with --trace-console (one line per span) "
+        "or OTEL_EXPORTER_OTLP_ENDPOINT=URL"
     )

@@ -63,11 +63,14 @@ def start_tansu(
     *,
     silent: bool = True,
     advertised_port: int | None = None,
+    own_process_group: bool = False,
 ) -> tuple[subprocess.Popen[bytes], int]:
     """Start Tansu on host:port (a free port when 0) with in-memory storage.
 
     The broker advertises host:advertised_port (default: its own port); the tests put a relay
-    there so that clients never learn the broker's real address. Returns the process and the
+    there so that clients never learn the broker's real address. With own_process_group, a
+    Ctrl-C in the terminal reaches only the caller, which then stops the broker itself (after
+    `kipside dev` has drained its clients' requests into it). Returns the process and the
     port once the broker accepts connections.
     """
     port = port or free_port(host)
@@ -84,7 +87,11 @@ def start_tansu(
     if silent:
         args.append("--silent")
     proc = subprocess.Popen(
-        args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        args,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        process_group=0 if own_process_group else None,
     )
     try:
         wait_for_port(host, port)

@@ -62,7 +62,12 @@ class Dev:
             os.set_blocking(primary, True)
             self.proc = track(
                 subprocess.Popen(
-                    command, stdin=secondary, stdout=secondary, stderr=secondary, env=_env()
+                    command,
+                    stdin=secondary,
+                    stdout=secondary,
+                    stderr=secondary,
+                    env=_env(),
+                    start_new_session=True,
                 )
             )
             os.close(secondary)
@@ -75,6 +80,7 @@ class Dev:
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     env=_env(),
+                    start_new_session=True,
                 )
             )
             assert self.proc.stdout is not None
@@ -106,13 +112,19 @@ class Dev:
             return value
 
     def stop(self) -> int:
-        self.proc.send_signal(signal.SIGINT)
+        """Ctrl-C, as a terminal sends it: SIGINT to the whole process group. Checks that the
+        embedded broker went away with kipside; returns kipside's exit code."""
+        os.killpg(self.proc.pid, signal.SIGINT)
         try:
             code = self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             raise
         self._reader.join(5)
+        broker = re.search(r"embedded Tansu broker on 127\.0\.0\.1:(\d+)", self.output())
+        assert broker is not None, self.output()
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", int(broker.group(1))), timeout=1).close()
         return code
 
     def _collect(self, fd: int) -> None:
@@ -155,7 +167,6 @@ def _produce_one_request_each(producer: Producer, topic: str, count: int) -> Non
 
 def test_kipside_dev_says_where_to_connect_and_stays_quiet(piped: Dev) -> None:
     dev = piped
-    broker = dev.wait_for(r"embedded Tansu broker on 127\.0\.0\.1:(\d+)")
     dev.wait_for(rf"give clients bootstrap\.servers=127\.0\.0\.1:{dev.listen}\n")
     url = dev.wait_for(r"status page (http://\S+/) ").group(1)
     hint = dev.wait_for(r"kipside: traces are off; .*\n").group(0)
@@ -192,9 +203,6 @@ def test_kipside_dev_says_where_to_connect_and_stays_quiet(piped: Dev) -> None:
     assert not [line for line in after if SPAN.match(line) or line.strip() == "{"], after
     assert "\r" not in dev.output() and "\x1b" not in dev.output()  # no live line on a pipe
     assert "req/s" not in dev.output()
-    # The embedded broker went away with kipside.
-    with pytest.raises(OSError):
-        socket.create_connection(("127.0.0.1", int(broker.group(1))), timeout=1).close()
 
 
 def test_trace_console_prints_one_line_per_span() -> None:
