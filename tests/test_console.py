@@ -143,12 +143,12 @@ def test_trace_console_prints_each_span_as_one_line() -> None:
         lines[0],
     ), lines[0]
     assert re.fullmatch(
-        rf"{time} send orders [\d.]+ms Produce v9 client=orders from=127\.0\.0\.1:50000 "
+        rf"{time} send orders Produce v9 [\d.]+ms client=orders from=127\.0\.0\.1:50000 "
         r"correlation=7 ok",
         lines[1],
     ), lines[1]
     assert re.fullmatch(
-        rf"{time} AddPartitionsToTxn [\d.]+ms AddPartitionsToTxn v3 from=127\.0\.0\.1:50001 "
+        rf"{time} AddPartitionsToTxn v3 [\d.]+ms from=127\.0\.0\.1:50001 "
         r"\[hold\.release held_ms=12\.5 outcome=timeout\] CONCURRENT_TRANSACTIONS",
         lines[2],
     ), lines[2]

@@ -201,17 +201,19 @@ _LINE_ATTRIBUTES: Final = (
 
 
 def span_line(span: ReadableSpan) -> str:
-    """One span as one console line: end time, name, duration, API, key attributes, links,
-    events, and the result (`ok` or the Kafka error name)."""
+    """One span as one console line: end time, name, API and version, duration, key
+    attributes, links, events, and the result (`ok` or the Kafka error name)."""
     attrs = span.attributes or {}
     parts = []
     if span.end_time is not None:
         parts.append(datetime.fromtimestamp(span.end_time / 1e9).strftime("%H:%M:%S.%f")[:-3])
     parts.append(span.name)
+    if span.kind == SpanKind.SERVER and "kafka.api_name" in attrs:
+        api = str(attrs["kafka.api_name"])
+        version = f"v{attrs.get('kafka.api_version', '?')!s}"
+        parts.append(version if api == span.name else f"{api} {version}")
     if span.end_time is not None and span.start_time is not None:
         parts.append(f"{(span.end_time - span.start_time) / 1e6:.2f}ms")
-    if span.kind == SpanKind.SERVER and "kafka.api_name" in attrs:
-        parts.append(f"{attrs['kafka.api_name']!s} v{attrs.get('kafka.api_version', '?')!s}")
     shown = ((label, attrs.get(key, "")) for key, label in _LINE_ATTRIBUTES)
     parts.extend(f"{label}={value!s}" for label, value in shown if value != "")
     if span.links:

@@ -221,7 +221,7 @@ def test_trace_console_prints_one_line_per_span() -> None:
     assert len(upstream) == produce["upstream_requests"], lines
     assert all(SPAN.match(line) for line in sends + upstream), lines
     request = re.compile(
-        r" send dev-spans [\d.]+ms Produce v\d+ client=rdkafka from=127\.0\.0\.1:\d+ "
+        r" send dev-spans Produce v\d+ [\d.]+ms client=rdkafka from=127\.0\.0\.1:\d+ "
         r"correlation=\d+ ok$"
     )
     assert all(request.search(line) for line in sends), sends
