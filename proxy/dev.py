@@ -55,10 +55,18 @@ def _serve(config: ServerConfig) -> int:
                 # The server is built inside, so --trace-console's spans go above the line.
                 trio.run(_serve_with, Server(config), console)
     except* StartupError as group:
-        for exc in group.exceptions:
+        for exc in _leaves(group):
             print(f"kipside: error: {exc}", file=sys.stderr)
         code = 2
     return code
+
+
+def _leaves(group: BaseExceptionGroup[StartupError]) -> list[StartupError]:
+    """The errors inside a group, however deeply trio's nurseries nested it."""
+    found: list[StartupError] = []
+    for exc in group.exceptions:
+        found.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return found
 
 
 async def _serve_with(server: Server, console: LiveConsole | None) -> None:

@@ -261,3 +261,21 @@ def test_live_line_is_drawn_in_place_on_a_terminal() -> None:
     assert "\r\x1b[Kkipside: give clients" not in dev.output()  # printed before the line
     log_above = r"\r\x1b\[K\d{4}-\d\d-\d\d [\d:,]+ INFO kipside\.server: received SIGINT\r\n"
     assert re.search(log_above, dev.output()), dev.output()
+
+
+def test_a_taken_status_page_port_is_one_error_line() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [str(KIPSIDE), "dev", "--listen", "127.0.0.1:0", "--admin", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE,
+            env=_env(),
+        )
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
+    assert errors == [f"kipside: error: cannot listen on 127.0.0.1:{port}: Address already in use"]
+    assert "Traceback" not in done.stderr
