@@ -1,383 +1,278 @@
-"""Process management shared by the benchmarks: brokers, proxies, CPU accounting, workers.
+"""The processes of a benchmark: brokers, the proxies in front of them, and which kipside runs.
 
-Everything here targets loopback only. A *stack* is one path from a client to a fresh in-memory
-Tansu broker: directly, through kipside, through `tansu proxy`, through haproxy in plain TCP
-mode (the floor for proxy overhead), or through a bare trio relay (the floor for a proxy written
-in Python on trio). `open_stack()` starts it and tears it down again; while it
-runs, `Stack.cpu_seconds()` reports the CPU time used so far by the broker and by the proxy so a
-benchmark can take the difference around one measurement.
+A *stack* is one path from a client to a fresh in-memory Tansu: `direct`; through kipside (the
+installed code, a snapshot of the working tree, or the tree of a baseline git ref); through
+`tansu proxy` (Tansu's Rust proxy); through haproxy in plain TCP mode (the floor for any proxy);
+through the bare trio relay (bench/_relay.py, the floor for a proxy in Python on trio).
+`open_stack()` starts one and stops it again; `Stack.cpu()` reads the CPU seconds its proxy and
+broker have used so far. A test relay (tests/relaykit) may stand between the proxy and Tansu.
 
-Workloads run in a separate Python process (`bench/_workload.py`, see `run_worker()`) so the
-benchmark's own process does not compete with the client for CPU or the GIL.
+Loopback only. Never edits the checkout: snapshots and baseline trees are copies in directories
+the caller owns. Brokers, ports, CPU readings and child tracking come from tests/testkit.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import hashlib
+import io
 import os
-import queue
-import resource
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
-import threading
+import tarfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol
 
 import psutil
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+if str(REPO / "tests") not in sys.path:
+    sys.path.insert(0, str(REPO / "tests"))
 
-from kipside.proxy.devbroker import free_port, tansu_path, wait_for_port  # noqa: E402
+from testkit import procs, tools  # noqa: E402
+from testkit.broker import TANSU_NODE_ID, start_tansu  # noqa: E402
+from testkit.cpu import tree_cpu_seconds  # noqa: E402
+from testkit.ports import LOOPBACK as HOST  # noqa: E402
+from testkit.ports import PortNotListening, free_port, wait_for_port  # noqa: E402
 
-HOST = "127.0.0.1"
-TANSU_NODE_ID = 111
-HAPROXY = "/usr/sbin/haproxy"
-KIPSIDE_READY = "kipside: ready"
-WORKLOAD = Path(__file__).resolve().parent / "_workload.py"
-RELAY = Path(__file__).resolve().parent / "_relay.py"
+from kipside.proxy.devbroker import tansu_path  # noqa: E402
 
-PATHS: tuple[str, ...] = ("direct", "kipside", "tansu-proxy", "haproxy")
-# Paths open_stack() also knows: "relay", the bare trio relay (bench/_relay.py), a Python floor.
-STACK_PATHS: tuple[str, ...] = (*PATHS, "relay")
+__all__ = ["HOST", "REPO", "HarnessError", "KipsideCode", "Managed", "Stack", "open_stack"]
+
+PATHS = ("direct", "kipside", "tansu-proxy", "haproxy", "relay")
+"""Every path a stack can take; any path named `kipside...` runs kipside (see KipsideCode)."""
+PACKAGES = ("protocol", "proxy", "rules", "pipeline")
+LOG_PROBLEMS = ("ERROR", "CRITICAL", "WARNING", "Traceback", "panicked")
 
 
 class HarnessError(RuntimeError):
     """A process of the benchmark could not be started or misbehaved."""
 
 
-def kipside_bin() -> Path:
-    """The `kipside` console script next to the running interpreter (the project's venv)."""
-    candidate = Path(sys.executable).parent / "kipside"
-    if candidate.exists():
-        return candidate
-    found = shutil.which("kipside")
-    if found is None:
-        raise HarnessError("the kipside console script is not installed in this environment")
-    return Path(found)
-
-
-# --------------------------------------------------------------------------- processes
-
-
 @dataclass
 class Managed:
-    """A started process with a name, its log file and CPU accounting."""
+    """A started process, its log file (stdout and stderr) and its CPU accounting."""
 
     name: str
     popen: subprocess.Popen[Any]
     log: Path | None = None
-    _ps: psutil.Process | None = field(default=None, repr=False)
-
-    def __post_init__(self) -> None:
-        try:
-            self._ps = psutil.Process(self.popen.pid)
-        except psutil.Error:
-            self._ps = None
 
     @property
     def pid(self) -> int:
         return self.popen.pid
 
     def cpu_seconds(self) -> float:
-        """User + system CPU seconds of the process and of its live and reaped children."""
-        if self._ps is None:
-            return 0.0
-        try:
-            with self._ps.oneshot():
-                times = self._ps.cpu_times()
-                total = times.user + times.system + times.children_user + times.children_system
-                children = self._ps.children(recursive=True)
-        except psutil.Error:
-            return 0.0
-        for child in children:
-            with contextlib.suppress(psutil.Error):
-                ct = child.cpu_times()
-                total += ct.user + ct.system
-        return total
+        return tree_cpu_seconds(self.pid)
 
     def rss_bytes(self) -> int:
-        if self._ps is None:
-            return 0
-        try:
-            return int(self._ps.memory_info().rss)
-        except psutil.Error:
-            return 0
+        with contextlib.suppress(psutil.Error):
+            return int(psutil.Process(self.pid).memory_info().rss)
+        return 0
 
     def check_alive(self) -> None:
-        code = self.popen.poll()
-        if code is not None:
+        if (code := self.popen.poll()) is not None:
             raise HarnessError(f"{self.name} exited with code {code}{self.log_tail()}")
 
-    def log_tail(self, lines: int = 20) -> str:
-        if self.log is None or not self.log.exists():
-            return ""
-        text = self.log.read_text(errors="replace").splitlines()[-lines:]
-        return ("\n--- " + self.name + " log tail ---\n" + "\n".join(text)) if text else ""
-
-    def log_problems(
-        self, words: tuple[str, ...] = ("ERROR", "CRITICAL", "WARNING", "Traceback", "panicked")
-    ) -> list[str]:
-        """Lines of the process's log (stderr) that mention any of `words`."""
+    def lines(self) -> list[str]:
         if self.log is None or not self.log.exists():
             return []
-        return [
-            line
-            for line in self.log.read_text(errors="replace").splitlines()
-            if any(w in line for w in words)
-        ]
+        return self.log.read_text(errors="replace").splitlines()
 
-    def stop(self, timeout: float = 5.0) -> None:
-        if self.popen.poll() is not None:
-            return
-        self.popen.terminate()
-        try:
-            self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait(timeout)
+    def log_tail(self, count: int = 20) -> str:
+        tail = self.lines()[-count:]
+        return f"\n--- {self.name} log tail ---\n" + "\n".join(tail) if tail else ""
+
+    def problems(self) -> list[str]:
+        """The lines of its log that report a warning, an error or a crash."""
+        return [line for line in self.lines() if any(w in line for w in LOG_PROBLEMS)]
+
+    def stop(self) -> None:
+        procs.stop(self.popen)
 
 
-def _spawn(
-    name: str,
-    args: Sequence[str],
-    logdir: Path,
-    *,
-    stdout_pipe: bool = False,
-    env: dict[str, str] | None = None,
+def spawn(
+    name: str, args: Sequence[str], logdir: Path, env: dict[str, str] | None = None
 ) -> Managed:
     log = logdir / f"{name}.log"
-    with log.open("wb") as logf:
-        popen: subprocess.Popen[Any] = subprocess.Popen(
-            list(args),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE if stdout_pipe else logf,
-            stderr=logf,
-            text=stdout_pipe,
-            env=env,
+    with log.open("wb") as out:
+        popen = subprocess.Popen(
+            list(args), stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env
         )
-    return Managed(name, popen, log)
+    return Managed(name, procs.track(popen), log)
 
 
-def start_tansu(
-    logdir: Path, *, port: int = 0, advertised_port: int | None = None, name: str = "tansu"
+def listening(proc: Managed, *ports: int, timeout: float = 20.0) -> None:
+    """Return once `proc` listens on every port; stop it and raise if it never does."""
+    try:
+        for port in ports:
+            wait_for_port(port, timeout=timeout, process=proc.popen, name=proc.name)
+    except PortNotListening as exc:
+        proc.stop()
+        raise HarnessError(f"{exc}{proc.log_tail()}") from None
+
+
+# --------------------------------------------------------------------------- kipside's code
+
+
+@dataclass(frozen=True)
+class KipsideCode:
+    """Which kipside a stack runs: the installed one, or a tree put first on PYTHONPATH.
+
+    `module` is the tree's CLI: `kipside.proxy.cli` since the kipside.* namespace, `proxy.cli`
+    in the older flat layout (top-level `proxy`, `protocol`, `rules`).
+    """
+
+    label: str
+    pythonpath: Path | None = None
+    module: str = "kipside.proxy.cli"
+
+    def command(self, *args: str) -> list[str]:
+        main = f"import sys; from {self.module} import main; sys.exit(main())"
+        return [sys.executable, "-c", main, *args]
+
+    def env(self) -> dict[str, str] | None:
+        if self.pythonpath is None:
+            return None
+        old = os.environ.get("PYTHONPATH")
+        return dict(
+            os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(self.pythonpath), old]))
+        )
+
+    def checked(self) -> KipsideCode:
+        """Itself, once `serve --help` works; HarnessError with the reason otherwise."""
+        done = subprocess.run(
+            self.command("serve", "--help"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=self.env(),
+        )
+        if done.returncode != 0:
+            err = (done.stderr or done.stdout).strip().splitlines() or [f"exit {done.returncode}"]
+            raise HarnessError(f"kipside ({self.label}) does not start: {err[-1]}")
+        return self
+
+
+INSTALLED = KipsideCode("installed")
+
+
+def code_of_tree(tree: Path, dest: Path, label: str) -> KipsideCode:
+    """The kipside in `tree` (a checkout's top level), in whichever layout it has."""
+    if "from kipside." not in (tree / "proxy" / "cli.py").read_text():
+        return KipsideCode(label, tree, "proxy.cli").checked()
+    (dest / "kipside").mkdir(parents=True, exist_ok=True)
+    for pkg in PACKAGES:
+        if (tree / pkg).is_dir() and not (dest / "kipside" / pkg).exists():
+            (dest / "kipside" / pkg).symlink_to(tree / pkg, target_is_directory=True)
+    return KipsideCode(label, dest).checked()
+
+
+def snapshot(dest: Path, attempts: int = 3) -> KipsideCode:
+    """A copy of the working tree's packages, so every run of a long benchmark runs the same
+    code while others edit the checkout; taken again if a file was caught mid-edit."""
+    for attempt in range(attempts):
+        shutil.rmtree(dest, ignore_errors=True)
+        digest = hashlib.sha256()
+        for pkg in PACKAGES:
+            skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+            shutil.copytree(REPO / pkg, dest / "tree" / pkg, ignore=skip)
+        for f in sorted((dest / "tree").rglob("*.py")):
+            digest.update(f.relative_to(dest).as_posix().encode() + b"\0" + f.read_bytes())
+        label = f"working tree (snapshot, sha256 of sources {digest.hexdigest()[:12]})"
+        try:
+            return code_of_tree(dest / "tree", dest / "path", label)
+        except HarnessError:
+            if attempt + 1 == attempts:
+                raise
+            time.sleep(10)
+    raise AssertionError("unreachable")
+
+
+def at_ref(ref: str, dest: Path) -> KipsideCode:
+    """kipside as of git `ref`: its whole tree (the CLI's entry points load pipeline/ too)."""
+    commit = _git("rev-parse", "--short=12", f"{ref}^{{commit}}").decode().strip()
+    with tarfile.open(fileobj=io.BytesIO(_git("archive", "--format=tar", commit))) as tar:
+        tar.extractall(dest / "tree", filter="data")
+    return code_of_tree(dest / "tree", dest / "path", f"{ref} (commit {commit})")
+
+
+def _git(*args: str) -> bytes:
+    done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, timeout=60)
+    if done.returncode != 0:
+        raise HarnessError(f"git {' '.join(args)}: {done.stderr.decode().strip()}")
+    return done.stdout
+
+
+# --------------------------------------------------------------------------- proxies
+
+
+def start_kipside(
+    logdir: Path, upstream: int, code: KipsideCode, extra: Sequence[str] = ()
 ) -> tuple[Managed, int]:
-    """An in-memory Tansu on HOST:port; it advertises `advertised_port` (default: its own)."""
-    port = port or free_port(HOST)
-    advertised = advertised_port or port
-    proc = _spawn(
-        name,
-        [
-            str(tansu_path()),
-            "broker",
-            "--listener-url",
-            f"tcp://{HOST}:{port}",
-            "--advertised-listener-url",
-            f"tcp://{HOST}:{advertised}",
-            "--storage-engine",
-            "memory://tansu/",
-            "--silent",
-        ],
-        logdir,
-    )
-    _await_port(proc, port)
-    return proc, port
+    """`kipside serve` in front of HOST:upstream; Tansu's node gets a listener of its own."""
+    listen, node = free_port(), free_port()
+    args = ["--upstream", f"{HOST}:{upstream}", "--listen", f"{HOST}:{listen}"]
+    args += ["--node-port-base", str(node - TANSU_NODE_ID), *extra]
+    proc = spawn("kipside", code.command("serve", *args), logdir, env=code.env())
+    listening(proc, listen, node)
+    return proc, listen
 
 
-def start_tansu_proxy(logdir: Path, origin_port: int) -> tuple[Managed, int]:
-    """Tansu's own Rust Kafka proxy in front of HOST:origin_port."""
-    port = free_port(HOST)
-    proc = _spawn(
-        "tansu-proxy",
-        [
-            str(tansu_path()),
-            "proxy",
-            "--listener-url",
-            f"tcp://{HOST}:{port}",
-            "--advertised-listener-url",
-            f"tcp://{HOST}:{port}",
-            "--origin-url",
-            f"tcp://{HOST}:{origin_port}",
-        ],
-        logdir,
-    )
-    _await_port(proc, port)
+def start_tansu_proxy(logdir: Path, origin: int) -> tuple[Managed, int]:
+    port = free_port()
+    urls = ["--listener-url", f"tcp://{HOST}:{port}", "--advertised-listener-url"]
+    urls += [f"tcp://{HOST}:{port}", "--origin-url", f"tcp://{HOST}:{origin}"]
+    proc = spawn("tansu-proxy", [str(tansu_path()), "proxy", *urls], logdir)
+    listening(proc, port)
     return proc, port
 
 
 HAPROXY_CONFIG = """\
 global
     maxconn 4096
-
 defaults
     mode tcp
     timeout connect 5s
     timeout client 1h
     timeout server 1h
-
 frontend kafka
     bind {host}:{listen}
     default_backend broker
-
 backend broker
-    server tansu {host}:{backend}
+    server tansu {host}:{origin}
 """
 
 
-def start_haproxy(logdir: Path, listen_port: int, backend_port: int) -> tuple[Managed, int]:
-    """haproxy as a plain TCP relay HOST:listen_port -> HOST:backend_port (no Kafka awareness)."""
-    cfg = logdir / "haproxy.cfg"
-    cfg.write_text(HAPROXY_CONFIG.format(host=HOST, listen=listen_port, backend=backend_port))
-    proc = _spawn("haproxy", [HAPROXY, "-db", "-f", str(cfg)], logdir)
-    _await_port(proc, listen_port)
-    return proc, listen_port
-
-
-def start_relay(logdir: Path, listen_port: int, backend_port: int) -> tuple[Managed, int]:
-    """The bare trio relay (bench/_relay.py) HOST:listen_port -> HOST:backend_port."""
-    args = [sys.executable, str(RELAY), str(listen_port), str(backend_port)]
-    proc = _spawn("relay", args, logdir)
-    _await_port(proc, listen_port)
-    return proc, listen_port
-
-
-def kipside_env(source: Path | None) -> dict[str, str] | None:
-    """The environment that makes `kipside` import its packages from `source` (None: as is).
-
-    The console script finds `proxy` through sys.path, where PYTHONPATH comes before the
-    editable install.
-    """
-    if source is None:
-        return None
-    old = os.environ.get("PYTHONPATH")
-    return dict(os.environ, PYTHONPATH=str(source) + (os.pathsep + old if old else ""))
-
-
-def start_kipside(
-    logdir: Path,
-    upstream_port: int,
-    *,
-    extra_args: Sequence[str] = (),
-    timeout: float = 20.0,
-    source: Path | None = None,
-) -> tuple[Managed, int]:
-    """`kipside serve` in front of HOST:upstream_port; returns once it prints `kipside: ready`.
-
-    Tansu's only node (111) gets the local listener node_port_base + 111. With `source`, a
-    directory holding another tree's `protocol`, `proxy` and `rules`, that code runs instead.
-    """
-    listen = free_port(HOST)
-    node_port = free_port(HOST)
-    args = [
-        str(kipside_bin()),
-        "serve",
-        "--upstream",
-        f"{HOST}:{upstream_port}",
-        "--listen",
-        f"{HOST}:{listen}",
-        "--node-port-base",
-        str(node_port - TANSU_NODE_ID),
-        *extra_args,
-    ]
-    proc = _spawn("kipside", args, logdir, stdout_pipe=True, env=kipside_env(source))
-    lines: queue.Queue[str | None] = queue.Queue()
-    stdout_log = logdir / "kipside.stdout"
-
-    def drain() -> None:
-        assert proc.popen.stdout is not None
-        with stdout_log.open("w") as out:
-            for line in proc.popen.stdout:
-                out.write(line)
-                out.flush()
-                lines.put(line.rstrip("\n"))
-        lines.put(None)
-
-    threading.Thread(target=drain, name="kipside-stdout", daemon=True).start()
-    deadline = time.monotonic() + timeout
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            proc.stop()
-            raise HarnessError(
-                f"kipside did not print {KIPSIDE_READY!r} within {timeout} s: "
-                f"{' '.join(args)}{proc.log_tail()}"
-            )
-        try:
-            line = lines.get(timeout=min(remaining, 0.5))
-        except queue.Empty:
-            continue
-        if line is None:
-            proc.popen.wait(5)
-            raise HarnessError(
-                f"kipside exited (code {proc.popen.returncode}) before it was ready: "
-                f"{' '.join(args)}{proc.log_tail()}"
-            )
-        if line.strip() == KIPSIDE_READY:
-            break
-    wait_for_port(HOST, listen, timeout=5)
-    return proc, listen
-
-
-def _await_port(proc: Managed, port: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        proc.check_alive()
-        try:
-            wait_for_port(HOST, port, timeout=0.2)
-            return
-        except Exception as exc:  # DevBrokerError: not yet listening
-            if time.monotonic() > deadline:
-                proc.stop()
-                raise HarnessError(
-                    f"{proc.name} is not listening on {port}{proc.log_tail()}"
-                ) from exc
-
-
-def exit_cleanly_on_sigterm() -> None:
-    """Turn SIGTERM into SystemExit so `open_stack()` and workers are torn down on a kill."""
-
-    def handler(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, handler)
-
-
-def kipside_available(source: Path | None = None) -> tuple[bool, str]:
-    """Whether `kipside serve --help` works yet, and the error text when it does not."""
-    try:
-        exe = kipside_bin()
-    except HarnessError as exc:
-        return False, str(exc)
-    try:
-        done = subprocess.run(
-            [str(exe), "serve", "--help"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            env=kipside_env(source),
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return False, str(exc)
-    if done.returncode != 0:
-        err = (done.stderr or done.stdout).strip().splitlines()
-        return False, err[-1] if err else f"exit code {done.returncode}"
-    return True, ""
+def start_plain_relay(path: str, logdir: Path, listen: int, origin: int) -> Managed:
+    """haproxy (TCP mode) or the bare trio relay, copying HOST:listen to HOST:origin."""
+    if path == "haproxy":
+        cfg = logdir / "haproxy.cfg"
+        cfg.write_text(HAPROXY_CONFIG.format(host=HOST, listen=listen, origin=origin))
+        args = [tools.find("haproxy", "the benchmarks' floor"), "-db", "-f", str(cfg)]
+    else:
+        args = [sys.executable, str(REPO / "bench" / "_relay.py"), str(listen), str(origin)]
+    proc = spawn(path, args, logdir)
+    listening(proc, listen)
+    return proc
 
 
 # --------------------------------------------------------------------------- stacks
 
 
+class Relay(Protocol):
+    """A tests/relaykit relay, already started: it forwards to `upstream` once that is set."""
+
+    port: int
+    upstream: tuple[str, int] | None
+
+
 @dataclass
 class Stack:
-    """One client path to a fresh broker: what to bootstrap from and which processes to watch."""
+    """One client path to a fresh broker: what clients bootstrap from and what to watch."""
 
     path: str
     bootstrap: str
@@ -386,248 +281,50 @@ class Stack:
     proxy: Managed | None
     logdir: Path
 
-    def cpu_seconds(self) -> tuple[float, float]:
+    def cpu(self) -> tuple[float, float]:
         """(proxy, broker) CPU seconds so far; the proxy's is 0 for the direct path."""
         proxy = self.proxy.cpu_seconds() if self.proxy is not None else 0.0
         return proxy, self.broker.cpu_seconds()
 
     def check_alive(self) -> None:
-        self.broker.check_alive()
-        if self.proxy is not None:
-            self.proxy.check_alive()
+        for proc in (self.broker, self.proxy):
+            if proc is not None:
+                proc.check_alive()
 
 
 @contextlib.contextmanager
 def open_stack(
     path: str,
-    *,
-    logdir: Path | None = None,
-    kipside_args: Sequence[str] = (),
-    kipside_source: Path | None = None,
-) -> Iterator[Stack]:
-    """Start a fresh Tansu and, for the proxied paths, the proxy in front of it.
-
-    `kipside_args` are appended to `kipside serve` (e.g. `--rules FILE`, `--admin H:P`,
-    `--one-to-one`) on the kipside path and ignored on the others; `kipside_source` runs
-    kipside from another tree (see `start_kipside`).
-    """
-    if path not in STACK_PATHS:
-        raise ValueError(f"unknown path {path!r}; choose from {', '.join(STACK_PATHS)}")
-    with contextlib.ExitStack() as stack:
-        if logdir is None:
-            logdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kipbench-")))
-        started: list[Managed] = []
-
-        def stop_all() -> None:
-            for proc in reversed(started):
-                proc.stop()
-
-        stack.callback(stop_all)
-        proxy: Managed | None = None
-        if path in ("haproxy", "relay"):
-            # A plain TCP relay cannot rewrite metadata: make Tansu advertise the relay's port
-            # so the client's every connection goes through it.
-            listen = free_port(HOST)
-            broker, broker_port = start_tansu(logdir, advertised_port=listen)
-            started.append(broker)
-            start = start_haproxy if path == "haproxy" else start_relay
-            proxy, bootstrap_port = start(logdir, listen, broker_port)
-            started.append(proxy)
-        else:
-            broker, broker_port = start_tansu(logdir)
-            started.append(broker)
-            bootstrap_port = broker_port
-            if path == "kipside":
-                proxy, bootstrap_port = start_kipside(
-                    logdir, broker_port, extra_args=kipside_args, source=kipside_source
-                )
-                started.append(proxy)
-            elif path == "tansu-proxy":
-                proxy, bootstrap_port = start_tansu_proxy(logdir, broker_port)
-                started.append(proxy)
-        yield Stack(path, f"{HOST}:{bootstrap_port}", broker, broker_port, proxy, logdir)
-
-
-T = TypeVar("T")
-
-
-def on_stack(
-    path: str,
-    body: Callable[[Stack], T],
-    *,
     logdir: Path,
+    *,
     kipside_args: Sequence[str] = (),
-    kipside_source: Path | None = None,
-) -> tuple[T | None, str | None, list[str]]:
-    """Run `body` on a fresh stack and check the stack survived it.
+    code: KipsideCode = INSTALLED,
+    relay: Relay | None = None,
+) -> Iterator[Stack]:
+    """Start a fresh Tansu and, unless `path` is direct, the proxy in front of it.
 
-    Returns body's result (None if anything failed), the error if the stack or body failed with
-    a HarnessError, and the warnings and errors the proxy logged (its shutdown included).
+    `kipside_args` go to `kipside serve` on kipside paths. With `relay`, Tansu advertises the
+    relay and the proxy (or a direct client) talks to the relay. A plain TCP relay (haproxy,
+    the trio relay) cannot rewrite metadata, so Tansu advertises its port instead.
     """
-    stack: Stack | None = None
-    result: T | None = None
-    error: str | None = None
-    try:
-        with open_stack(
-            path, logdir=logdir, kipside_args=kipside_args, kipside_source=kipside_source
-        ) as stack:
-            result = body(stack)
-            stack.check_alive()
-    except HarnessError as exc:
-        result, error = None, str(exc)
-    problems = stack.proxy.log_problems() if stack is not None and stack.proxy is not None else []
-    return result, error, problems
-
-
-# --------------------------------------------------------------------------- CPU noise
-
-
-def machine_busy_seconds() -> float:
-    """CPU seconds since boot (all CPUs) the machine spent in processes or lost to the host.
-
-    User, nice and system time, plus steal (time the hypervisor ran something else while this
-    VM wanted the CPU): both are noise for a benchmark when they are not its own processes.
-    """
-    t = psutil.cpu_times()
-    return float(t.user + t.nice + t.system + getattr(t, "steal", 0.0))
-
-
-def _own_cpu_seconds() -> float:
-    """CPU of this process plus its reaped children (the workers)."""
-    me = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-
-
-def wait_until_quiet(
-    max_busy_cores: float = 0.3, timeout: float = 10.0, sample: float = 0.5
-) -> float:
-    """Wait (up to `timeout` s) until the machine's CPU use drops below `max_busy_cores`.
-
-    Returns the busy cores of the last sample, so a caller can record that it gave up.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        b0, t0 = machine_busy_seconds(), time.monotonic()
-        time.sleep(sample)
-        busy = (machine_busy_seconds() - b0) / (time.monotonic() - t0)
-        if busy < max_busy_cores or time.monotonic() > deadline:
-            return busy
-
-
-# --------------------------------------------------------------------------- workers
-
-
-@dataclass
-class WorkerResult:
-    """What a worker printed (its JSON result) plus the CPU the stack spent meanwhile."""
-
-    data: dict[str, Any]
-    proxy_cpu_s: float
-    broker_cpu_s: float
-    wall_s: float
-    other_cpu_s: float = 0.0
-    """CPU the rest of the machine used meanwhile (not this benchmark's processes): noise."""
-
-
-def run_worker(
-    stack: Stack | None, command: str, args: dict[str, Any], *, timeout: float = 300.0
-) -> WorkerResult:
-    """Run `_workload.py COMMAND` with JSON args in a fresh interpreter; return its JSON result.
-
-    With a stack, the CPU seconds of its proxy and broker over the worker's lifetime are
-    attached (the interpreter's start-up is idle time for them, so it costs nothing).
-    """
-    before = stack.cpu_seconds() if stack is not None else (0.0, 0.0)
-    own_before = _own_cpu_seconds()
-    busy_before = machine_busy_seconds()
-    started = time.perf_counter()
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    try:
-        done = subprocess.run(
-            [sys.executable, str(WORKLOAD), command, json.dumps(args)],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=env,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise HarnessError(f"worker {command} timed out after {timeout} s") from exc
-    wall = time.perf_counter() - started
-    after = stack.cpu_seconds() if stack is not None else (0.0, 0.0)
-    busy = machine_busy_seconds() - busy_before
-    ours = _own_cpu_seconds() - own_before + sum(after) - sum(before)
-    if done.returncode != 0:
-        tail = "\n".join(done.stderr.strip().splitlines()[-15:])
-        extra = ""
-        if stack is not None:
-            with contextlib.suppress(HarnessError):
-                stack.check_alive()
-            extra = stack.proxy.log_tail() if stack.proxy is not None else ""
-        raise HarnessError(f"worker {command} failed (code {done.returncode}):\n{tail}{extra}")
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
-    if not lines:
-        raise HarnessError(f"worker {command} printed no result:\n{done.stdout}\n{done.stderr}")
-    data: dict[str, Any] = json.loads(lines[-1])
-    return WorkerResult(
-        data, after[0] - before[0], after[1] - before[1], wall, max(0.0, busy - ours)
-    )
-
-
-# --------------------------------------------------------------------------- whole process trees
-
-
-@dataclass
-class TreeRun:
-    """A command run to completion with the CPU of everything it started."""
-
-    code: int
-    wall_s: float
-    cpu_s: float
-    """User + system seconds of the command and all its descendants (Spark's JVM and Python
-    workers included): the larger of what their parents reaped and what sampling saw."""
-    stdout: str
-    stderr: str
-
-
-def run_tree(args: Sequence[str], *, timeout: float, env: dict[str, str] | None = None) -> TreeRun:
-    """Run `args`, sampling the CPU of its whole process tree every 0.2 s.
-
-    A process whose parent never reaps it (Spark's daemonised Python workers) is only seen by
-    sampling; everything reaped up the tree shows in this process's RUSAGE_CHILDREN. Each pid
-    counts once, at the last value seen, so the total is a lower bound within one sample.
-    """
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    proc = subprocess.Popen(
-        list(args),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **(env or {})},
-    )
-    seen: dict[int, float] = {}
-    outputs: list[str] = []
-
-    def drain() -> None:
-        out, err = proc.communicate(timeout=timeout)
-        outputs.extend([out, err])
-
-    reader = threading.Thread(target=drain, daemon=True)
-    reader.start()
-    root = psutil.Process(proc.pid)
-    while reader.is_alive():
-        with contextlib.suppress(psutil.Error):
-            for p in [root, *root.children(recursive=True)]:
-                with contextlib.suppress(psutil.Error):
-                    t = p.cpu_times()
-                    seen[p.pid] = t.user + t.system
-        reader.join(0.2)
-    wall = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    reaped = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-    if len(outputs) < 2:
-        proc.kill()
-        raise HarnessError(f"{args[0]} did not finish within {timeout} s")
-    return TreeRun(proc.returncode, wall, max(reaped, sum(seen.values())), outputs[0], outputs[1])
+    kind = "kipside" if path.startswith("kipside") else path
+    if kind not in PATHS:
+        raise ValueError(f"unknown path {path!r}; choose from {', '.join(PATHS)}")
+    plain = free_port() if kind in ("haproxy", "relay") else None
+    with contextlib.ExitStack() as stack:
+        broker = start_tansu(advertised_port=relay.port if relay is not None else plain)
+        stack.callback(broker.close)
+        origin = broker.port
+        if relay is not None:
+            relay.upstream, origin = (HOST, broker.port), relay.port
+        proxy, port = None, origin
+        if kind == "kipside":
+            proxy, port = start_kipside(logdir, origin, code, kipside_args)
+        elif kind == "tansu-proxy":
+            proxy, port = start_tansu_proxy(logdir, origin)
+        elif plain is not None:
+            proxy, port = start_plain_relay(kind, logdir, plain, origin), plain
+        if proxy is not None:
+            stack.callback(proxy.stop)
+        tansu = Managed("tansu", broker.proc)
+        yield Stack(path, f"{HOST}:{port}", tansu, broker.port, proxy, logdir)

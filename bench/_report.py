@@ -1,13 +1,16 @@
-"""Reporting helpers shared by the benchmarks: machine/version facts, tables, charts, and the
-section writer for docs/performance.md.
+"""What the benchmarks report: facts of the run, tables, target verdicts, charts, and their
+sections of docs/performance.md.
 
-Each benchmark owns one section of docs/performance.md, delimited by
-`<!-- bench:NAME:start -->` and `<!-- bench:NAME:end -->`; `write_section()` replaces only that
-section (appending it when missing) and leaves everything else in the file alone.
+Each benchmark owns sections of docs/performance.md delimited by `<!-- bench:NAME:start -->`
+and `<!-- bench:NAME:end -->`; `write_section()` replaces only that block (appending it when
+missing). How each benchmark measures is prose written once in the document, after its block;
+the block holds what a run found: the command, the machine, tables, targets and notes.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import datetime as dt
 import importlib.metadata
 import os
@@ -16,101 +19,78 @@ import re
 import shlex
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from _harness import REPO
+from _measure import Run, per_rep
+
+from kipside.proxy.devbroker import tansu_path
+
 DOC = REPO / "docs" / "performance.md"
 IMG_DIR = REPO / "docs" / "img"
-
-INTRO = """\
-# Performance
-
-Measurements of kipside against the same broker reached directly and through other proxies,
-all on one machine over loopback. Each section below is written by a script under `bench/`
-and says how it was run; re-run the script to refresh it. Numbers from different machines or
-different runs are not comparable with each other: compare rows within one section.
-"""
+INTRO = "# Performance\n"
+NAN = float("nan")
 
 
 # --------------------------------------------------------------------------- facts
 
 
-def machine_info() -> dict[str, str]:
-    """nproc, CPU model, memory, kernel and Python of this machine."""
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = "unknown"
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                kib = int(line.split()[1])
-                mem = f"{kib / 1024 / 1024:.1f} GiB"
-                break
-    except (OSError, ValueError):
-        pass
-    return {
-        "nproc": str(len(os.sched_getaffinity(0))),
-        "cpu": model,
-        "memory": mem,
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-    }
-
-
-def _first_line(args: Sequence[str]) -> str:
+def _output(args: Sequence[str]) -> str:
     try:
         done = subprocess.run(list(args), capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return "unavailable"
-    text = (done.stdout or done.stderr).strip().splitlines()
-    return text[0] if text else "unavailable"
+    text = (done.stdout or done.stderr).strip()
+    return text.splitlines()[0] if text else "unavailable"
 
 
-def versions(*, haproxy: str | None = "/usr/sbin/haproxy") -> dict[str, str]:
-    """Versions of kipside, Tansu, the client library and (optionally) haproxy."""
-    from kipside.proxy.devbroker import tansu_path
+def _proc_field(path: str, key: str) -> str:
+    with contextlib.suppress(OSError):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key):
+                return line.split(":", 1)[1].strip()
+    return "unknown"
 
-    out: dict[str, str] = {}
-    try:
-        out["kipside"] = importlib.metadata.version("kipside")
-    except importlib.metadata.PackageNotFoundError:
-        out["kipside"] = "not installed"
-    out["Tansu"] = _first_line([str(tansu_path()), "--version"]).removeprefix("tansu ").strip()
-    try:
-        import confluent_kafka
 
-        out["confluent-kafka"] = str(confluent_kafka.__version__)
-        out["librdkafka"] = str(confluent_kafka.libversion()[0])
-    except ImportError:
-        out["confluent-kafka"] = "not installed"
-    if haproxy is not None:
-        line = _first_line([haproxy, "-v"])
-        match = re.search(r"version (\S+)", line)
-        out["haproxy"] = match.group(1) if match else line
+def machine() -> str:
+    """CPUs, model, memory, kernel and Python of this machine, in one line."""
+    kib = _proc_field("/proc/meminfo", "MemTotal").split()[0]
+    memory = f"{int(kib) / 1024 / 1024:.1f} GiB" if kib.isdigit() else "unknown"
+    return (
+        f"{len(os.sched_getaffinity(0))} CPUs (nproc), {_proc_field('/proc/cpuinfo', 'model name')}"
+        f", {memory} RAM, Linux {platform.release()}, Python {platform.python_version()}"
+    )
+
+
+def versions(*extra: str) -> dict[str, str]:
+    """kipside, Tansu and the client library, then each distribution or tool in `extra`."""
+    out = {
+        "kipside": importlib.metadata.version("kipside"),
+        "Tansu": _output([str(tansu_path()), "--version"]).removeprefix("tansu ").strip(),
+    }
+    import confluent_kafka
+
+    out["confluent-kafka"] = str(confluent_kafka.__version__)
+    out["librdkafka"] = str(confluent_kafka.libversion()[0])
+    for name in extra:
+        if name == "haproxy":
+            line = _output(["haproxy", "-v"])
+            out[name] = m.group(1) if (m := re.search(r"version (\S+)", line)) else line
+        else:
+            out[name] = importlib.metadata.version(name)
     return out
 
 
 def command_line() -> str:
-    """The command that started this process, with repo paths made relative to the repo."""
+    """The command that started this process, paths relative to the repository."""
 
     def rel(arg: str) -> str:
         path = Path(arg)
-        if path.is_absolute():
-            try:
-                return str(path.relative_to(REPO))
-            except ValueError:
-                return arg
-        return arg
+        return (
+            str(path.relative_to(REPO)) if path.is_absolute() and path.is_relative_to(REPO) else arg
+        )
 
     return shlex.join([rel(sys.executable), rel(sys.argv[0]), *sys.argv[1:]])
 
@@ -119,137 +99,103 @@ def utc_now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def facts_markdown(command: str, date: str, machine: dict[str, str], vers: dict[str, str]) -> str:
-    mach = (
-        f"{machine['nproc']} CPUs (nproc), {machine['cpu']}, {machine['memory']} RAM, "
-        f"Linux {machine['kernel']}, Python {machine['python']}"
-    )
-    ver = ", ".join(f"{k} {v}" for k, v in vers.items())
-    return f"- Command: `{command}`\n- Date: {date}\n- Machine: {mach}\n- Versions: {ver}\n"
+def facts(started: str, vers: dict[str, str], *more: str) -> list[str]:
+    """The bullet lines every section starts with: command, date, machine, versions."""
+    listed = ", ".join(f"{k} {v}" for k, v in vers.items())
+    lines = [f"- Command: `{command_line()}`", f"- Date: {started}", f"- Machine: {machine()}"]
+    return [*lines, f"- Versions: {listed}", *(f"- {m}" for m in more)]
 
 
 # --------------------------------------------------------------------------- tables
 
 
-def markdown_table(
-    headers: Sequence[str], rows: Sequence[Sequence[str]], align: str | None = None
-) -> str:
-    """A GitHub markdown table; `align` is one char per column: l, r or c."""
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]], align: str = "") -> str:
+    """A GitHub table; `align` has one of l, r per column (default: first left, rest right)."""
     align = align or "l" + "r" * (len(headers) - 1)
     marks = {"l": ":---", "r": "---:", "c": ":---:"}
-    lines = [
-        "| " + " | ".join(headers) + " |",
-        "|" + "|".join(marks[a] for a in align) + "|",
-    ]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(marks[a] for a in align) + "|"]
+    return "\n".join([*lines, *("| " + " | ".join(row) + " |" for row in rows)]) + "\n"
 
 
 def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A plain fixed-width table for the terminal."""
-    widths = [
-        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
-    ]
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
 
     def fmt(cells: Sequence[str]) -> str:
-        return "  ".join(
-            c.ljust(w) if i == 0 else c.rjust(w)
-            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        )
+        pairs = enumerate(zip(cells, widths, strict=True))
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in pairs)
 
-    sep = "  ".join("-" * w for w in widths)
-    return "\n".join([fmt(headers), sep, *(fmt(r) for r in rows)]) + "\n"
+    return "\n".join([fmt(headers), "  ".join("-" * w for w in widths), *map(fmt, rows)]) + "\n"
 
 
-# --------------------------------------------------------------------------- charts
-
-
-@dataclass
-class Panel:
-    """One bar chart panel: a value per label; `None` values are drawn as 'n/a'."""
-
+@dataclass(frozen=True)
+class Table:
     title: str
-    ylabel: str
-    labels: list[str]
-    values: list[float | None]
-    fmt: str = "{:.3g}"
-    reference: float | None = None
-    reference_label: str = ""
-    colors: list[str] = field(default_factory=list)
-    missing: str = "n/a"
+    headers: Sequence[str]
+    rows: Sequence[Sequence[str]]
+    align: str = ""
 
 
-PATH_COLORS = {
-    "direct": "#7f7f7f",
-    "kipside": "#d62728",
-    "tansu-proxy": "#1f77b4",
-    "haproxy": "#2ca02c",
-    "relay": "#bcbd22",
-    "kipside-before": "#f4a3a3",
-}
+@dataclass(frozen=True)
+class Target:
+    """A target of an issue and what this run found: ok None means not measured."""
+
+    name: str
+    ok: bool | None
+    detail: str
+
+    @property
+    def mark(self) -> str:
+        return "not measured" if self.ok is None else ("met" if self.ok else "**MISSED**")
 
 
-def bar_chart(png: Path, panels: Sequence[Panel], title: str, *, cols: int = 2) -> None:
-    """Write a grid of bar charts to `png` (matplotlib, Agg backend)."""
-    import matplotlib
+@dataclass(frozen=True)
+class Compare:
+    """A target on `case`'s median `key` against `other`'s: their ratio (or with `diff`, their
+    difference) at least (or at most) `limit`; the spread over paired repetitions is shown."""
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    name: str
+    key: str
+    other: str
+    limit: float
+    at_least: bool = True
+    diff: bool = False
+    case: str = "kipside"
 
-    rows = (len(panels) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.6 * rows), squeeze=False)
-    for ax, panel in zip(axes.flat, panels, strict=False):
-        xs = range(len(panel.labels))
-        heights = [v if v is not None else 0.0 for v in panel.values]
-        colors = panel.colors or [PATH_COLORS.get(lbl, "#9467bd") for lbl in panel.labels]
-        bars = ax.bar(xs, heights, color=colors, width=0.65)
-        top = max([*heights, panel.reference or 0.0, 1e-9])
-        for bar, value in zip(bars, panel.values, strict=True):
-            text = panel.fmt.format(value) if value is not None else panel.missing
-            ax.annotate(
-                text,
-                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                xytext=(0, 3),
-                textcoords="offset points",
-                ha="center",
-                va="bottom",
-                fontsize=9,
-                bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none"},
-            )
-        if panel.reference is not None:
-            ax.axhline(
-                panel.reference,
-                color="black",
-                linestyle="--",
-                linewidth=1,
-                label=panel.reference_label or None,
-            )
-            if panel.reference_label:
-                ax.legend(loc="upper right", fontsize=8, frameon=False)
-        ax.set_xticks(list(xs), panel.labels)
-        ax.set_title(panel.title, fontsize=11)
-        ax.set_ylabel(panel.ylabel)
-        ax.set_ylim(0, top * 1.32)
-        ax.spines[["top", "right"]].set_visible(False)
-    for ax in list(axes.flat)[len(panels) :]:
-        ax.set_visible(False)
-    fig.suptitle(title, fontsize=12)
-    fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    def judge(self, runs: Sequence[Run], med: Mapping[str, dict[str, float] | None]) -> Target:
+        a, b = med.get(self.case), med.get(self.other)
+        if not a or not b:
+            return Target(self.name, None, f"{self.case} or {self.other} has no result")
+
+        def of(x: float, y: float) -> float:
+            return x - y if self.diff else x / y
+
+        r = of(a[self.key], b[self.key])
+        k = self.key
+        each = per_rep(runs, self.case, self.other, lambda x, y: of(x.metrics[k], y.metrics[k]))
+        shown = "{:+.3f}" if self.diff else "{:.2f}x"
+        low, high = shown.format(min(each, default=r)), shown.format(max(each, default=r))
+        more = f"; per repetition {low} to {high}" if len(each) > 1 else ""
+        ok = r >= self.limit if self.at_least else r <= self.limit
+        detail = f"{shown.format(r)} ({number(a[self.key])} vs {number(b[self.key])}{more})"
+        return Target(self.name, ok, detail)
+
+
+def relative(med: dict[str, dict[str, float] | None], base: str, keys: Sequence[str]) -> None:
+    """Add `KEY_vs` (ratio to `base`'s median) and `KEY_add` (difference) to every case."""
+    b = med.get(base)
+    for m in med.values():
+        for key in keys:
+            if m is not None:
+                m[f"{key}_vs"] = m[key] / b[key] if b and b[key] else NAN
+                m[f"{key}_add"] = m[key] - b[key] if b else NAN
 
 
 # --------------------------------------------------------------------------- the document
 
 
-def _markers(name: str) -> tuple[str, str]:
-    return f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
-
-
 def write_section(name: str, body: str, *, doc: Path = DOC, intro: str = INTRO) -> Path:
-    """Replace the `name` section of `doc` with `body` (creating the file/section if missing)."""
-    start, end = _markers(name)
+    """Replace the `name` block of `doc` with `body` (creating the file or block if missing)."""
+    start, end = f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
     block = f"{start}\n{body.rstrip()}\n{end}\n"
     text = doc.read_text() if doc.exists() else intro
     pattern = re.compile(re.escape(start) + r".*?" + re.escape(end) + r"\n?", re.DOTALL)
@@ -260,3 +206,117 @@ def write_section(name: str, body: str, *, doc: Path = DOC, intro: str = INTRO) 
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text(text)
     return doc
+
+
+@dataclass
+class Report:
+    """One benchmark's findings: printed, and written as its section unless `doc` is None."""
+
+    section: str
+    title: str
+    facts: list[str]
+    tables: list[Table]
+    targets: list[Target] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    chart: tuple[str, Callable[[Path], None]] | None = None
+    """(alt text, draw(png)): the chart, docs/img/SECTION.png."""
+    details: Table | None = None
+    """Every run, folded away in the document."""
+    after: list[str] = field(default_factory=list)
+
+    def publish(self, doc: Path | None) -> None:
+        for t in self.tables:
+            print(f"\n{t.title}\n{text_table(t.headers, t.rows)}")
+        for target in self.targets:
+            print(f"{target.mark.strip('*').upper():>12}  {target.name}: {target.detail}")
+        for note in self.notes:
+            print(f"{'NOTE':>12}  {note}")
+        if doc is None:
+            return
+        lines = [f"## {self.title}", "", f"Written by `{command_line().split()[1]}`.", ""]
+        lines += [*self.facts, ""]
+        for t in self.tables:
+            lines += [f"### {t.title}", "", markdown_table(t.headers, t.rows, t.align)]
+        if self.targets:
+            lines += [
+                "### Targets",
+                "",
+                *(f"- {t.name}: {t.mark}: {t.detail}" for t in self.targets),
+            ]
+        if self.notes:
+            lines += ["", "### Notes on this run", "", *(f"- {n}" for n in self.notes)]
+        if self.chart is not None:
+            png = doc.parent / "img" / f"{self.section}.png"
+            self.chart[1](png)
+            lines += ["", f"![{self.chart[0]}](img/{png.name})"]
+        if self.details is not None:
+            table = markdown_table(self.details.headers, self.details.rows, self.details.align)
+            lines += ["", "<details><summary>Every run</summary>", "", table, "</details>"]
+        write_section(self.section, "\n".join([*lines, *self.after]), doc=doc)
+        print(f"\nwrote the {self.section} section of {doc}")
+
+
+def note_problems(where: str, problems: Sequence[str], limit: int = 3) -> list[str]:
+    """Notes quoting the first `limit` lines a proxy logged as problems."""
+    out = [f"{where}: the proxy logged `{p[:200]}`" for p in problems[:limit]]
+    more = len(problems) - limit
+    return [*out, f"{where}: ... {more} more logged problems"] if more > 0 else out
+
+
+def first_line(text: str | None, width: int = 200) -> str:
+    return (text or "").strip().splitlines()[0][:width] if (text or "").strip() else ""
+
+
+def table(
+    title: str,
+    cases: Sequence[str],
+    found: Mapping[str, dict[str, float] | None],
+    columns: Sequence[tuple[str, str | Callable[[dict[str, float]], str]]],
+    *,
+    first: str = "path",
+    align: str = "",
+) -> Table:
+    """A row per case, a column per (header, cell): a cell is a format string over the case's
+    numbers ("{p50:.2f} / {p99:.2f}") or a function of them."""
+
+    def show(cell: str | Callable[[dict[str, float]], str], m: dict[str, float]) -> str:
+        text = cell.format(**m) if isinstance(cell, str) else cell(m)
+        return "-" if "nan" in text else text
+
+    rows = [
+        [case, *(show(cell, m) for _, cell in columns)]
+        if (m := found.get(case))
+        else [case, "failed or skipped", *[""] * (len(columns) - 1)]
+        for case in cases
+    ]
+    return Table(title, [first, *(h for h, _ in columns)], rows, align)
+
+
+def doc_args(ap: argparse.ArgumentParser) -> None:
+    """--doc FILE and --no-doc, the same in every benchmark."""
+    ap.add_argument("--doc", type=Path, default=DOC, help="the markdown file to write")
+    ap.add_argument("--no-doc", action="store_true", help="print only; leave the document alone")
+
+
+def doc_of(args: argparse.Namespace) -> Path | None:
+    return None if args.no_doc else Path(args.doc)
+
+
+def run_notes(runs: Sequence[Run], noisy: float) -> list[str]:
+    """Failures, what proxies logged, runs measured again and runs disturbed by other load."""
+    out = [f"`{r.case}` rep {r.rep} failed: `{first_line(r.error)}`" for r in runs if not r.ok]
+    for r in runs:
+        out += note_problems(f"`{r.case}` rep {r.rep}", r.problems)
+    if again := [r for r in runs if r.attempts > 1]:
+        out.append(f"{len(again)} run(s) measured again after other load; the last attempt counts.")
+    if busy := [r for r in runs if r.ok and r.noise > noisy]:
+        out.append(
+            f"**{len(busy)} of {len(runs)} runs shared the machine with other load** (over "
+            f"{noisy} cores busy outside this benchmark): their numbers are depressed."
+        )
+    return out
+
+
+def number(v: float) -> str:
+    """A figure with the digits that matter: 1,234 or 12.3 or 0.123."""
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.1f}" if abs(v) >= 10 else f"{v:.3f}"

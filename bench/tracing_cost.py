@@ -1,52 +1,45 @@
-"""What OpenTelemetry tracing costs kipside: the same workloads with tracing off and on.
+"""What OpenTelemetry tracing costs kipside: bench/throughput.py's workloads, tracing off and on.
 
-One run, same machine: for each repetition, kipside with no exporter (tracing off: no spans are
-created) and kipside exporting every Produce/Fetch/transaction span over OTLP http/protobuf to a
-local sink that accepts and discards them, each in front of a fresh Tansu. Workloads are
-bench/throughput.py's (latency probe, saturated producer, consumer). Loopback only.
+    .venv/bin/python bench/tracing_cost.py [--repeats 3] [--seconds 8] [--quick]
 
-    .venv/bin/python bench/tracing_cost.py [--repeats 3] [--seconds 8]
+Per repetition, kipside with no exporter (no spans are created) and kipside exporting every
+Produce/Fetch/transaction span over OTLP http/protobuf to a local sink that accepts and discards
+them, each in front of a fresh Tansu. Loopback only.
 """
 
 from __future__ import annotations
 
-import argparse
-import statistics
 import sys
 import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _measure import medians, repeat
+from _report import Report, doc_of, facts, relative, run_notes, table, utc_now, versions
+from throughput import NOISY, measure, parse_args
 
-from _harness import HarnessError, open_stack, wait_until_quiet
-from _report import (
-    command_line,
-    facts_markdown,
-    machine_info,
-    markdown_table,
-    text_table,
-    utc_now,
-    versions,
-    write_section,
-)
-from throughput import PROBE_MESSAGES, PROBE_RATE, Run, _measure_on
-
-CONFIGS = ("tracing off", "tracing on (OTLP)")
+OFF, ON = "kipside, tracing off", "kipside, tracing on (OTLP)"
+COLUMNS = [
+    ("produce msgs/s", "{prod_msgs_per_s:,.0f}"),
+    ("probe p50 / p99 ms", "{probe_p50_ms:.3f} / {probe_p99_ms:.3f}"),
+    ("consume msgs/s", "{cons_msgs_per_s:,.0f}"),
+    ("kipside CPU us/msg", "{proxy_us_msg:.3f}"),
+    ("kipside CPU us per probe request", "{proxy_us_req:.1f}"),
+    ("produce, consume vs off", "{prod_msgs_per_s_vs:.2f}x, {cons_msgs_per_s_vs:.2f}x"),
+    ("added probe p50 ms, CPU us/request", "{probe_p50_ms_add:+.3f}, {proxy_us_req_add:+.1f}"),
+]
 
 
-class _Sink(BaseHTTPRequestHandler):
+class Sink(BaseHTTPRequestHandler):
     """An OTLP/HTTP endpoint that accepts every export and keeps only counts."""
 
-    received = 0
-    bytes_received = 0
+    exports = 0
+    size = 0
 
     def do_POST(self) -> None:
         length = int(self.headers.get("content-length", "0"))
         self.rfile.read(length)
-        type(self).received += 1
-        type(self).bytes_received += length
+        Sink.exports, Sink.size = Sink.exports + 1, Sink.size + length
         self.send_response(200)
         self.send_header("content-type", "application/x-protobuf")
         self.send_header("content-length", "0")
@@ -57,95 +50,31 @@ class _Sink(BaseHTTPRequestHandler):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--seconds", type=float, default=8.0)
-    ap.add_argument("--messages", type=int, default=1_000_000)
-    ap.add_argument("--partitions", type=int, default=4)
-    ap.add_argument("--no-doc", action="store_true")
-    args = ap.parse_args(argv)
-    args.probe_messages, args.probe_rate = PROBE_MESSAGES, PROBE_RATE
-    sink = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+    args = parse_args(argv, messages=1_000_000)
+    started, sink = utc_now(), ThreadingHTTPServer(("127.0.0.1", 0), Sink)
     threading.Thread(target=sink.serve_forever, daemon=True).start()
-    endpoint = f"http://127.0.0.1:{sink.server_address[1]}"
-    runs: dict[str, list[Run]] = {c: [] for c in CONFIGS}
-    with tempfile.TemporaryDirectory(prefix="kiptrace-") as tmp:
-        for rep in range(1, args.repeats + 1):
-            for config in CONFIGS:
-                extra = ["--otlp-endpoint", endpoint] if config != CONFIGS[0] else []
-                wait_until_quiet(timeout=120)
-                run = Run(config, rep)
-                logdir = Path(tmp) / f"{rep}-{len(extra)}"
-                logdir.mkdir()
-                try:
-                    with open_stack("kipside", logdir=logdir, kipside_args=extra) as stack:
-                        _measure_on(stack, run, args)
-                except HarnessError as exc:
-                    run.error = str(exc)
-                runs[config].append(run)
-                print(f"rep {rep} {config}: {run.metrics or run.error}", flush=True)
-    sink.shutdown()
-
-    def med(config: str, key: str) -> float:
-        values = [r.metrics[key] for r in runs[config] if r.error is None]
-        return statistics.median(values) if values else float("nan")
-
-    headers = [
-        "kipside",
-        "produce msgs/s",
-        "probe p50 / p99 ms",
-        "consume msgs/s",
-        "kipside CPU us/msg",
-        "kipside CPU us per probe request",
-    ]
-    rows = [
-        [
-            c,
-            f"{med(c, 'prod_msgs'):,.0f}",
-            f"{med(c, 'probe_p50'):.3f} / {med(c, 'probe_p99'):.3f}",
-            f"{med(c, 'cons_msgs'):,.0f}",
-            f"{med(c, 'proxy_us_msg'):.3f}",
-            f"{med(c, 'proxy_us_req'):.1f}",
-        ]
-        for c in CONFIGS
-    ]
-    off, on = CONFIGS
-    cost = [
-        "- produce throughput with tracing on: "
-        f"{med(on, 'prod_msgs') / med(off, 'prod_msgs'):.2f}x of tracing off",
-        "- consume throughput with tracing on: "
-        f"{med(on, 'cons_msgs') / med(off, 'cons_msgs'):.2f}x of tracing off",
-        f"- added probe p50: {med(on, 'probe_p50') - med(off, 'probe_p50'):+.3f} ms; kipside CPU "
-        f"per probe request {med(on, 'proxy_us_req') - med(off, 'proxy_us_req'):+.1f} us",
-        f"- the sink received {_Sink.received} OTLP exports, {_Sink.bytes_received / 1e6:.1f} MB",
-        "- tracing off creates no spans at all; its cost is one attribute check per request "
-        "(the 'tracing off' row is plain kipside)",
-    ]
-    print(text_table(headers, rows))
-    print("\n".join(cost))
-    errors = [f"{r.path} rep {r.rep}: {r.error}" for c in CONFIGS for r in runs[c] if r.error]
-    if not args.no_doc:
-        body = "\n".join(
-            [
-                "## Tracing cost: kipside with tracing off vs on",
-                "",
-                "Written by `bench/tracing_cost.py`. Same workloads as the throughput section "
-                "(one confluent-kafka client, 100 B records; probe at 1000 msgs/s, linger.ms=0; "
-                "saturated producer with linger.ms=5; consumer), kipside in front of a fresh "
-                "Tansu per run; tracing on = `--otlp-endpoint` to a local OTLP/HTTP sink that "
-                "accepts and discards, every Produce and Fetch request traced (the default "
-                "`tracing.api_keys`). Median of the repetitions, configurations interleaved.",
-                "",
-                facts_markdown(command_line(), utc_now(), machine_info(), versions(haproxy=None)),
-                "",
-                markdown_table(headers, rows, "lrrrrr"),
-                "",
-                *cost,
-                *(["", "Failed runs:", *[f"- {e}" for e in errors]] if errors else []),
-            ]
+    exporter = ["--otlp-endpoint", f"http://127.0.0.1:{sink.server_address[1]}"]
+    with tempfile.TemporaryDirectory(prefix="kipbench-tracing-") as tmp:
+        args.logroot = tmp
+        runs = repeat(
+            [OFF, ON],
+            args.repeats,
+            lambda case, rep: measure(case, rep, args, exporter if case == ON else []),
+            noisy=1.0,
+            retries=0,
         )
-        write_section("tracing", body)
-    return 1 if errors else 0
+    sink.shutdown()
+    med = {c: medians(runs, c) for c in (OFF, ON)}
+    relative(med, OFF, ["prod_msgs_per_s", "cons_msgs_per_s", "probe_p50_ms", "proxy_us_req"])
+    sent = f"The sink received {Sink.exports} OTLP exports, {Sink.size / 1e6:.1f} MB."
+    more = f"Repetitions: {args.repeats}, configurations interleaved; median reported."
+    found = table(f"Results (median of {args.repeats})", [OFF, ON], med, COLUMNS, first="")
+    notes = [sent, *run_notes(runs, NOISY)]
+    title = "Tracing cost: kipside with tracing off vs on"
+    Report("tracing", title, facts(started, versions(), more), [found], [], notes).publish(
+        doc_of(args)
+    )
+    return 0 if all(r.ok for r in runs) else 1
 
 
 if __name__ == "__main__":
