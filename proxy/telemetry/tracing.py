@@ -30,7 +30,7 @@ from opentelemetry.sdk.trace.export import (
 )
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 
-from kipside.protocol.apis import ApiKey, api_name
+from kipside.protocol import ApiKey, api_name
 from kipside.rules import Tracing
 
 log = logging.getLogger("kipside.tracing")
