@@ -8,10 +8,17 @@ import (no pyspark here), because `kipside serve` loads it to build its parser.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 __all__ = ["register_lake", "register_mirror"]
+
+_Job = TypeVar("_Job", bound="DataclassInstance")
 
 _MIRROR_EPILOG = """\
 examples:
@@ -48,8 +55,29 @@ def _conf(text: str) -> tuple[str, str]:
     return key.strip(), value
 
 
+def _count(text: str) -> int:
+    """A positive whole number."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
+
+
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
-    """What every pipeline command takes about running: retry time and Spark configuration."""
+    """What every pipeline command takes about running: where its progress is kept, Spark, data
+    loss, retry time and Spark configuration."""
+    parser.add_argument("--checkpoint", metavar="DIR", help="Spark checkpoint (progress) directory")
+    parser.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
+    parser.add_argument(
+        "--no-fail-on-data-loss",
+        dest="fail_on_data_loss",
+        action="store_false",
+        help="skip offsets deleted before they were read, instead of failing "
+        "(failOnDataLoss=false)",
+    )
     parser.add_argument(
         "--timeout",
         type=float,
@@ -82,7 +110,6 @@ def register_mirror(sub: Any) -> None:
     parser.add_argument("--source", metavar="HOST:PORT[,...]", help="source cluster bootstrap")
     parser.add_argument("--dest", metavar="HOST:PORT[,...]", help="destination cluster bootstrap")
     parser.add_argument("--topics", metavar="REGEX", help="source topics to copy (whole names)")
-    parser.add_argument("--checkpoint", metavar="DIR", help="Spark checkpoint (progress) directory")
     parser.add_argument(
         "--rename", metavar="PREFIX", default="", help="prefix destination topic names"
     )
@@ -99,15 +126,9 @@ def register_mirror(sub: Any) -> None:
         help="about how many source bytes one micro-batch copies (default 256M)",
     )
     parser.add_argument("--once", action="store_true", help="copy what is there now, then stop")
-    parser.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
-    parser.add_argument(
-        "--no-fail-on-data-loss",
-        action="store_true",
-        help="skip offsets deleted before they were copied, instead of failing "
-        "(failOnDataLoss=false)",
-    )
     parser.add_argument(
         "--offset-sync-topic",
+        dest="sync_topic",
         default="kipside-mirror-offset-syncs",
         metavar="TOPIC",
         help="compacted topic on the destination recording where batches landed ('' for none)",
@@ -117,15 +138,8 @@ def register_mirror(sub: Any) -> None:
     parser.add_argument(
         "--commit", action="store_true", help="translate: commit on the destination"
     )
-    parser.add_argument("--json", action="store_true", help="translate: print JSON")
+    parser.add_argument("--json", dest="as_json", action="store_true", help="translate: print JSON")
     parser.set_defaults(handler=_mirror)
-
-
-def _require(parser_name: str, args: argparse.Namespace, *names: str) -> str | None:
-    missing = [f"--{n.replace('_', '-')}" for n in names if not getattr(args, n)]
-    if missing:
-        return f"kipside {parser_name}: error: {', '.join(missing)} required"
-    return None
 
 
 def _pipeline_missing() -> str | None:
@@ -141,50 +155,37 @@ def _pipeline_missing() -> str | None:
     return None
 
 
+def _ready(command: str, args: argparse.Namespace, required: Sequence[str]) -> bool:
+    """Whether `kipside COMMAND` can start: the pipeline extra is installed and every required
+    option is given. If not, says why on stderr."""
+    problem = _pipeline_missing()
+    if problem is None:
+        missing = [f"--{name.replace('_', '-')}" for name in required if not getattr(args, name)]
+        problem = f"{', '.join(missing)} required" if missing else None
+    if problem is not None:
+        print(f"kipside {command}: error: {problem}", file=sys.stderr)
+    return problem is None
+
+
+def _job(cls: type[_Job], args: argparse.Namespace) -> _Job:
+    """The job the command line describes: each option's dest is the name of the job's field it
+    sets, and the run options give timeout_ms and conf."""
+    given = vars(args) | {"timeout_ms": int(args.timeout * 1000), "conf": dict(args.conf)}
+    return cls(**{f.name: given[f.name] for f in dataclasses.fields(cls) if f.name in given})
+
+
 def _mirror(args: argparse.Namespace) -> int:
-    missing = _pipeline_missing()
-    if missing:
-        print(f"kipside mirror: error: {missing}", file=sys.stderr)
-        return 2
     if args.action == "translate":
-        problem = _require("mirror translate", args, "source", "dest", "group")
-        if problem:
-            print(problem, file=sys.stderr)
+        if not _ready("mirror translate", args, ("source", "dest", "group")):
             return 2
         from kipside.pipeline.mirror.translate import TranslateJob, run_translate
 
-        job = TranslateJob(
-            source=args.source,
-            dest=args.dest,
-            group=args.group,
-            sync_topic=args.offset_sync_topic,
-            commit=args.commit,
-            as_json=args.json,
-            timeout_ms=int(args.timeout * 1000),
-        )
-        return run_translate(job, sys.stdout, sys.stderr)
-    problem = _require("mirror", args, "source", "dest", "topics", "checkpoint")
-    if problem:
-        print(problem, file=sys.stderr)
+        return run_translate(_job(TranslateJob, args), sys.stdout, sys.stderr)
+    if not _ready("mirror", args, ("source", "dest", "topics", "checkpoint")):
         return 2
     from kipside.pipeline.mirror.job import MirrorJob, run_mirror
 
-    mirror = MirrorJob(
-        source=args.source,
-        dest=args.dest,
-        topics=args.topics,
-        checkpoint=args.checkpoint,
-        rename=args.rename,
-        read_uncommitted=args.read_uncommitted,
-        max_bytes_per_trigger=args.max_bytes_per_trigger,
-        once=args.once,
-        master=args.master,
-        fail_on_data_loss=not args.no_fail_on_data_loss,
-        sync_topic=args.offset_sync_topic,
-        timeout_ms=int(args.timeout * 1000),
-        conf=dict(args.conf),
-    )
-    return run_mirror(mirror)
+    return run_mirror(_job(MirrorJob, args))
 
 
 _LAKE_EPILOG = """\
@@ -214,7 +215,6 @@ def register_lake(sub: Any) -> None:
         help="the values' schema: Spark DDL (.ddl) or JSON Schema (.json)",
     )
     parser.add_argument("--out", metavar="DIR", help="the table's directory (local, HDFS, ...)")
-    parser.add_argument("--checkpoint", metavar="DIR", help="Spark checkpoint (progress) directory")
     parser.add_argument(
         "--quarantine",
         metavar="DIR",
@@ -224,69 +224,35 @@ def register_lake(sub: Any) -> None:
     parser.add_argument(
         "--compression", choices=["zstd", "snappy", "none"], default="zstd", help="Parquet codec"
     )
-    parser.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
     parser.add_argument(
         "--max-offsets-per-trigger",
-        type=int,
+        type=_count,
         default=5_000_000,
         metavar="N",
         help="records one micro-batch reads at most (default 5,000,000)",
     )
     parser.add_argument(
         "--max-records-per-file",
-        type=int,
+        type=_count,
         default=1_000_000,
         metavar="N",
         help="rows one Parquet file holds at most (default 1,000,000)",
     )
     parser.add_argument(
         "--trigger-interval",
+        dest="trigger_seconds",
         type=float,
         default=60.0,
         metavar="SECONDS",
         help="without --once: how often a micro-batch starts (default 60; fewer, bigger files)",
-    )
-    parser.add_argument(
-        "--no-fail-on-data-loss",
-        action="store_true",
-        help="skip offsets deleted before they were read instead of failing",
     )
     _add_run_options(parser)
     parser.set_defaults(handler=_lake)
 
 
 def _lake(args: argparse.Namespace) -> int:
-    missing = _pipeline_missing()
-    if missing:
-        print(f"kipside lake: error: {missing}", file=sys.stderr)
+    if not _ready("lake", args, ("bootstrap", "topics", "schema", "out", "checkpoint")):
         return 2
-    problem = _require("lake", args, "bootstrap", "topics", "schema", "out", "checkpoint")
-    if problem:
-        print(problem, file=sys.stderr)
-        return 2
-    for name in ("max_offsets_per_trigger", "max_records_per_file"):
-        if getattr(args, name) <= 0:
-            print(
-                f"kipside lake: error: --{name.replace('_', '-')} must be positive", file=sys.stderr
-            )
-            return 2
     from kipside.pipeline.lake.job import LakeJob, run_lake
 
-    job = LakeJob(
-        bootstrap=args.bootstrap,
-        topics=args.topics,
-        schema=args.schema,
-        out=args.out,
-        checkpoint=args.checkpoint,
-        quarantine=args.quarantine,
-        once=args.once,
-        compression=args.compression,
-        master=args.master,
-        max_offsets_per_trigger=args.max_offsets_per_trigger,
-        max_records_per_file=args.max_records_per_file,
-        trigger_seconds=args.trigger_interval,
-        fail_on_data_loss=not args.no_fail_on_data_loss,
-        timeout_ms=int(args.timeout * 1000),
-        conf=dict(args.conf),
-    )
-    return run_lake(job)
+    return run_lake(_job(LakeJob, args))

@@ -6,10 +6,17 @@ before a cluster or Spark would be needed.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import pytest
 
 from kipside.pipeline.cli import _size
+from kipside.pipeline.lake import job as lake_job
+from kipside.pipeline.lake.job import LakeJob
+from kipside.pipeline.mirror import job as mirror_job
+from kipside.pipeline.mirror import translate
+from kipside.pipeline.mirror.job import MirrorJob
+from kipside.pipeline.mirror.translate import TranslateJob
 from kipside.proxy.cli import main
 
 REQUIRED = "--source", "--dest", "--topics", "--checkpoint"
@@ -140,8 +147,10 @@ def test_translate_does_not_require_the_copy_options(capsys: pytest.CaptureFixtu
         (("mirror", "--conf", "novalue"), "'novalue' is not KEY=VALUE"),
         (("mirror", "--timeout", "soon"), "invalid float value: 'soon'"),
         (("mirror", "--sauce"), "unrecognized arguments: --sauce"),
+        (("lake", "--max-records-per-file", "0"), "'0' must be positive"),
+        (("lake", "--max-offsets-per-trigger", "1e6"), "'1e6' is not a whole number"),
     ],
-    ids=["action", "conf", "timeout", "unknown"],
+    ids=["action", "conf", "timeout", "unknown", "count-zero", "count-not-whole"],
 )
 def test_usage_errors(
     capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], fragment: str
@@ -149,3 +158,97 @@ def test_usage_errors(
     code, _, err = run(capsys, *argv)
     assert code == 2
     assert fragment in err
+
+
+def started_job(monkeypatch: pytest.MonkeyPatch, module: Any, runner: str, *argv: str) -> object:
+    """The job `kipside ARGV...` hands to MODULE.RUNNER (which is replaced, so nothing runs)."""
+    started: list[object] = []
+
+    def start(job: object, *_: object) -> int:
+        started.append(job)
+        return 0
+
+    monkeypatch.setattr(module, runner, start)
+    assert main(list(argv)) == 0
+    [job] = started
+    return job
+
+
+def test_mirror_options_become_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    job = started_job(
+        monkeypatch,
+        mirror_job,
+        "run_mirror",
+        *("mirror", "--source", "a:1", "--dest", "b:2", "--topics", "o.*", "--checkpoint", "c"),
+        *("--rename", "x.", "--read-uncommitted", "--max-bytes-per-trigger", "1M", "--once"),
+        *("--master", "local[2]", "--no-fail-on-data-loss", "--offset-sync-topic", "syncs"),
+        *("--timeout", "2.5", "--conf", "spark.a=1", "--conf", "spark.b=2"),
+    )
+    assert job == MirrorJob(
+        source="a:1",
+        dest="b:2",
+        topics="o.*",
+        checkpoint="c",
+        rename="x.",
+        read_uncommitted=True,
+        max_bytes_per_trigger=1 << 20,
+        once=True,
+        master="local[2]",
+        fail_on_data_loss=False,
+        sync_topic="syncs",
+        timeout_ms=2500,
+        conf={"spark.a": "1", "spark.b": "2"},
+    )
+
+
+def test_mirror_defaults_become_the_jobs_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    required = ("--source", "a:1", "--dest", "b:2", "--topics", "o", "--checkpoint", "c")
+    job = started_job(monkeypatch, mirror_job, "run_mirror", "mirror", *required)
+    assert job == MirrorJob(source="a:1", dest="b:2", topics="o", checkpoint="c")
+
+
+def test_translate_options_become_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    job = started_job(
+        monkeypatch,
+        translate,
+        "run_translate",
+        *("mirror", "translate", "--source", "a:1", "--dest", "b:2", "--group", "g"),
+        *("--offset-sync-topic", "syncs", "--commit", "--json", "--timeout", "3"),
+    )
+    assert job == TranslateJob(
+        source="a:1",
+        dest="b:2",
+        group="g",
+        sync_topic="syncs",
+        commit=True,
+        as_json=True,
+        timeout_ms=3000,
+    )
+
+
+def test_lake_options_become_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    job = started_job(
+        monkeypatch,
+        lake_job,
+        "run_lake",
+        *("lake", "--bootstrap", "k:1", "--topics", "t", "--schema", "s.json", "--out", "o"),
+        *("--checkpoint", "c", "--quarantine", "q", "--once", "--compression", "snappy"),
+        *("--master", "local[1]", "--max-offsets-per-trigger", "7", "--max-records-per-file", "8"),
+        *("--trigger-interval", "9.5", "--no-fail-on-data-loss", "--timeout", "1"),
+    )
+    assert job == LakeJob(
+        bootstrap="k:1",
+        topics="t",
+        schema="s.json",
+        out="o",
+        checkpoint="c",
+        quarantine="q",
+        once=True,
+        compression="snappy",
+        master="local[1]",
+        max_offsets_per_trigger=7,
+        max_records_per_file=8,
+        trigger_seconds=9.5,
+        fail_on_data_loss=False,
+        timeout_ms=1000,
+    )
