@@ -39,6 +39,8 @@ from kipside.proxy.network.nodes import Address, NodeMap
 from kipside.proxy.network.session import Session
 from kipside.proxy.operations.admin import AdminApp, serve_admin
 from kipside.proxy.operations.reload import ProduceOrder, RuleReloader
+from kipside.proxy.telemetry.metric_readers import otlp_metrics_endpoint
+from kipside.proxy.telemetry.metrics import Metrics
 from kipside.proxy.telemetry.stats import Stats
 from kipside.proxy.telemetry.tracing import TraceConfig, Tracer
 from kipside.rules import RuleSet, default_rules
@@ -145,6 +147,12 @@ class Server:
         self.ready = trio.Event()
         self.reloader = RuleReloader(self)
         self.produce_order = ProduceOrder(self)  # keeps produce order across rule reloads
+        self.metrics = Metrics(
+            self.stats,
+            rules=lambda: self.rules,
+            reloads=self.reloader,
+            otlp_endpoint=otlp_metrics_endpoint(config.trace.otlp_endpoint),
+        )
 
     # Listeners -------------------------------------------------------------------------
 
@@ -298,6 +306,7 @@ class Server:
             await self._serve_sessions(bootstrap, found, task_status)
             service_nursery.cancel_scope.cancel()
         self.tracer.shutdown()
+        self.metrics.shutdown()
         produce = ApiKey.PRODUCE
         log.info(
             "stopped; Produce requests: %d from clients, %d upstream",

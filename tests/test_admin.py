@@ -1,10 +1,13 @@
-"""Tests for proxy.admin (the HTTP admin endpoint) and proxy.reload (rule hot reload).
+"""Tests for proxy.operations.admin (the HTTP admin endpoint) and proxy.operations.reload
+(rule hot reload).
 
 The endpoint runs in-process on a loopback listener (port 0) in front of a real, unserved
 Server; requests come from an h11 client, from raw bytes where HTTP has to be broken on
 purpose, and from curl (/usr/bin/curl) in a subprocess, so both a sans-I/O client and a real
 one see every answer. The fake upstream broker is a loopback listener that accepts and closes.
-The request deadline is shortened to REQUEST_DEADLINE so the slow-client tests stay quick.
+/metrics is read with prometheus_client's parser (testkit.metrics). Tests with no socket run
+on trio's MockClock with autojump (memory streams for HTTP, the file watcher's polls in
+virtual time), so deadlines and poll intervals cost no real time.
 Every test runs under an absolute trio.fail_after.
 """
 
@@ -19,12 +22,15 @@ import shutil
 import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 from types import SimpleNamespace
 
 import h11
 import pytest
 import trio
+import trio.testing
+from testkit.metrics import parse
 
 from kipside.protocol.apis import ApiKey
 from kipside.proxy.cli import _admin_address, main
@@ -32,9 +38,13 @@ from kipside.proxy.features.coalesce import Coalescer
 from kipside.proxy.network.hooks import Routed
 from kipside.proxy.network.nodes import Address
 from kipside.proxy.network.upstream import Pending
-from kipside.proxy.operations import admin as admin_module
 from kipside.proxy.operations.admin import MAX_BODY_BYTES, AdminApp, RateWindow, serve_admin
-from kipside.proxy.operations.reload import ProduceOrder, RuleReloader, apply_rules
+from kipside.proxy.operations.admin import httpd as httpd_module
+from kipside.proxy.operations.reload import (
+    POLL_SECONDS,
+    ProduceOrder,
+    apply_rules,
+)
 from kipside.proxy.server import Server, ServerConfig
 from kipside.proxy.telemetry.stats import Stats
 from kipside.rules import CoalescingRules, RuleSet, load_rules, parse_rules
@@ -238,11 +248,12 @@ async def test_each_path_answers(admin: Admin, client: str, tmp_path: Path) -> N
         metrics = await fetch(client, admin, "GET", "/metrics")
         assert metrics.status == 200
         assert metrics.headers["content-type"].startswith("text/plain; version=0.0.4")
-        text = metrics.body.decode()
-        assert f'kipside_rules_info{{version="{rules.version}",source="{rules.source}"}} 1' in text
-        assert "\nkipside_rule_reloads_total 0\n" in text
-        assert "\nkipside_rule_reload_errors_total 0\n" in text
-        assert "\nkipside_client_connections 0\n" in text
+        scraped = parse(metrics.body.decode())
+        assert scraped.value("kipside_rules_info", version=rules.version, source=rules.source) == 1
+        assert scraped.value("kipside_rule_reloads_total") == 0
+        assert scraped.value("kipside_rule_reload_errors_total") == 0
+        assert scraped.value("kipside_client_connections") == 0
+        assert scraped.value("kipside_build_info", version=version("kipside")) == 1
 
         got = await fetch(client, admin, "GET", "/rules")
         assert got.status == 200 and got.headers["content-type"] == "application/json"
@@ -253,16 +264,28 @@ async def test_each_path_answers(admin: Admin, client: str, tmp_path: Path) -> N
         assert isinstance(figures, dict)
         assert figures["rules"]["version"] == rules.version
         assert figures["connections"] == {"client": 0, "upstream": 0}
+        assert figures["kipside_version"] == version("kipside")
 
         page = await fetch(client, admin, "GET", "/")
         assert page.status == 200 and page.headers["content-type"].startswith("text/html")
-        assert "connect-src 'self'" in page.headers["content-security-policy"]
+        policy = page.headers["content-security-policy"]
+        assert "connect-src 'self'" in policy and "script-src 'self'" in policy
+        assert "unsafe-inline" not in policy
         html = page.body.decode()
         assert 'id="rules-version"' in html and 'id="client-connections"' in html
-        assert 'fetch("/status.json"' in html
-        # Self-contained: nothing is loaded from anywhere else.
-        assert not re.search(r"""(src|href)=["']?(https?:)?//""", html)
-        assert "@import" not in html and "url(" not in html
+        assert '<script src="/static/status.js">' in html
+        assert '<link rel="stylesheet" href="/static/status.css">' in html
+        script = await fetch(client, admin, "GET", "/static/status.js")
+        assert script.headers["content-type"].startswith("text/javascript")
+        assert 'fetch("/status.json"' in script.body.decode()
+        style = await fetch(client, admin, "GET", "/static/status.css")
+        assert style.headers["content-type"].startswith("text/css")
+        # Self-contained: nothing is loaded from anywhere else, and no inline code.
+        for text in (html, style.body.decode()):
+            assert not re.search(r"""(src|href)=["']?(https?:)?//""", text)
+            assert "@import" not in text and "url(" not in text
+        assert "<style" not in html and "<script>" not in html
+        assert not re.search(r"\son[a-z]+=", html)  # no inline event handlers
 
         head = await fetch(client, admin, "HEAD", "/healthz")
         assert head.status == 200 and head.body == b""
@@ -396,19 +419,48 @@ async def test_expect_100_continue(admin: Admin, tmp_path: Path) -> None:
     ],
     ids=["silent", "half-headers", "half-body"],
 )
-async def test_slow_client_is_cut_off(admin: Admin, partial: bytes) -> None:
+async def test_slow_client_is_cut_off_at_the_deadline(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery, partial: bytes
+) -> None:
+    handled: list[bytes] = []
+
+    async def handle(method: bytes, target: bytes, body: bytes) -> httpd_module.Reply:
+        handled.append(target)
+        return httpd_module.Reply(200, b"ok\n")
+
+    client, server = trio.testing.memory_stream_pair()
+    nursery.start_soon(httpd_module.serve_connection, server, handle, REQUEST_DEADLINE)
     with trio.fail_after(TIMEOUT):
         start = trio.current_time()
-        stream = await trio.open_tcp_stream("127.0.0.1", admin.port)
-        async with stream:
-            await stream.send_all(partial)
-            received = bytearray()
-            while chunk := await stream.receive_some(65536):
-                received += chunk
-        elapsed = trio.current_time() - start
+        await client.send_all(partial)
+        received = bytearray()
+        while chunk := await client.receive_some(65536):
+            received += chunk
+        answered_after = trio.current_time() - start
+        await client.aclose()
     assert _status_of(bytes(received)) == 408, received
-    assert REQUEST_DEADLINE * 0.9 <= elapsed < REQUEST_DEADLINE + admin_module.LINGER_SECONDS + 1
-    assert admin.server.reloader.rule_reloads == 0
+    assert b"not complete within 0.6 s" in received
+    assert answered_after == pytest.approx(REQUEST_DEADLINE)
+    assert handled == []
+
+
+async def test_a_complete_request_is_answered_at_once(
+    autojump_clock: trio.testing.MockClock, nursery: trio.Nursery
+) -> None:
+    async def handle(method: bytes, target: bytes, body: bytes) -> httpd_module.Reply:
+        return httpd_module.Reply(200, method + b" " + target + b" " + body)
+
+    client, server = trio.testing.memory_stream_pair()
+    nursery.start_soon(httpd_module.serve_connection, server, handle, REQUEST_DEADLINE)
+    with trio.fail_after(TIMEOUT):
+        start = trio.current_time()
+        await client.send_all(b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nhi")
+        received = bytearray()
+        while chunk := await client.receive_some(65536):
+            received += chunk
+    assert trio.current_time() == start  # no deadline, no linger: the client sent it all
+    assert received.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert received.endswith(b"\r\n\r\nPOST /x hi")
 
 
 async def test_slow_curl_upload_is_cut_off(admin: Admin, tmp_path: Path) -> None:
@@ -426,13 +478,13 @@ async def test_slow_curl_upload_is_cut_off(admin: Admin, tmp_path: Path) -> None
             f"@{body}",
         )
         elapsed = trio.current_time() - start
-    assert elapsed < REQUEST_DEADLINE + admin_module.LINGER_SECONDS + 2
+    assert elapsed < REQUEST_DEADLINE + httpd_module.LINGER_SECONDS + 2
     assert answer is None or answer.status == 408
     assert admin.server.reloader.rule_reloads == 0
 
 
 async def test_too_many_connections_get_503(admin: Admin, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(admin_module, "MAX_CONNECTIONS", 1)
+    monkeypatch.setattr(httpd_module, "MAX_CONNECTIONS", 1)
     with trio.fail_after(TIMEOUT):
         idle = await trio.open_tcp_stream("127.0.0.1", admin.port)
         async with idle:
@@ -446,7 +498,7 @@ async def test_too_many_connections_get_503(admin: Admin, monkeypatch: pytest.Mo
 async def test_a_failing_handler_is_a_500_and_the_endpoint_lives_on(
     admin: Admin, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async def broken(body: bytes) -> admin_module.Reply:
+    async def broken(body: bytes) -> httpd_module.Reply:
         raise RuntimeError("bug")
 
     admin.app.routes[b"/healthz"] = ((b"GET",), broken)
@@ -535,9 +587,10 @@ async def test_post_reload_applies_a_valid_file(admin: Admin, client: str) -> No
         rules = got.json()
         assert isinstance(rules, dict)
         assert rules["version"] == new_version and rules["coalescing"]["linger_ms"] == 7.0
-        metrics = (await fetch(client, admin, "GET", "/metrics")).body.decode()
-    assert "\nkipside_rule_reloads_total 1\n" in metrics
-    assert f'version="{new_version}"' in metrics
+        metrics = parse((await fetch(client, admin, "GET", "/metrics")).body.decode())
+    assert metrics.value("kipside_rule_reloads_total") == 1
+    assert metrics.value("kipside_rules_info", version=new_version) == 1
+    assert len(metrics.matching("kipside_rules_info")) == 1  # the old version is gone
     assert admin.server.rules.coalescing.linger_ms == 7.0
 
 
@@ -561,11 +614,12 @@ async def test_post_reload_rejects_an_invalid_file_and_keeps_the_rules(
         ]
         still = (await fetch(client, admin, "GET", "/rules")).json()
         assert isinstance(still, dict) and still["version"] == old.version
-        metrics = (await fetch(client, admin, "GET", "/metrics")).body.decode()
+        metrics = parse((await fetch(client, admin, "GET", "/metrics")).body.decode())
         status = (await fetch(client, admin, "GET", "/status.json")).json()
     assert admin.server.rules is old
-    assert "\nkipside_rule_reload_errors_total 1\n" in metrics
-    assert "\nkipside_rule_reloads_total 0\n" in metrics
+    assert metrics.value("kipside_rule_reload_errors_total") == 1
+    assert metrics.value("kipside_rule_reloads_total") == 0
+    assert metrics.value("kipside_rules_info", version=old.version) == 1
     assert (
         isinstance(status, dict) and f"{path}:2: coalescing.lanes" in status["rules"]["last_error"]
     )
@@ -643,48 +697,69 @@ def watched(tmp_path: Path) -> Iterator[tuple[Server, Path]]:
     path = tmp_path / "rules.yaml"
     path.write_text(RULES_V1)
     server = make_server(path, 9)
-    server.reloader = RuleReloader(server, poll_seconds=0.05)
     yield server, path
 
 
-async def _wait_until(predicate: Callable[[], bool], within: float = 3.0) -> None:
-    with trio.fail_after(within):
-        while not predicate():  # noqa: ASYNC110 (the reloader has no event to wait on)
-            await trio.sleep(0.02)
+@pytest.fixture
+def inline_file_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reloader's stat() and rule parsing run inline instead of in a worker thread, so
+    under the autojump clock no virtual time passes while a thread works."""
+
+    async def run_inline(fn: Callable[..., object], *args: object, **_: object) -> object:
+        return fn(*args)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", run_inline)
+
+
+POLL = POLL_SECONDS
+SETTLED = 2 * POLL + 0.01
+"""A change is applied once it has held still for one poll, so within two polls."""
 
 
 async def test_file_change_reloads(
-    watched: tuple[Server, Path], nursery: trio.Nursery, caplog: pytest.LogCaptureFixture
+    watched: tuple[Server, Path],
+    nursery: trio.Nursery,
+    caplog: pytest.LogCaptureFixture,
+    autojump_clock: trio.testing.MockClock,
+    inline_file_reads: None,
 ) -> None:
     caplog.set_level(logging.INFO)
     server, path = watched
     reloader = server.reloader
     old = server.rules
     await nursery.start(reloader.run)
-    await trio.sleep(0.3)  # a first look at an unchanged file neither applies nor counts
+    await trio.sleep(5 * POLL)  # looks at an unchanged file neither apply nor count
     assert (reloader.rule_reloads, server.rules) == (0, old)
 
     path.write_text(RULES_V2)
-    await _wait_until(lambda: server.rules.version != old.version)
+    await trio.sleep(SETTLED)
+    assert server.rules.version != old.version
     assert reloader.rule_reloads == 1 and server.rules.coalescing.linger_ms == 7.0
     assert "rules reloaded (file change)" in caplog.text
 
     path.write_text(RULES_INVALID)
-    await _wait_until(lambda: reloader.rule_reload_errors == 1)
-    await trio.sleep(0.3)  # an unchanged broken file is reported once, not every poll
+    await trio.sleep(SETTLED)
+    assert reloader.rule_reload_errors == 1
+    await trio.sleep(5 * POLL)  # an unchanged broken file is reported once, not every poll
     assert reloader.rule_reload_errors == 1
     assert server.rules.coalescing.linger_ms == 7.0
     assert f"{path}:2: coalescing.lanes" in caplog.text
 
     path.unlink()
-    await trio.sleep(0.3)
-    assert "is gone" in caplog.text and server.rules.coalescing.linger_ms == 7.0
+    await trio.sleep(SETTLED)
+    assert caplog.text.count("is gone") == 1 and server.rules.coalescing.linger_ms == 7.0
+    await trio.sleep(5 * POLL)
+    assert caplog.text.count("is gone") == 1  # logged once
     path.write_text(RULES_V1)
-    await _wait_until(lambda: server.rules.version == old.version)
+    await trio.sleep(SETTLED)
+    assert server.rules.version == old.version
 
 
 async def test_a_post_does_not_make_the_watcher_read_the_file_again(
-    watched: tuple[Server, Path], nursery: trio.Nursery
+    watched: tuple[Server, Path],
+    nursery: trio.Nursery,
+    autojump_clock: trio.testing.MockClock,
+    inline_file_reads: None,
 ) -> None:
     server, path = watched
     reloader = server.reloader
@@ -693,7 +768,7 @@ async def test_a_post_does_not_make_the_watcher_read_the_file_again(
     with trio.fail_after(TIMEOUT):
         result = await reloader.reload("POST /rules/reload")
     assert result.outcome == "rejected"
-    await trio.sleep(0.3)
+    await trio.sleep(5 * POLL)
     assert reloader.rule_reload_errors == 1
 
 
@@ -704,7 +779,9 @@ async def test_sighup_reloads(watched: tuple[Server, Path], nursery: trio.Nurser
     await nursery.start(reloader.run)
     path.write_text(RULES_V2)
     os.kill(os.getpid(), signal.SIGHUP)
-    await _wait_until(lambda: reloader.rule_reloads == 1)
+    with trio.fail_after(TIMEOUT):
+        while reloader.rule_reloads == 0:  # noqa: ASYNC110 (the reloader has no event to wait on)
+            await trio.sleep(0.01)
     assert server.rules.coalescing.linger_ms == 7.0
 
 
@@ -768,7 +845,7 @@ def produce_order(rules: CoalescingRules) -> tuple[ProduceOrder, FakeRouter, Fak
 
 
 async def test_produce_waits_for_its_lane_answers_when_coalescing_is_switched_off(
-    nursery: trio.Nursery,
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     order, router, coalescer = produce_order(ON)
     session = FakeSession()
@@ -796,7 +873,7 @@ async def test_produce_waits_for_its_lane_answers_when_coalescing_is_switched_of
 
 
 async def test_produce_waits_for_its_own_connection_when_coalescing_is_switched_on(
-    nursery: trio.Nursery,
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     order, router, coalescer = produce_order(OFF)
     session = FakeSession(dedicated=FakeConnection(in_flight=0))

@@ -1,159 +1,241 @@
-"""Prometheus text exposition of kipside's Stats.
+"""kipside's Stats as OpenTelemetry metrics: what is measured, under which names.
 
-Pure rendering: reads counters, writes text. Every metric has HELP and TYPE lines; names follow
-Prometheus conventions (`_total` counters, `_seconds` histograms, `_bytes_total`).
+The request path keeps counting in Stats (plain ints, Counters and bucket lists: one add or one
+bisect per event, as before the SDK). The OpenTelemetry metrics SDK reads them only when a
+reader collects: each counter and gauge here is an observable instrument whose callback reads
+Stats; the two latency histograms are added from Stats' own buckets by the readers
+(proxy.telemetry.metric_readers). bench/counting_cost.py measures why: an SDK Counter.add or
+Histogram.record per request would cost several times the counting itself.
+
+Names are the Prometheus names dashboards use, and the same over OTLP.
+This module must never be called per request, and never blocks trio.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
+from collections.abc import Callable, Iterable
+from functools import partial
+from importlib.metadata import version
+from operator import attrgetter
+from typing import Final, Protocol
 
-from kipside.protocol.apis import ApiKey, api_name
-from kipside.proxy.telemetry.stats import Histogram, Stats
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-BUILD_VERSION = "0.1.0"
+from kipside.protocol import ApiKey, api_name
+from kipside.proxy.telemetry.metric_readers import (
+    OtlpReader,
+    PrometheusReader,
+    StatsHistograms,
+    otlp_exporter,
+)
+from kipside.proxy.telemetry.stats import Stats
+from kipside.rules import RuleSet
 
+KIPSIDE_VERSION: Final = version("kipside")
+"""The installed distribution's version (pyproject.toml's, one place)."""
 
-def _family(name: str, kind: str, help_text: str, samples: Iterable[str]) -> list[str]:
-    return [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", *samples]
+Read = Callable[[Stats], int | float]
 
-
-def _histogram(name: str, labels: str, histogram: Histogram) -> list[str]:
-    sep = "," if labels else ""
-    lines = [
-        f'{name}_bucket{{{labels}{sep}le="{le}"}} {count}' for le, count in histogram.cumulative()
-    ]
-    suffix = f"{{{labels}}}" if labels else ""
-    lines.append(f"{name}_sum{suffix} {histogram.total:.6f}")
-    lines.append(f"{name}_count{suffix} {histogram.count}")
-    return lines
-
-
-def render_metrics(stats: Stats, extra: Iterable[str] = ()) -> str:
-    by_api = sorted(stats.client_requests)
-    lines = _family(
-        "kipside_build_info",
-        "gauge",
-        "kipside build information.",
-        [f'kipside_build_info{{version="{BUILD_VERSION}"}} 1'],
-    )
-    lines += _family(
-        "kipside_client_requests_total",
-        "counter",
-        "Requests received from clients.",
-        [
-            f'kipside_client_requests_total{{api="{api_name(k)}"}} {v}'
-            for k, v in sorted(stats.client_requests.items())
-        ],
-    )
-    lines += _family(
-        "kipside_upstream_requests_total",
-        "counter",
-        "Requests sent to brokers (a coalesced ProduceRequest counts once).",
-        [
-            f'kipside_upstream_requests_total{{api="{api_name(k)}"}} {v}'
-            for k, v in sorted(stats.upstream_requests.items())
-        ],
-    )
-    lines += _family(
-        "kipside_bytes_total",
-        "counter",
-        "Kafka frame bytes to and from clients, by api.",
-        [
-            f'kipside_bytes_total{{api="{api_name(k)}",direction="{direction}"}} {counter[k]}'
-            for k in by_api
-            for direction, counter in (
-                ("request", stats.client_request_bytes),
-                ("response", stats.client_response_bytes),
-            )
-        ],
-    )
-    latency: list[str] = []
-    for key in sorted(stats.request_latency):
-        latency += _histogram(
-            "kipside_request_latency_seconds", f'api="{api_name(key)}"', stats.request_latency[key]
-        )
-    lines += _family(
-        "kipside_request_latency_seconds",
-        "histogram",
-        "From a client request read to its response written.",
-        latency,
-    )
-    lines += _family(
-        "kipside_client_connections",
-        "gauge",
-        "Open client connections.",
-        [f"kipside_client_connections {stats.client_connections}"],
-    )
-    lines += _family(
-        "kipside_upstream_connections",
-        "gauge",
-        "Open broker connections.",
-        [f"kipside_upstream_connections {stats.upstream_connections}"],
-    )
-    lines += _family(
+_COUNTERS: Final[tuple[tuple[str, str, Read], ...]] = (
+    (
         "kipside_lane_failures_total",
-        "counter",
         "Shared broker connections that ended.",
-        [f"kipside_lane_failures_total {stats.lane_failures}"],
-    )
-    lines += _family(
+        attrgetter("lane_failures"),
+    ),
+    (
         "kipside_coalesced_batches_total",
-        "counter",
         "Partition batches sent inside coalesced ProduceRequests.",
-        [f"kipside_coalesced_batches_total {stats.coalesced_batches}"],
-    )
-    client_produce = stats.client_requests[ApiKey.PRODUCE]
-    upstream_produce = stats.upstream_requests[ApiKey.PRODUCE]
-    ratio = client_produce / upstream_produce if upstream_produce else 0.0
-    lines += _family(
-        "kipside_coalescing_ratio",
-        "gauge",
-        "Client ProduceRequests per upstream ProduceRequest since start.",
-        [f"kipside_coalescing_ratio {ratio:.4f}"],
-    )
-    lines += _family(
+        attrgetter("coalesced_batches"),
+    ),
+    (
         "kipside_round_trips_saved_total",
-        "counter",
         "Broker round trips clients did not cost: coalesced Produce plus locally answered "
         "transaction calls.",
-        [f"kipside_round_trips_saved_total {stats.round_trips_saved()}"],
-    )
-    lines += _family(
+        Stats.round_trips_saved,
+    ),
+    (
         "kipside_txn_local_answers_total",
-        "counter",
         "AddPartitionsToTxn/AddOffsetsToTxn answered without a broker round trip.",
-        [f"kipside_txn_local_answers_total {stats.txn_local_answers}"],
-    )
-    lines += _family(
+        attrgetter("txn_local_answers"),
+    ),
+    (
         "kipside_txn_preregistrations_total",
-        "counter",
         "Transactions whose declared outputs and group kipside registered up front.",
-        [f"kipside_txn_preregistrations_total {stats.txn_preregistrations}"],
-    )
-    lines += _family(
+        attrgetter("txn_preregistrations"),
+    ),
+    (
         "kipside_holds_total",
-        "counter",
         "Transaction-begin holds (a registration that met CONCURRENT_TRANSACTIONS).",
-        [f"kipside_holds_total {stats.holds}"],
-    )
-    lines += _family(
+        attrgetter("holds"),
+    ),
+    (
         "kipside_hold_retries_total",
-        "counter",
         "Upstream retries made while holding.",
-        [f"kipside_hold_retries_total {stats.hold_retries}"],
-    )
-    lines += _family(
-        "kipside_hold_duration_seconds",
-        "histogram",
-        "How long transaction-begin holds took.",
-        _histogram("kipside_hold_duration_seconds", "", stats.hold_seconds),
-    )
-    lines += _family(
+        attrgetter("hold_retries"),
+    ),
+    (
         "kipside_rule_problems_total",
-        "counter",
         "Declared transaction outputs the broker refused or doesn't know.",
-        [f"kipside_rule_problems_total {stats.rule_problems}"],
+        attrgetter("rule_problems"),
+    ),
+)
+
+
+def _coalescing_ratio(stats: Stats) -> float:
+    upstream = stats.upstream_requests[ApiKey.PRODUCE]
+    return stats.client_requests[ApiKey.PRODUCE] / upstream if upstream else 0.0
+
+
+_GAUGES: Final[tuple[tuple[str, str, Read], ...]] = (
+    ("kipside_client_connections", "Open client connections.", attrgetter("client_connections")),
+    (
+        "kipside_upstream_connections",
+        "Open broker connections.",
+        attrgetter("upstream_connections"),
+    ),
+    (
+        "kipside_coalescing_ratio",
+        "Client ProduceRequests per upstream ProduceRequest since start.",
+        _coalescing_ratio,
+    ),
+)
+
+
+class ReloadCounts(Protocol):
+    """What the metrics read of the rule reloader (proxy.operations.reload.RuleReloader)."""
+
+    @property
+    def rule_reloads(self) -> int: ...
+    @property
+    def rule_reload_errors(self) -> int: ...
+
+
+Callback = Callable[[CallbackOptions], Iterable[Observation]]
+
+
+def _one(read: Callable[[], float]) -> Callback:
+    return lambda _options: [Observation(read())]
+
+
+def _by_api(counter: Callable[[], dict[int, int]]) -> Callback:
+    # dict(...) copies in one C call: consistent even while the OTLP reader's thread collects.
+    return lambda _options: [
+        Observation(v, {"api": api_name(k)}) for k, v in sorted(dict(counter()).items())
+    ]
+
+
+def _frame_bytes(stats: Stats) -> Callback:
+    def observe(_options: CallbackOptions) -> list[Observation]:
+        sent, received = dict(stats.client_request_bytes), dict(stats.client_response_bytes)
+        return [
+            Observation(count.get(k, 0), {"api": api_name(k), "direction": direction})
+            for k in sorted(sent.keys() | received.keys())
+            for direction, count in (("request", sent), ("response", received))
+        ]
+
+    return observe
+
+
+def _observe_stats(meter: Meter, stats: Stats) -> None:
+    build = {"version": KIPSIDE_VERSION}
+    meter.create_observable_gauge(
+        "kipside_build_info", [lambda _o: [Observation(1, build)]], "", "kipside build information."
     )
-    lines += list(extra)
-    return "\n".join(lines) + "\n"
+    for name, help_text, read in _COUNTERS:
+        meter.create_observable_counter(name, [_one(partial(read, stats))], "", help_text)
+    for name, help_text, read in _GAUGES:
+        meter.create_observable_gauge(name, [_one(partial(read, stats))], "", help_text)
+    meter.create_observable_counter(
+        "kipside_client_requests_total",
+        [_by_api(lambda: stats.client_requests)],
+        "",
+        "Requests received from clients.",
+    )
+    meter.create_observable_counter(
+        "kipside_upstream_requests_total",
+        [_by_api(lambda: stats.upstream_requests)],
+        "",
+        "Requests sent to brokers (a coalesced ProduceRequest counts once).",
+    )
+    meter.create_observable_counter(
+        "kipside_bytes_total",
+        [_frame_bytes(stats)],
+        "By",
+        "Kafka frame bytes to and from clients, by api.",
+    )
+
+
+def _observe_rules(meter: Meter, rules: Callable[[], RuleSet], reloads: ReloadCounts) -> None:
+    def info(_options: CallbackOptions) -> list[Observation]:
+        ruleset = rules()
+        return [Observation(1, {"version": ruleset.version, "source": ruleset.source})]
+
+    meter.create_observable_gauge(
+        "kipside_rules_info",
+        [info],
+        "",
+        "The rule set in force (version: first 12 hex digits of the SHA-256 of the file).",
+    )
+    meter.create_observable_counter(
+        "kipside_rule_reloads_total",
+        [_one(lambda: reloads.rule_reloads)],
+        "",
+        "Rule reloads that read a valid file (SIGHUP, file change or POST /rules/reload).",
+    )
+    meter.create_observable_counter(
+        "kipside_rule_reload_errors_total",
+        [_one(lambda: reloads.rule_reload_errors)],
+        "",
+        "Rule reloads rejected because the file was invalid or unreadable; the rules in force "
+        "stayed.",
+    )
+
+
+def kipside_resource() -> Resource:
+    # OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES win over the default name.
+    defaults = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "kipside"}
+    return Resource.create(defaults)
+
+
+class Metrics:
+    """The server's metrics: one MeterProvider over its Stats (and its rules, when given)."""
+
+    def __init__(
+        self,
+        stats: Stats,
+        *,
+        rules: Callable[[], RuleSet] | None = None,
+        reloads: ReloadCounts | None = None,
+        otlp_endpoint: str | None = None,
+        otlp: MetricExporter | None = None,
+    ) -> None:
+        """OTLP export is on when `otlp_endpoint` (see metric_readers.otlp_metrics_endpoint)
+        or an exporter `otlp` is given."""
+        scope = InstrumentationScope("kipside", KIPSIDE_VERSION)
+        histograms = StatsHistograms(stats, scope)
+        self.prometheus = PrometheusReader(histograms)
+        readers: list[MetricReader] = [self.prometheus]
+        if otlp is None and otlp_endpoint:
+            otlp = otlp_exporter(otlp_endpoint)
+        if otlp is not None:
+            readers.append(OtlpReader(otlp, histograms))
+        self._provider = MeterProvider(
+            metric_readers=readers, resource=kipside_resource(), shutdown_on_exit=False
+        )
+        meter = self._provider.get_meter(scope.name, scope.version)
+        _observe_stats(meter, stats)
+        if rules is not None and reloads is not None:
+            _observe_rules(meter, rules, reloads)
+
+    def prometheus_text(self) -> bytes:
+        """Every metric now, in Prometheus text format (metric_readers.PROMETHEUS_CONTENT_TYPE)."""
+        return self.prometheus.text()
+
+    def shutdown(self) -> None:
+        """Stop the readers; the OTLP reader exports one last time first."""
+        self._provider.shutdown()

@@ -1,7 +1,8 @@
-"""Counters and histograms kipside keeps about its own traffic, for /metrics and the tests.
+"""Counters and histograms kipside keeps about its own traffic, for metrics and the tests.
 
-Plain numbers updated on the hot path (no locks: trio runs one task at a time), exported in
-Prometheus text format by proxy.admin. Must never do I/O.
+Plain numbers updated on the hot path (no locks: trio runs one task at a time): an add, or a
+bisect into fixed buckets, per event. proxy.telemetry.metrics reads them only when a metrics
+reader collects (/metrics, OTLP), so counting costs no more than this. Must never do I/O.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Final
 
-from kipside.protocol.apis import ApiKey
+from kipside.protocol import ApiKey
 
 # Seconds; fine at the low end, where a proxy's added latency lives.
 LATENCY_BUCKETS: Final = (
@@ -43,15 +44,6 @@ class Histogram:
         self.counts[bisect.bisect_left(self.buckets, value)] += 1
         self.total += value
         self.count += 1
-
-    def cumulative(self) -> list[tuple[str, int]]:
-        """(le, cumulative count) pairs, ending with +Inf, as Prometheus wants them."""
-        out = []
-        running = 0
-        for bound, count in zip((*self.buckets, float("inf")), self.counts, strict=True):
-            running += count
-            out.append(("+Inf" if bound == float("inf") else f"{bound:g}", running))
-        return out
 
 
 @dataclass(slots=True)
