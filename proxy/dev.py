@@ -72,7 +72,7 @@ def _leaves(group: BaseExceptionGroup[StartupError]) -> list[StartupError]:
 async def _serve_with(server: Server, console: LiveConsole | None) -> None:
     async with trio.open_nursery() as nursery:
         await nursery.start(_serve_then_stop, server, nursery.cancel_scope)
-        print(_banner(server.config, server), flush=True)
+        print(_banner(server), flush=True)
         if console is not None:
             nursery.start_soon(console.run, server.stats)
 
@@ -84,9 +84,11 @@ async def _serve_then_stop(
     scope.cancel()  # the server has shut down: stop the live line too
 
 
-def _banner(config: ServerConfig, server: Server) -> str:
+def _banner(server: Server) -> str:
+    config = server.config
     assert config.admin is not None
-    admin = f"http://{config.admin.host}:{config.admin.port}"
+    host = f"[{config.admin.host}]" if ":" in config.admin.host else config.admin.host
+    admin = f"http://{host}:{config.admin.port}"
     return "\n".join(
         (
             f"kipside: give clients bootstrap.servers={server.bootstrap_address}",
