@@ -149,8 +149,12 @@ def _env() -> dict[str, str]:
 def piped() -> Iterator[Dev]:
     dev = Dev(terminal=False)
     yield dev
-    if dev.proc.poll() is None:
-        dev.proc.kill()
+    if dev.proc.poll() is None:  # the test failed early: stop it the way that stops its broker
+        os.killpg(dev.proc.pid, signal.SIGINT)
+        try:
+            dev.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            dev.proc.kill()
 
 
 def _producer(bootstrap: str) -> Producer:
