@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ import psutil
 import pytest
 from conftest import DIRECT, Kipside, create_topics, start_kipside, unique_name
 from testkit.broker import Broker
+from testkit.metrics import Metrics, parse
 
 from kipside.proxy.devbroker import free_port
 from kipside.proxy.operations.admin import MAX_BODY_BYTES, REQUEST_DEADLINE_SECONDS
@@ -151,15 +153,6 @@ def _status_of(raw: bytes) -> int:
     return int(raw.split(b" ", 2)[1])
 
 
-def parse_metrics(text: str) -> dict[str, float]:
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
-
-
 # --------------------------------------------------------------------------- kipside
 
 
@@ -175,8 +168,8 @@ class AdminStack:
     def post(self, path: str) -> Answer:
         return h11_request(self.admin_port, "POST", path)
 
-    def metrics(self) -> dict[str, float]:
-        return parse_metrics(self.get("/metrics").body.decode())
+    def metrics(self) -> Metrics:
+        return parse(self.get("/metrics").body.decode())
 
     def rules_version(self) -> str:
         return str(self.get("/rules").json()["version"])
@@ -240,10 +233,11 @@ def test_every_path_on_the_real_process(admin_stack: AdminStack, client: str) ->
     rules = fetch(client, port, "GET", "/rules").json()
     assert rules["source"] == str(admin_stack.rules_path)
     assert rules["coalescing"]["linger_ms"] == 20.0
-    metrics = parse_metrics(fetch(client, port, "GET", "/metrics").body.decode())
-    assert metrics[f'kipside_rules_info{{version="{rules["version"]}",source="{rules["source"]}"}}']
-    assert metrics["kipside_rule_reloads_total"] == 0
-    assert metrics["kipside_rule_reload_errors_total"] == 0
+    metrics = parse(fetch(client, port, "GET", "/metrics").body.decode())
+    assert metrics.value("kipside_rules_info", version=rules["version"], source=rules["source"])
+    assert metrics.value("kipside_rule_reloads_total") == 0
+    assert metrics.value("kipside_rule_reload_errors_total") == 0
+    assert metrics.value("kipside_build_info", version=version("kipside")) == 1
     status = fetch(client, port, "GET", "/status.json").json()
     assert status["rules"]["version"] == rules["version"] and status["ready"] is True
     page = fetch(client, port, "GET", "/")
@@ -271,7 +265,7 @@ def test_every_path_on_the_real_process(admin_stack: AdminStack, client: str) ->
     elapsed = time.monotonic() - started
     assert silent_answer and _status_of(silent_answer[0]) == 408, silent_answer
     assert REQUEST_DEADLINE_SECONDS - 0.5 < elapsed < REQUEST_DEADLINE_SECONDS + 3
-    assert admin_stack.metrics()["kipside_rule_reloads_total"] == 1
+    assert admin_stack.metrics().value("kipside_rule_reloads_total") == 1
     admin_stack.kipside.assert_alive()
 
 
@@ -380,10 +374,10 @@ class Watch:
 
     def produce_counts(self) -> tuple[float, float]:
         metrics = self.stack.metrics()
-        self.connections.append(metrics["kipside_client_connections"])
+        self.connections.append(metrics.value("kipside_client_connections"))
         return (
-            metrics['kipside_client_requests_total{api="Produce"}'],
-            metrics['kipside_upstream_requests_total{api="Produce"}'],
+            metrics.value("kipside_client_requests_total", api="Produce"),
+            metrics.value("kipside_upstream_requests_total", api="Produce"),
         )
 
     def ratio_over(self, seconds: float) -> tuple[float, float, float]:
@@ -421,7 +415,7 @@ def test_hot_reload_during_live_traffic(
     try:
         _wait_for(lambda: producers.delivered > 200, "producers to get going")
         time.sleep(0.5)
-        connections = stack.metrics()["kipside_client_connections"]
+        connections = stack.metrics().value("kipside_client_connections")
         v0 = stack.rules_version()
         _assert_coalescing(watch, on=True, step="initial rules")
 
@@ -461,8 +455,8 @@ def test_hot_reload_during_live_traffic(
         time.sleep(2.5)  # the watcher has seen the file: a file already refused is not re-read
         assert stack.rules_version() == v3
         metrics = stack.metrics()
-        assert metrics["kipside_rule_reloads_total"] == 3
-        assert metrics["kipside_rule_reload_errors_total"] == 2
+        assert metrics.value("kipside_rule_reloads_total") == 3
+        assert metrics.value("kipside_rule_reload_errors_total") == 2
         assert stack.get("/status.json").json()["rules"]["last_error"].startswith(f"{path}:")
         _assert_coalescing(watch, on=False, step="after the invalid file (v3 stays)")
     finally:
