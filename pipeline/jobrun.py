@@ -4,9 +4,13 @@
   unreachable cluster or a pattern that matches nothing fails in a second with one line.
 - `JobFiles`: the files a job keeps beside its checkpoint (Spark's log, the stop marker, the
   notices from the driver's source process).
+- `start_stream`: start a query's writer, draining what is there (--once) or on a timer.
 - `run_query`: start the streaming query, wait for it while printing notices, stop it between
   micro-batches on SIGINT/SIGTERM, and report a failure by its root cause: the kipside error
   inside Spark's wrapping, not Spark's stack trace.
+- `announce`: the one line a job prints before Spark starts: what it reads, where it goes.
+- `run_with_progress`: `run_query` under a live line of the query's figures, then the final
+  figures, the error if any, and the command's exit status.
 """
 
 from __future__ import annotations
@@ -18,17 +22,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any, Final
+from typing import Any, Final, TextIO
 
 from kipside.pipeline.kafka.client import ClientConfig, KafkaClient
 from kipside.pipeline.kafka.errors import TopicNotFound
 from kipside.pipeline.kafka.retry import RetryPolicy
 from kipside.pipeline.notices import NoticeReader
-from kipside.pipeline.progress import LiveLine
+from kipside.pipeline.progress import LiveLine, ProgressListener, Totals
 from kipside.pipeline.source.options import OptionError, parse_source_options
 from kipside.pipeline.source.planner import Planner
 
-__all__ = ["JobFiles", "preflight", "root_cause", "run_query"]
+__all__ = [
+    "JobFiles",
+    "announce",
+    "preflight",
+    "root_cause",
+    "run_query",
+    "run_with_progress",
+    "start_stream",
+]
 
 STOP_GRACE_SECONDS: Final = 60.0
 _CAUSE: Final = re.compile(
@@ -76,6 +88,19 @@ def preflight(
         raise type(exc)(str(exc).replace("option subscribePattern:", flag)) from None
 
 
+def announce(
+    err: TextIO, command: str, partitions: list[tuple[str, int]], route: str, files: JobFiles
+) -> None:
+    """Say on `err` how much the job reads, `route` (from where to where), and where its
+    checkpoint and Spark's log are."""
+    topics = {topic for topic, _ in partitions}
+    err.write(
+        f"{command}: {len(topics)} topic(s), {len(partitions)} partition(s) {route}; "
+        f"checkpoint {files.checkpoint}; Spark's log: {files.spark_log}\n"
+    )
+    err.flush()
+
+
 def root_cause(exc: BaseException) -> str:
     """The kipside error inside Spark's wrapping (the last one in the Python traceback)."""
     text = str(exc)
@@ -84,6 +109,14 @@ def root_cause(exc: BaseException) -> str:
         return str(found[-1][1]).strip()
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
     return first[:500]
+
+
+def start_stream(writer: Any, *, once: bool, trigger_seconds: float) -> Any:
+    """Start a DataStreamWriter: with `once`, on what is there now and then stop; otherwise a
+    micro-batch every `trigger_seconds`. Returns the StreamingQuery."""
+    if once:
+        return writer.trigger(availableNow=True).start()
+    return writer.trigger(processingTime=f"{trigger_seconds} seconds").start()
 
 
 def run_query(
@@ -108,6 +141,31 @@ def run_query(
     show_notices()
     notices.close()
     return outcome, error, query
+
+
+def run_with_progress(
+    spark: Any,
+    start: Callable[[], Any],
+    files: JobFiles,
+    err: TextIO,
+    command: str,
+    query_name: str,
+    render: Callable[[Totals], str],
+) -> int:
+    """Run the query named `query_name` (its observed metrics carry the same name) under a live
+    line of `render(totals)` on `err`; print the final figures and the error if any, stop Spark,
+    and return the exit status."""
+    line = LiveLine(err)
+    listener = ProgressListener(query_name, query_name, render, line)
+    spark.streams.addListener(listener)
+    outcome, error, query = run_query(start, files, line, command)
+    if query is not None:
+        listener.catch_up(query.recentProgress)
+    line.finish(f"{command}: {outcome}: {render(listener.totals).split(': ', 1)[1]}")
+    if error:
+        err.write(f"{command}: error: {error}\n")
+    spark.stop()
+    return 1 if error else 0
 
 
 def _wait(query: Any, stop_marker: str, tick: Callable[[], None]) -> tuple[str, str | None]:

@@ -198,6 +198,13 @@ class KafkaClient:
         conn = self._connections.get(node)
         if conn is not None and not conn.closed:
             return conn
+        conn, versions = self._open_node(node)
+        self._connections[node] = conn
+        self._versions[node] = versions
+        return conn
+
+    def _open_node(self, node: int) -> tuple[BrokerConnection, dict[int, VersionRange]]:
+        """A new connection to `node`, found in the metadata (refreshed once if it is not there)."""
         address = self._brokers.get(node)
         if address is None:
             self.metadata(refresh=True)
@@ -205,12 +212,9 @@ class KafkaClient:
         if address is None:
             raise RetriableError(f"node {node} of {self.where} is not in the cluster's metadata")
         try:
-            conn, versions = self._open(address, f"{self.role} node {node} ({address})")
+            return self._open(address, f"{self.role} node {node} ({address})")
         except ConnectionFailed as exc:
             raise RetriableError(str(exc)) from exc
-        self._connections[node] = conn
-        self._versions[node] = versions
-        return conn
 
     def connection(self, node: int | None) -> tuple[int, BrokerConnection]:
         """The connection to `node`, or to any broker when node is None; (key, connection)."""
@@ -243,17 +247,7 @@ class KafkaClient:
     def dedicated(self, node: int) -> DedicatedConnection:
         """A new connection to `node` that only its caller uses, for requests kept in flight
         (the shared ones answer one request at a time, and must not interleave with these)."""
-        address = self._brokers.get(node)
-        if address is None:
-            self.metadata(refresh=True)
-            address = self._brokers.get(node)
-        if address is None:
-            raise RetriableError(f"node {node} of {self.where} is not in the cluster's metadata")
-        try:
-            conn, versions = self._open(address, f"{self.role} node {node} ({address})")
-        except ConnectionFailed as exc:
-            raise RetriableError(str(exc)) from exc
-        return DedicatedConnection(conn, versions)
+        return DedicatedConnection(*self._open_node(node))
 
     def remember_broker(self, node: int, host: str, port: int) -> None:
         """A broker address learned outside Metadata (FindCoordinator)."""

@@ -19,12 +19,13 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Final, TextIO
 
 from kipside.pipeline import jobrun
 from kipside.pipeline.jobrun import JobFiles
 from kipside.pipeline.kafka.errors import KafkaError
-from kipside.pipeline.progress import LiveLine, ProgressListener, Totals, describe_lag
+from kipside.pipeline.progress import Totals, describe_lag
 from kipside.pipeline.spark import start_session
 
 from .commit import BatchPublisher
@@ -34,7 +35,7 @@ from .schema import DDL_SUFFIXES, LakeSchema, SchemaError, load_schema
 __all__ = ["LakeJob", "run_lake", "start_query"]
 
 QUERY_NAME: Final = "kipside_lake"
-OBSERVED: Final = "kipside_lake"
+OBSERVED: Final = QUERY_NAME  # the observed metrics are named as the query
 COMPRESSIONS: Final = ("zstd", "snappy", "none")
 
 
@@ -161,11 +162,7 @@ def start_query(spark: Any, job: LakeJob, schema: LakeSchema, written: _Written)
         .option("checkpointLocation", job.checkpoint)
         .queryName(QUERY_NAME)
     )
-    if job.once:
-        writer = writer.trigger(availableNow=True)
-    else:
-        writer = writer.trigger(processingTime=f"{job.trigger_seconds} seconds")
-    return writer.start()
+    return jobrun.start_stream(writer, once=job.once, trigger_seconds=job.trigger_seconds)
 
 
 def _renderer(written: _Written) -> Any:
@@ -201,13 +198,8 @@ def run_lake(job: LakeJob, out: TextIO | None = None) -> int:
     except (KafkaError, ValueError) as exc:
         err.write(f"kipside lake: error: {exc}\n")
         return 1
-    topics = sorted({t for t, _ in partitions})
-    err.write(
-        f"kipside lake: {len(topics)} topic(s), {len(partitions)} partition(s) from "
-        f"{job.bootstrap} to {job.out} (quarantine: {job.quarantine_dir}); checkpoint "
-        f"{job.checkpoint}; Spark's log: {job.files.spark_log}\n"
-    )
-    err.flush()
+    route = f"from {job.bootstrap} to {job.out} (quarantine: {job.quarantine_dir})"
+    jobrun.announce(err, "kipside lake", partitions, route, job.files)
     # Dates and timestamps in UTC; timestamps as Parquet's TIMESTAMP_MICROS, which every
     # reader understands (Spark's default, INT96, is deprecated in Parquet).
     conf = {
@@ -223,17 +215,8 @@ def run_lake(job: LakeJob, out: TextIO | None = None) -> int:
         spark.stop()
         return 1
     written = _Written()
+    start = partial(start_query, spark, job, schema, written)
     render = _renderer(written)
-    line = LiveLine(err)
-    listener = ProgressListener(QUERY_NAME, OBSERVED, render, line)
-    spark.streams.addListener(listener)
-    outcome, error, query = jobrun.run_query(
-        lambda: start_query(spark, job, schema, written), job.files, line, "kipside lake"
+    return jobrun.run_with_progress(
+        spark, start, job.files, err, "kipside lake", QUERY_NAME, render
     )
-    if query is not None:
-        listener.catch_up(query.recentProgress)
-    line.finish(f"kipside lake: {outcome}: {render(listener.totals).split(': ', 1)[1]}")
-    if error:
-        err.write(f"kipside lake: error: {error}\n")
-    spark.stop()
-    return 1 if error else 0

@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Final, TextIO
 
 from kipside.pipeline import jobrun
@@ -26,7 +27,7 @@ from kipside.pipeline.kafka.client import ClientConfig, KafkaClient
 from kipside.pipeline.kafka.connection import Address
 from kipside.pipeline.kafka.errors import KafkaError
 from kipside.pipeline.kafka.retry import RetryPolicy
-from kipside.pipeline.progress import LiveLine, ProgressListener, Totals, describe_lag
+from kipside.pipeline.progress import Totals, describe_lag
 from kipside.pipeline.spark import start_session
 
 from .offset_sync import DEFAULT_TOPIC
@@ -35,7 +36,7 @@ from .sink import MirrorSink
 __all__ = ["MirrorJob", "run_mirror", "start_query"]
 
 QUERY_NAME: Final = "kipside_mirror"
-OBSERVED: Final = "kipside_mirror"
+OBSERVED: Final = QUERY_NAME  # the observed metrics are named as the query
 READ_UNCOMMITTED_WARNING: Final = (
     "kipside mirror: warning: --read-uncommitted copies every data batch, including those of "
     "transactions that were aborted or are still open; on the destination they become "
@@ -138,11 +139,7 @@ def start_query(spark: Any, job: MirrorJob) -> Any:
         .options(**job.sink_options())
         .queryName(QUERY_NAME)
     )
-    if job.once:
-        writer = writer.trigger(availableNow=True)
-    else:
-        writer = writer.trigger(processingTime=f"{job.trigger_seconds} seconds")
-    return writer.start()
+    return jobrun.start_stream(writer, once=job.once, trigger_seconds=job.trigger_seconds)
 
 
 def run_mirror(job: MirrorJob, out: TextIO | None = None) -> int:
@@ -155,25 +152,11 @@ def run_mirror(job: MirrorJob, out: TextIO | None = None) -> int:
     except (KafkaError, ValueError) as exc:
         err.write(f"kipside mirror: error: {exc}\n")
         return 1
-    topics = sorted({t for t, _ in partitions})
-    err.write(
-        f"kipside mirror: {len(topics)} topic(s), {len(partitions)} partition(s) from "
-        f"{job.source} to {job.dest}{' as ' + job.rename + '*' if job.rename else ''}; "
-        f"checkpoint {job.checkpoint}; Spark's log: {job.files.spark_log}\n"
-    )
-    err.flush()
+    renamed = f" as {job.rename}*" if job.rename else ""
+    route = f"from {job.source} to {job.dest}{renamed}"
+    jobrun.announce(err, "kipside mirror", partitions, route, job.files)
     spark = start_session("kipside mirror", job.master, job.conf, log_path=job.files.spark_log)
-    line = LiveLine(err)
-    listener = ProgressListener(QUERY_NAME, OBSERVED, _render, line)
-    spark.streams.addListener(listener)
-    outcome, error, query = jobrun.run_query(
-        lambda: start_query(spark, job), job.files, line, "kipside mirror"
+    start = partial(start_query, spark, job)
+    return jobrun.run_with_progress(
+        spark, start, job.files, err, "kipside mirror", QUERY_NAME, _render
     )
-    if query is not None:
-        listener.catch_up(query.recentProgress)
-    summary = _render(listener.totals).split(": ", 1)[1]
-    line.finish(f"kipside mirror: {outcome}: {summary}")
-    if error:
-        err.write(f"kipside mirror: error: {error}\n")
-    spark.stop()
-    return 1 if error else 0

@@ -6,6 +6,7 @@ before a cluster or Spark would be needed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
 import pytest
@@ -160,8 +161,45 @@ def test_usage_errors(
     assert fragment in err
 
 
-def started_job(monkeypatch: pytest.MonkeyPatch, module: Any, runner: str, *argv: str) -> object:
-    """The job `kipside ARGV...` hands to MODULE.RUNNER (which is replaced, so nothing runs)."""
+# What each command needs before it starts, the module it starts the job in, and the job
+# those required options alone make (every other field at the job's default).
+COMMANDS: dict[str, tuple[tuple[str, ...], Any, str, object]] = {
+    "mirror": (
+        ("mirror", "--source", "a:1", "--dest", "b:2", "--topics", "o", "--checkpoint", "c"),
+        mirror_job,
+        "run_mirror",
+        MirrorJob(source="a:1", dest="b:2", topics="o", checkpoint="c"),
+    ),
+    "translate": (
+        ("mirror", "translate", "--source", "a:1", "--dest", "b:2", "--group", "g"),
+        translate,
+        "run_translate",
+        TranslateJob(source="a:1", dest="b:2", group="g", sync_topic="kipside-mirror-offset-syncs"),
+    ),
+    "lake": (
+        (
+            "lake",
+            "--bootstrap",
+            "k:1",
+            "--topics",
+            "t",
+            "--schema",
+            "s",
+            "--out",
+            "o",
+            "--checkpoint",
+            "c",
+        ),
+        lake_job,
+        "run_lake",
+        LakeJob(bootstrap="k:1", topics="t", schema="s", out="o", checkpoint="c"),
+    ),
+}
+
+
+def started_job(monkeypatch: pytest.MonkeyPatch, command: str, *argv: str) -> object:
+    """The job `kipside COMMAND... ARGV...` starts (its runner is replaced, so nothing runs)."""
+    required, module, runner, _ = COMMANDS[command]
     started: list[object] = []
 
     def start(job: object, *_: object) -> int:
@@ -169,86 +207,59 @@ def started_job(monkeypatch: pytest.MonkeyPatch, module: Any, runner: str, *argv
         return 0
 
     monkeypatch.setattr(module, runner, start)
-    assert main(list(argv)) == 0
+    assert main([*required, *argv]) == 0
     [job] = started
     return job
 
 
-def test_mirror_options_become_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
-    job = started_job(
-        monkeypatch,
-        mirror_job,
-        "run_mirror",
-        *("mirror", "--source", "a:1", "--dest", "b:2", "--topics", "o.*", "--checkpoint", "c"),
-        *("--rename", "x.", "--read-uncommitted", "--max-bytes-per-trigger", "1M", "--once"),
-        *("--master", "local[2]", "--no-fail-on-data-loss", "--offset-sync-topic", "syncs"),
-        *("--timeout", "2.5", "--conf", "spark.a=1", "--conf", "spark.b=2"),
-    )
-    assert job == MirrorJob(
-        source="a:1",
-        dest="b:2",
-        topics="o.*",
-        checkpoint="c",
-        rename="x.",
-        read_uncommitted=True,
-        max_bytes_per_trigger=1 << 20,
-        once=True,
-        master="local[2]",
-        fail_on_data_loss=False,
-        sync_topic="syncs",
-        timeout_ms=2500,
-        conf={"spark.a": "1", "spark.b": "2"},
-    )
+@pytest.mark.parametrize("command", COMMANDS)
+def test_required_options_alone_make_a_job_of_defaults(
+    monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    # The CLI's defaults are the job's: --timeout 60 is timeout_ms=60000 and so on.
+    expected = dataclasses.replace(COMMANDS[command][3], timeout_ms=60_000)  # type: ignore[type-var]
+    assert started_job(monkeypatch, command) == expected
 
 
-def test_mirror_defaults_become_the_jobs_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
-    required = ("--source", "a:1", "--dest", "b:2", "--topics", "o", "--checkpoint", "c")
-    job = started_job(monkeypatch, mirror_job, "run_mirror", "mirror", *required)
-    assert job == MirrorJob(source="a:1", dest="b:2", topics="o", checkpoint="c")
+# (command, options, the job field they set, its value)
+OPTION_FIELDS = [
+    ("mirror", ("--rename", "x."), "rename", "x."),
+    ("mirror", ("--read-uncommitted",), "read_uncommitted", True),
+    ("mirror", ("--max-bytes-per-trigger", "1M"), "max_bytes_per_trigger", 1 << 20),
+    ("mirror", ("--once",), "once", True),
+    ("mirror", ("--master", "local[2]"), "master", "local[2]"),
+    ("mirror", ("--no-fail-on-data-loss",), "fail_on_data_loss", False),
+    ("mirror", ("--offset-sync-topic", "syncs"), "sync_topic", "syncs"),
+    ("mirror", ("--timeout", "2.5"), "timeout_ms", 2500),
+    (
+        "mirror",
+        ("--conf", "spark.a=1", "--conf", "spark.b=2"),
+        "conf",
+        {"spark.a": "1", "spark.b": "2"},
+    ),
+    ("translate", ("--offset-sync-topic", "syncs"), "sync_topic", "syncs"),
+    ("translate", ("--commit",), "commit", True),
+    ("translate", ("--json",), "as_json", True),
+    ("translate", ("--timeout", "3"), "timeout_ms", 3000),
+    ("lake", ("--quarantine", "q"), "quarantine", "q"),
+    ("lake", ("--once",), "once", True),
+    ("lake", ("--compression", "snappy"), "compression", "snappy"),
+    ("lake", ("--master", "local[1]"), "master", "local[1]"),
+    ("lake", ("--max-offsets-per-trigger", "7"), "max_offsets_per_trigger", 7),
+    ("lake", ("--max-records-per-file", "8"), "max_records_per_file", 8),
+    ("lake", ("--trigger-interval", "9.5"), "trigger_seconds", 9.5),
+    ("lake", ("--no-fail-on-data-loss",), "fail_on_data_loss", False),
+    ("lake", ("--timeout", "1"), "timeout_ms", 1000),
+    ("lake", ("--conf", "spark.x=y"), "conf", {"spark.x": "y"}),
+]
 
 
-def test_translate_options_become_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
-    job = started_job(
-        monkeypatch,
-        translate,
-        "run_translate",
-        *("mirror", "translate", "--source", "a:1", "--dest", "b:2", "--group", "g"),
-        *("--offset-sync-topic", "syncs", "--commit", "--json", "--timeout", "3"),
-    )
-    assert job == TranslateJob(
-        source="a:1",
-        dest="b:2",
-        group="g",
-        sync_topic="syncs",
-        commit=True,
-        as_json=True,
-        timeout_ms=3000,
-    )
-
-
-def test_lake_options_become_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
-    job = started_job(
-        monkeypatch,
-        lake_job,
-        "run_lake",
-        *("lake", "--bootstrap", "k:1", "--topics", "t", "--schema", "s.json", "--out", "o"),
-        *("--checkpoint", "c", "--quarantine", "q", "--once", "--compression", "snappy"),
-        *("--master", "local[1]", "--max-offsets-per-trigger", "7", "--max-records-per-file", "8"),
-        *("--trigger-interval", "9.5", "--no-fail-on-data-loss", "--timeout", "1"),
-    )
-    assert job == LakeJob(
-        bootstrap="k:1",
-        topics="t",
-        schema="s.json",
-        out="o",
-        checkpoint="c",
-        quarantine="q",
-        once=True,
-        compression="snappy",
-        master="local[1]",
-        max_offsets_per_trigger=7,
-        max_records_per_file=8,
-        trigger_seconds=9.5,
-        fail_on_data_loss=False,
-        timeout_ms=1000,
-    )
+@pytest.mark.parametrize(("command", "argv", "field", "value"), OPTION_FIELDS)
+def test_each_option_sets_its_job_field(
+    monkeypatch: pytest.MonkeyPatch, command: str, argv: tuple[str, ...], field: str, value: Any
+) -> None:
+    job = started_job(monkeypatch, command, *argv)
+    assert getattr(job, field) == value
+    # ...and nothing else: the job is the required options' job with that one field changed.
+    base = started_job(monkeypatch, command)
+    assert job == dataclasses.replace(base, **{field: value})  # type: ignore[type-var]
