@@ -40,6 +40,8 @@ def test_only_kipside_and_the_spark_shim_are_top_level(wheel: Path) -> None:
 def test_package_data_is_in_the_wheel(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "kipside/pipeline/resources/log4j2.properties" in names
+    for page in ("status.html", "status.css", "status.js"):  # the admin status page
+        assert f"kipside/proxy/operations/admin/static/{page}" in names, page
     for package in ("protocol", "proxy", "rules", "pipeline"):
         assert f"kipside/{package}/py.typed" in names, package
 
