@@ -21,9 +21,9 @@ PUBLIC = ("kipside.protocol", "kipside.proxy", "kipside.rules", "kipside.pipelin
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
+    build = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(out)]
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps"]
-        + ["--wheel-dir", str(out), str(REPO)],
+        [*build, str(REPO)],
         check=True,
         capture_output=True,
     )
