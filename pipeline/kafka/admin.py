@@ -16,7 +16,7 @@ from kipside.protocol import (
     error_name,
 )
 
-from .client import KafkaClient, check_error
+from .client import KafkaClient, body_of, check_error
 from .errors import BrokerError, RetriableError, TopicNotFound
 
 __all__ = [
@@ -61,18 +61,12 @@ def partition_counts(client: KafkaClient, topics: Sequence[str]) -> dict[str, in
 def describe_topic_configs(client: KafkaClient, topics: Sequence[str]) -> dict[str, dict[str, str]]:
     """The configs set on each topic itself (not broker defaults), sensitive ones left out."""
 
-    def body(version: int) -> bytes:
-        resources = [
-            {"resource_type": _TOPIC_RESOURCE, "resource_name": t, "configuration_keys": None}
-            for t in topics
-        ]
-        return encode_message(
-            build_request(
-                ApiKey.DESCRIBE_CONFIGS,
-                version,
-                {"resources": resources, "include_synonyms": False, "include_documentation": False},
-            )
-        )
+    resources = [
+        {"resource_type": _TOPIC_RESOURCE, "resource_name": t, "configuration_keys": None}
+        for t in topics
+    ]
+    fields = {"resources": resources, "include_synonyms": False, "include_documentation": False}
+    body = body_of(ApiKey.DESCRIBE_CONFIGS, fields)
 
     def attempt() -> dict[str, dict[str, str]]:
         response = client.request(None, ApiKey.DESCRIBE_CONFIGS, DESCRIBE_CONFIGS, body).decode()
@@ -100,27 +94,18 @@ def create_topics(
     if not wanted:
         return
 
-    def body(version: int) -> bytes:
-        return encode_message(
-            build_request(
-                ApiKey.CREATE_TOPICS,
-                version,
-                {
-                    "topics": [
-                        {
-                            "name": t.name,
-                            "num_partitions": t.partitions,
-                            "replication_factor": -1,
-                            "assignments": [],
-                            "configs": [{"name": k, "value": v} for k, v in t.configs.items()],
-                        }
-                        for t in wanted
-                    ],
-                    "timeout": timeout_ms,
-                    "validate_only": False,
-                },
-            )
-        )
+    new_topics = [
+        {
+            "name": t.name,
+            "num_partitions": t.partitions,
+            "replication_factor": -1,
+            "assignments": [],
+            "configs": [{"name": k, "value": v} for k, v in t.configs.items()],
+        }
+        for t in wanted
+    ]
+    fields = {"topics": new_topics, "timeout": timeout_ms, "validate_only": False}
+    body = body_of(ApiKey.CREATE_TOPICS, fields)
 
     def attempt() -> None:
         controller = client.metadata().controller
@@ -146,11 +131,7 @@ def create_topics(
 
 
 def _coordinator(client: KafkaClient, group: str) -> int:
-    def body(version: int) -> bytes:
-        return encode_message(
-            build_request(ApiKey.FIND_COORDINATOR, version, {"key": group, "key_type": _GROUP_KEY})
-        )
-
+    body = body_of(ApiKey.FIND_COORDINATOR, {"key": group, "key_type": _GROUP_KEY})
     response = client.request(None, ApiKey.FIND_COORDINATOR, FIND_COORDINATOR, body).decode()
     check_error(int(response.error_code), f"FindCoordinator for group {group!r}", client.where)
     node = int(response.node_id)
@@ -207,20 +188,14 @@ def commit_group_offsets(
             {"partition_index": partition, "committed_offset": offset, "committed_metadata": ""}
         )
 
-    def body(version: int) -> bytes:
-        return encode_message(
-            build_request(
-                ApiKey.OFFSET_COMMIT,
-                version,
-                {
-                    "group_id": group,
-                    "generation_id_or_member_epoch": -1,
-                    "member_id": "",
-                    "group_instance_id": None,
-                    "topics": [{"name": t, "partitions": parts} for t, parts in topics.items()],
-                },
-            )
-        )
+    fields = {
+        "group_id": group,
+        "generation_id_or_member_epoch": -1,
+        "member_id": "",
+        "group_instance_id": None,
+        "topics": [{"name": t, "partitions": parts} for t, parts in topics.items()],
+    }
+    body = body_of(ApiKey.OFFSET_COMMIT, fields)
 
     def attempt() -> None:
         node = _coordinator(client, group)

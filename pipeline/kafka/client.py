@@ -266,20 +266,13 @@ class KafkaClient:
         if topics is None and self._metadata is not None and not refresh:
             return self._metadata
 
-        def body(version: int) -> bytes:
-            names = None if topics is None else [{"name": t, "topic_id": None} for t in topics]
-            return encode_message(
-                build_request(
-                    ApiKey.METADATA,
-                    version,
-                    {
-                        "topics": names,
-                        "allow_auto_topic_creation": False,
-                        "include_topic_authorized_operations": False,
-                    },
-                )
-            )
-
+        names = None if topics is None else [{"name": t, "topic_id": None} for t in topics]
+        fields = {
+            "topics": names,
+            "allow_auto_topic_creation": False,
+            "include_topic_authorized_operations": False,
+        }
+        body = body_of(ApiKey.METADATA, fields)
         response = self.request(None, ApiKey.METADATA, _METADATA, body).decode()
         brokers = {int(b.node_id): Address(str(b.host), int(b.port)) for b in response.brokers}
         found: dict[str, TopicMetadata] = {}
@@ -318,6 +311,12 @@ class KafkaClient:
             if p is not None and p.leader >= 0 and p.error_code == 0:
                 return p.leader
         raise RetriableError(f"{topic}-{partition} has no leader in {self.where} yet")
+
+
+def body_of(api_key: int, fields: dict[str, Any]) -> Callable[[int], bytes]:
+    """The body of a request with these fields at whatever version is chosen (the kio adapter
+    leaves out the fields a version does not have)."""
+    return lambda version: encode_message(build_request(api_key, version, fields))
 
 
 def check_error(code: int, what: str, where: str) -> None:

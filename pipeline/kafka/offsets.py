@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeVar
 
 from kipside.protocol import (
     FETCH_MAX_VERSION,
@@ -23,13 +23,11 @@ from kipside.protocol import (
     FetchPartition,
     VersionRange,
     batch_extent,
-    build_request,
     encode_fetch_request,
-    encode_message,
     parse_fetch_response,
 )
 
-from .client import KafkaClient, check_error
+from .client import KafkaClient, body_of, check_error
 from .errors import RetriableError
 
 __all__ = [
@@ -48,6 +46,7 @@ LIST_OFFSETS: Final = VersionRange(2, 9)
 FETCH: Final = VersionRange(FETCH_MIN_VERSION, FETCH_MAX_VERSION)
 _OUT_OF_RANGE: Final = int(ErrorCode.offset_out_of_range)
 _PROBE_BYTES: Final = 4096
+_V = TypeVar("_V")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,10 +90,7 @@ def list_offsets(
                     tp = (str(topic.name), int(p.partition_index))
                     check_error(int(p.error_code), f"ListOffsets for {tp[0]}-{tp[1]}", client.where)
                     found[tp] = int(p.offset)
-        missing = set(queries) - set(found)
-        if missing:
-            raise_missing(missing, "ListOffsets", client)
-        return found
+        return answered_all(queries, found, "ListOffsets", client)
 
     return client.retrying("listing offsets", attempt)
 
@@ -106,15 +102,12 @@ def _list_offsets_body(
     for (topic, partition), timestamp in queries.items():
         topics.setdefault(topic, []).append({"partition_index": partition, "timestamp": timestamp})
 
-    def body(version: int) -> bytes:
-        fields = {
-            "replica_id": -1,
-            "isolation_level": int(committed_only),
-            "topics": [{"name": t, "partitions": parts} for t, parts in topics.items()],
-        }
-        return encode_message(build_request(ApiKey.LIST_OFFSETS, version, fields))
-
-    return body
+    fields = {
+        "replica_id": -1,
+        "isolation_level": int(committed_only),
+        "topics": [{"name": t, "partitions": parts} for t, parts in topics.items()],
+    }
+    return body_of(ApiKey.LIST_OFFSETS, fields)
 
 
 def watermarks(
@@ -132,10 +125,7 @@ def watermarks(
             starts = list_offsets(client, {tp: EARLIEST for tp in retry_at_start})
             for leader, tps in _by_leader(client, starts).items():
                 found.update(_probe(client, leader, {tp: starts[tp] for tp in tps}, {}))
-        missing = set(probe_at) - set(found)
-        if missing:
-            raise_missing(missing, "Fetch", client)
-        return found
+        return answered_all(probe_at, found, "Fetch", client)
 
     return client.retrying("reading partition watermarks", attempt)
 
@@ -176,6 +166,12 @@ def _probe(
     return found
 
 
-def raise_missing(missing: Iterable[TopicPartition], api: str, client: KafkaClient) -> None:
-    names = ", ".join(f"{t}-{p}" for t, p in sorted(missing))
-    raise RetriableError(f"{api}: {client.where} did not answer for {names}")
+def answered_all(
+    asked: Iterable[TopicPartition], found: dict[TopicPartition, _V], api: str, client: KafkaClient
+) -> dict[TopicPartition, _V]:
+    """`found`, if every partition asked about is in it; else RetriableError naming the others."""
+    missing = set(asked) - set(found)
+    if missing:
+        names = ", ".join(f"{t}-{p}" for t, p in sorted(missing))
+        raise RetriableError(f"{api}: {client.where} did not answer for {names}")
+    return found

@@ -28,8 +28,6 @@ from kipside.protocol import (
     PartitionBatch,
     RecordBatchView,
     VersionRange,
-    build_request,
-    encode_message,
     encode_produce_request,
     error_name,
     is_retriable,
@@ -37,7 +35,7 @@ from kipside.protocol import (
     restamp,
 )
 
-from .client import DedicatedConnection, KafkaClient, check_error
+from .client import DedicatedConnection, KafkaClient, body_of, check_error
 from .connection import BrokerConnection, ConnectionFailed
 from .errors import BrokerError, KafkaError, RetriableError
 
@@ -182,19 +180,14 @@ class IdempotentProducer(Generic[Tag]):
         return self._session
 
     def _init_producer_id(self) -> _Session:
-        def body(version: int) -> bytes:
-            return encode_message(
-                build_request(
-                    ApiKey.INIT_PRODUCER_ID,
-                    version,
-                    {
-                        "transactional_id": None,
-                        "transaction_timeout": 60_000,
-                        "producer_id": -1,
-                        "producer_epoch": -1,
-                    },
-                )
-            )
+        # No transactional id: an idempotent producer; -1/-1 asks for a new producer id.
+        fields = {
+            "transactional_id": None,
+            "transaction_timeout": 60_000,
+            "producer_id": -1,
+            "producer_epoch": -1,
+        }
+        body = body_of(ApiKey.INIT_PRODUCER_ID, fields)
 
         response = self.client.request(
             None, ApiKey.INIT_PRODUCER_ID, INIT_PRODUCER_ID, body

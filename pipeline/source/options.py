@@ -21,6 +21,7 @@ from typing import Any, Final, Literal
 from kipside.pipeline.kafka.client import ClientConfig
 from kipside.pipeline.kafka.connection import Address
 from kipside.pipeline.kafka.fetcher import FetchConfig
+from kipside.pipeline.kafka.offsets import EARLIEST, LATEST, TopicPartition
 from kipside.pipeline.kafka.retry import RetryPolicy
 
 __all__ = [
@@ -33,9 +34,6 @@ __all__ = [
     "parse_source_options",
 ]
 
-TopicPartition = tuple[str, int]
-EARLIEST: Final = -2
-LATEST: Final = -1
 Rows = Literal["records", "batches"]
 
 

@@ -71,25 +71,14 @@ def decode_offsets(value: Mapping[str, Mapping[str, int]] | str) -> Offsets:
 
 def rate_limit(start: Offsets, latest: Offsets, limit: int) -> Offsets:
     """End offsets that read at most about `limit` offsets in all, shared by backlog."""
-    sizes = {tp: max(latest[tp] - start.get(tp, latest[tp]), 0) for tp in latest}
-    total = sum(sizes.values())
-    if total <= limit:
-        return dict(latest)
-    out = {}
-    for tp, end in latest.items():
-        begin = start.get(tp, end)
-        share = limit * sizes[tp] / total
-        # Don't starve small partitions: a share below one offset still reads one.
-        take = math.ceil(share) if share < 1 else math.floor(share)
-        out[tp] = min(end, begin + take)
-    return out
+    return byte_limit(start, latest, limit, {})  # every offset costs one
 
 
 def byte_limit(
     start: Offsets, latest: Offsets, limit: int, bytes_per_offset: Mapping[TopicPartition, float]
 ) -> Offsets:
     """End offsets that read about `limit` bytes in all; each partition's size per offset is
-    an estimate (from the batch at its start), so the limit is approximate."""
+    an estimate (from the batch at its start; 1.0 if unknown), so the limit is approximate."""
     backlog = {
         tp: max(latest[tp] - start.get(tp, latest[tp]), 0) * bytes_per_offset.get(tp, 1.0)
         for tp in latest
@@ -102,6 +91,7 @@ def byte_limit(
         begin = start.get(tp, end)
         share_bytes = limit * backlog[tp] / total
         offsets = share_bytes / max(bytes_per_offset.get(tp, 1.0), 1e-9)
+        # Don't starve small partitions: a share below one offset still reads one.
         take = math.ceil(offsets) if offsets < 1 else math.floor(offsets)
         out[tp] = min(end, begin + take)
     return out
