@@ -25,7 +25,7 @@ class Panel:
     title: str
     ylabel: str
     labels: list[str]
-    values: list[float | None] | dict[str, list[float | None]]
+    values: Sequence[float | None] | Mapping[str, Sequence[float | None]]
     fmt: str | Callable[[float], str] = "{:.3g}"
     reference: float | None = None
     reference_label: str = ""
@@ -48,8 +48,9 @@ def bar_chart(png: Path, panels: Sequence[Panel], title: str, *, cols: int = 2) 
     fig, axes = plt.subplots(rows, cols, figsize=(5.6 * cols, 3.6 * rows + 0.6), squeeze=False)
     legend: dict[str, Patch] = {}
     for ax, panel in zip(axes.flat, panels, strict=False):
-        series = panel.values if isinstance(panel.values, dict) else {"": panel.values}
+        series = panel.values if isinstance(panel.values, Mapping) else {"": panel.values}
         n, width = len(series), 0.8 / len(series)
+        series = {k: [None if v is None or v != v else v for v in vs] for k, vs in series.items()}
         every = [v for vals in series.values() for v in vals if v is not None]
         for j, (name, values) in enumerate(series.items()):
             color = SERIES_COLORS[j % len(SERIES_COLORS)] if name else None
@@ -143,7 +144,6 @@ class Bars:
     def panel(self, med: Mapping[str, dict[str, float] | None], cases: Sequence[str]) -> Panel:
         shown = [c for c in cases if med.get(c)]
         values: list[float | None] = [(med[c] or {})[self.key] for c in shown]
-        values = [None if v is None or v != v else v for v in values]
         if self.ref_case is None:
             ref = self.ref_add if self.ref_label else None
         else:

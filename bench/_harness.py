@@ -36,13 +36,12 @@ if str(REPO / "tests") not in sys.path:
 from testkit import procs, tools  # noqa: E402
 from testkit.broker import TANSU_NODE_ID, start_tansu  # noqa: E402
 from testkit.cpu import tree_cpu_seconds  # noqa: E402
-from testkit.ports import LOOPBACK as HOST  # noqa: E402
+from testkit.ports import LOOPBACK  # noqa: E402
 from testkit.ports import PortNotListening, free_port, wait_for_port  # noqa: E402
 
 from kipside.proxy.devbroker import tansu_path  # noqa: E402
 
-__all__ = ["HOST", "REPO", "HarnessError", "KipsideCode", "Managed", "Stack", "open_stack"]
-
+HOST = LOOPBACK
 PATHS = ("direct", "kipside", "tansu-proxy", "haproxy", "relay")
 """Every path a stack can take; any path named `kipside...` runs kipside (see KipsideCode)."""
 PACKAGES = ("protocol", "proxy", "rules", "pipeline")

@@ -207,6 +207,30 @@ class TreeRun:
     wall_s: float
     cpu_s: float
     """CPU of the command and everything it started (Spark's JVM and Python workers too)."""
+    broker_cpu_s: float = 0.0
+
+    def minus(self, other: TreeRun) -> TreeRun:
+        """What this run cost beyond `other` (a smaller run of the same job)."""
+        return TreeRun(*(a - b for a, b in zip(self.fields(), other.fields(), strict=True)))
+
+    def fields(self) -> tuple[float, float, float]:
+        return self.wall_s, self.cpu_s, self.broker_cpu_s
+
+    @staticmethod
+    def median(runs: Sequence[TreeRun]) -> TreeRun:
+        return TreeRun(
+            *(statistics.median(f) for f in zip(*(r.fields() for r in runs), strict=True))
+        )
+
+
+def timed(
+    brokers: Sequence[Managed], what: str, args: Sequence[str], spark: bool = False
+) -> TreeRun:
+    """run_tree on a quiet machine, with the CPU the brokers spent meanwhile."""
+    wait_until_quiet()
+    before = sum(b.cpu_seconds() for b in brokers)
+    run = run_tree(what, args, spark=spark)
+    return TreeRun(run.wall_s, run.cpu_s, sum(b.cpu_seconds() for b in brokers) - before)
 
 
 def run_tree(what: str, args: Sequence[str], timeout: float = 3600, spark: bool = False) -> TreeRun:

@@ -145,6 +145,8 @@ class Target:
 
     @property
     def mark(self) -> str:
+        if self.name.startswith("(no target)"):
+            return "compared"
         return "not measured" if self.ok is None else ("met" if self.ok else "**MISSED**")
 
 
@@ -185,9 +187,9 @@ def relative(med: dict[str, dict[str, float] | None], base: str, keys: Sequence[
     b = med.get(base)
     for m in med.values():
         for key in keys:
-            if m is not None:
-                m[f"{key}_vs"] = m[key] / b[key] if b and b[key] else NAN
-                m[f"{key}_add"] = m[key] - b[key] if b else NAN
+            if m is not None and key in m:
+                m[f"{key}_vs"] = m[key] / b[key] if b and b.get(key) else NAN
+                m[f"{key}_add"] = m[key] - b[key] if b and key in b else NAN
 
 
 # --------------------------------------------------------------------------- the document

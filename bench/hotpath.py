@@ -1,282 +1,225 @@
 """Hot path (issue 11): kipside's cost per request against a bare relay, haproxy and tansu proxy.
 
     .venv/bin/python bench/hotpath.py [--seconds 6] [--repeats 3] [--paths direct,relay,...]
-                                      [--baseline-ref 823d7af] [--profile] [--doc FILE]
+        [--workloads A,B] [--baseline-ref 823d7af] [--profile] [--profile-path kipside] [--quick]
 
-Paths, each against its own fresh in-memory Tansu, interleaved per repetition:
-- direct: the client talks to Tansu;
-- relay: bench/_relay.py, a bare trio TCP relay (two tasks per connection, 256 KiB reads, nothing
-  parsed): the floor for a proxy in Python on trio; Tansu advertises the relay's port;
-- haproxy (plain TCP mode, Tansu advertising its port) and tansu-proxy (Tansu's Rust proxy);
-- kipside: the working tree, from a snapshot taken when the benchmark starts;
-- kipside-before: kipside at --baseline-ref, extracted with `git archive` into a temp dir.
-
-Workload A, closed loop, on every path: one confluent-kafka producer (linger.ms=0, acks=all,
-100 B values) produces a record only once the previous one's delivery report is in, so every
-record is one Produce request and one is in flight; --seconds after a --warm-up of the same.
-Measured between GO and FINISHED (bench/_staged.py): requests/s, delivery-report latency, and
-the proxy's and Tansu's CPU seconds (psutil) per request.
-
-Workload B, 32 request-per-message producers, on direct, kipside and kipside-before: the same
-closed loop in 32 producers (8 threads in each of 4 processes) on one topic of 64 partitions,
-keyed by (producer, sequence number) so each producer's records spread over the partitions by
-the default partitioner; acks alternates 1 / all, every acks=all producer is idempotent, and
-compression cycles none, gzip, snappy, lz4, zstd (_coalesce_load.mixed_config). kipside runs with
-`coalescing: {enabled: true, linger_ms: 0}` and default lanes. Afterwards the whole topic is read
-back and every acknowledged record must be there exactly once, in order per partition.
-
---profile adds one run of workload A on the profiled path with py-spy attached (not counted in
-the results) and writes its top functions to the section `hotpath-profile-LABEL`. Prints tables
-and writes the `hotpath` section of --doc, with a chart in img/ beside it.
+A: one closed-loop producer (one Produce request per record, one in flight) on every path.
+B: 32 closed-loop producers with mixed acks and codecs on direct, kipside and kipside-before,
+then every acknowledged record checked exactly once, in order. kipside runs from a snapshot of
+the working tree, kipside-before from --baseline-ref. --profile adds one run of A with py-spy
+on the proxy. docs/performance.md ("Hot path") says what each measures.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import statistics
+import contextlib
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _harness import (
-    HOST,
-    HarnessError,
-    Stack,
-    exit_cleanly_on_sigterm,
-    kipside_available,
-    on_stack,
-    run_worker,
-    wait_until_quiet,
+from _chart import Bars, bar_chart
+from _fleet import fleet
+from _harness import HOST, HarnessError, Stack, at_ref, open_stack, snapshot
+from _measure import Run, attempt, medians, repeat, worker
+from _profile import HEADERS, RATE_HZ, py_spy_record, summarise
+from _report import (
+    Compare,
+    Report,
+    Target,
+    doc_args,
+    doc_of,
+    facts,
+    markdown_table,
+    relative,
+    run_notes,
+    table,
+    utc_now,
+    versions,
+    write_section,
 )
-from _hotpath_report import (
-    B_PARTITIONS,
-    B_PROCESSES,
-    B_PRODUCERS,
-    RECORD_SIZE,
-    Result,
-    Run,
-    Sources,
-    publish,
-    run_rows,
-)
-from _kipside import baseline_tree, produce_counts, snapshot_kipside
-from _profile import Profile, py_spy_record, summarise
-from _report import DOC, utc_now
-from _staged import Window, run_staged
+from testkit.ports import free_port
 
-from kipside.proxy.devbroker import free_port
-
-LOAD = Path(__file__).resolve().parent / "_coalesce_load.py"
 A_PATHS = ("direct", "relay", "haproxy", "tansu-proxy", "kipside", "kipside-before")
 B_PATHS = ("direct", "kipside", "kipside-before")
-KIPSIDE_PATHS = ("kipside", "kipside-before")
-A_TOPIC, B_TOPIC = "bench-hotpath", "bench-hotpath-mixed"
+B_PRODUCERS, B_PROCESSES, B_PARTITIONS = 32, 4, 64
 B_RULES = "coalescing:\n  enabled: true\n  linger_ms: 0\n"
-VERIFY_SECONDS = 120.0
+CHECKS = ("duplicates", "missing", "out_of_order")
+NOISY = 0.1
+A_COLUMNS = [
+    ("requests/s", "{msgs_per_s:,.0f}"),
+    ("p50 / p99 ms", "{p50_ms:.3f} / {p99_ms:.3f}"),
+    ("added p50 ms", "{p50_ms_add:+.3f}"),
+    ("proxy CPU us/request", "{proxy_cpu_per_m:.1f}"),
+    ("Tansu CPU us/request", "{broker_cpu_per_m:.1f}"),
+    ("client CPU us/request", "{client_cpu_per_m:.1f}"),
+    ("Produce requests/record", "{reqs_per_record:.3f}"),
+]
+B_COLUMNS = [
+    ("delivered msgs/s", "{msgs_per_s:,.0f}"),
+    ("vs direct", "{msgs_per_s_vs:.2f}x"),
+    ("p50 / p99 ms", "{p50_ms:.2f} / {p99_ms:.2f}"),
+    ("client Produce requests", "{client_reqs:,.0f}"),
+    ("upstream Produce requests", "{upstream_reqs:,.0f}"),
+    ("client / upstream", "{ratio:.2f}x"),
+    ("Tansu CPU s/M msgs", "{broker_cpu_per_m:.1f}"),
+    ("kipside CPU s/M msgs", "{proxy_cpu_per_m:.1f}"),
+    ("duplicates, missing, out of order (all repetitions)", "{checks}"),
+]
+TARGETS = [
+    ("A: kipside proxy CPU per request <= tansu-proxy's", "A proxy_cpu_per_m", "tansu-proxy", 1.0),
+    ("A (stretch): kipside proxy CPU per request <= 1.3x relay", "A proxy_cpu_per_m", "relay", 1.3),
+    ("A: kipside requests/s >= 0.9x the relay's", "A msgs_per_s", "relay", -0.9),
+    ("B: kipside delivered msgs/s >= 1.0x direct", "B msgs_per_s", "direct", -1.0),
+    ("(no target) A: proxy CPU per request", "A proxy_cpu_per_m", "kipside-before", 9e9),
+    ("(no target) B: kipside CPU per M msgs", "B proxy_cpu_per_m", "kipside-before", 9e9),
+]
+"""(name, "workload metric", other path, limit): kipside / other at most the limit, or at least
+minus the limit when it is negative."""
+CHART = [
+    Bars("A: proxy CPU us per request", "proxy_cpu_per_m", "{:.1f}", "tansu-proxy", 1, 0, "tansu"),
+    Bars("A: requests/s (one in flight)", "msgs_per_s", "{:,.0f}", "relay", 0.9, 0, "0.9x relay"),
+]
 
 
-def on_path(
-    run: Run,
-    args: argparse.Namespace,
-    sources: Sources,
-    body: Callable[[Stack], dict[str, float]],
-    kipside_args: Sequence[str] = (),
-) -> Run:
-    """Measure `body` on a fresh stack of `run.path`: fill in the run and return it."""
-    logdir = Path(tempfile.mkdtemp(prefix=f"{run.workload}-{run.path}-", dir=args.logroot))
-    wait_until_quiet(timeout=args.quiet_wait)
-    metrics, run.error, run.log_problems = on_stack(
-        "kipside" if run.path in KIPSIDE_PATHS else run.path,
-        body,
-        logdir=logdir,
-        kipside_args=kipside_args,
-        kipside_source=sources.trees.get(run.path),
+def closed_loop(stack: Stack, args: argparse.Namespace, during: Any = None) -> dict[str, float]:
+    """Workload A on a running stack."""
+    load = {"topic": "hot", "seconds": args.seconds, "warm_up_s": args.warm_up, "closed_loop": True}
+    m, _ = fleet(
+        stack, {**load, "client_prefix": "bench-hotpath"}, [1], partitions=1, during=during
     )
-    run.metrics = metrics or {}
+    if m["delivered"] == 0 or m["errors"]:
+        raise HarnessError(f"{m['delivered']:.0f} requests, {m['errors']:.0f} errors")
+    return m
+
+
+def mixed(stack: Stack, args: argparse.Namespace, admin: int | None) -> dict[str, float]:
+    """Workload B on a running stack, then the exactly-once check."""
+    load = {"topic": "mixed", "seconds": args.seconds, "warm_up_s": args.warm_up, "mixed": True}
+    load |= {"closed_loop": True, "client_prefix": "bench-hotpath"}
+    counts = [B_PRODUCERS // B_PROCESSES] * B_PROCESSES
+    m, results = fleet(stack, load, counts, partitions=B_PARTITIONS, admin=admin)
+    sent = {k: v for r in results for k, v in r["sequences"].items()}
+    check = {"bootstrap": stack.bootstrap, "topic": "mixed", "sent": sent, "seconds": 120}
+    found, _ = worker(stack, "verify-sequences", check)
+    return {**m, **{k: float(found[k]) for k in CHECKS}}
+
+
+def measure(
+    case: str,
+    rep: int,
+    args: argparse.Namespace,
+    body: Callable[..., dict[str, float]] | None = None,
+) -> Run:
+    workload, path = case.split()
+    logdir = Path(tempfile.mkdtemp(prefix=f"{rep}-", dir=args.tmp))
+    admin = free_port() if path.startswith("kipside") else None
+    extra = (
+        ["--admin", f"{HOST}:{admin}", "--rules", str(args.rules)]
+        if admin and workload == "B"
+        else []
+    )
+    run = Run(case, rep)
+    try:
+        with open_stack(path, logdir, kipside_args=extra, code=args.codes.get(path)) as stack:
+            if body is None:
+                body = (
+                    partial(closed_loop, args=args)
+                    if workload == "A"
+                    else partial(mixed, args=args, admin=admin if extra else None)
+                )
+            attempt(run, partial(body, stack))
+            run.problems = stack.proxy.problems() if stack.proxy else []
+    except Exception as exc:
+        run.error = str(exc)
     return run
 
 
-def _load(stack: Stack, args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
-    """Arguments of one closed-loop _coalesce_load.py process."""
-    return {
-        "bootstrap": stack.bootstrap,
-        "size": RECORD_SIZE,
-        "seconds": args.seconds,
-        "warm_up_s": args.warm_up,
-        "closed_loop": True,
-        "client_prefix": "bench-hotpath",
-        "go_timeout": 120,
-        **extra,
-    }
-
-
-def _latency_ms(results: list[dict[str, Any]]) -> tuple[float, float]:
-    lat = [v for r in results for v in r["latencies_us"]]
-    if len(lat) < 2:
-        return float("nan"), float("nan")
-    return statistics.median(lat) / 1000, statistics.quantiles(lat, n=100)[98] / 1000
-
-
-def _topic(stack: Stack, topic: str, partitions: int) -> None:
-    args = {"bootstrap": stack.bootstrap, "topics": [topic], "partitions": partitions}
-    run_worker(stack, "create-topics", args, timeout=60)
-
-
-def closed_loop(
-    stack: Stack, args: argparse.Namespace, during: AbstractContextManager[object] | None = None
-) -> dict[str, float]:
-    """Workload A on a running stack: its metrics."""
-    _topic(stack, A_TOPIC, 1)
-    load = _load(stack, args, topic=A_TOPIC, producers=1, first_index=0)
-    w = run_staged(stack, LOAD, [load], seconds=args.seconds, during=during)
-    r = w.results[0]
-    requests = int(r["delivered"])
-    if requests == 0 or r["errors"]:
-        raise HarnessError(f"{requests} requests, {r['errors']} errors: {r['first_error']}")
-    p50, p99 = _latency_ms(w.results)
-    return {
-        "requests": requests,
-        "rps": requests / (r["end"] - r["start"]),
-        "p50_ms": p50,
-        "p99_ms": p99,
-        "proxy_us_req": w.proxy_cpu_s / requests * 1e6,
-        "broker_us_req": w.broker_cpu_s / requests * 1e6,
-        "client_us_req": float(r["cpu_s"]) / requests * 1e6,
-        "reqs_per_record": int(r["client_produce_requests"]) / requests,
-        "noise_cores": w.noise_cores,
-    }
-
-
-def mixed_producers(stack: Stack, args: argparse.Namespace, admin: int | None) -> dict[str, float]:
-    """Workload B on a running stack, then the exactly-once check: its metrics."""
-    _topic(stack, B_TOPIC, B_PARTITIONS)
-    per = [B_PRODUCERS // B_PROCESSES + (i < B_PRODUCERS % B_PROCESSES) for i in range(B_PROCESSES)]
-    loads = [
-        _load(stack, args, topic=B_TOPIC, producers=n, first_index=sum(per[:i]), mixed=True)
-        for i, n in enumerate(per)
-    ]
-    w = run_staged(stack, LOAD, loads, seconds=args.seconds, admin_port=admin)
-    sent = {k: v for r in w.results for k, v in r["sequences"].items()}
-    check = run_worker(
-        stack,
-        "verify-sequences",
-        {"bootstrap": stack.bootstrap, "topic": B_TOPIC, "sent": sent, "seconds": VERIFY_SECONDS},
-        timeout=VERIFY_SECONDS + 60,
-    ).data
-    return {**_window_metrics(w), **{k: float(v) for k, v in check.items()}}
-
-
-def _window_metrics(w: Window) -> dict[str, float]:
-    delivered = sum(int(r["delivered"]) for r in w.results)
-    span = max(r["end"] for r in w.results) - min(r["start"] for r in w.results)
-    client = float(sum(int(r["client_produce_requests"]) for r in w.results))
-    upstream = client
-    if w.metrics_after:
-        upstream = produce_counts(w.metrics_after)[1] - produce_counts(w.metrics_before)[1]
-    millions = max(delivered, 1) / 1e6
-    p50, p99 = _latency_ms(w.results)
-    return {
-        "delivered": delivered,
-        "errors": sum(int(r["errors"]) for r in w.results),
-        "msgs_per_s": delivered / span if span > 0 else 0.0,
-        "p50_ms": p50,
-        "p99_ms": p99,
-        "client_reqs": client,
-        "upstream_reqs": upstream,
-        "ratio": client / upstream if upstream else float("nan"),
-        "broker_cpu_per_m": w.broker_cpu_s / millions,
-        "proxy_cpu_per_m": w.proxy_cpu_s / millions,
-        "noise_cores": w.noise_cores,
-    }
-
-
-def measure(workload: str, path: str, rep: int, args: argparse.Namespace, sources: Sources) -> Run:
-    run = Run(workload, path, rep)
-    if workload == "A":
-        return on_path(run, args, sources, lambda stack: closed_loop(stack, args))
-    admin = free_port(HOST) if path in KIPSIDE_PATHS else None
-    extra = ["--admin", f"{HOST}:{admin}", "--rules", str(args.rules)] if admin else []
-    return on_path(run, args, sources, lambda stack: mixed_producers(stack, args, admin), extra)
-
-
-def profile_run(args: argparse.Namespace, sources: Sources) -> tuple[Profile, Run] | str:
-    """One extra run of workload A on the profiled path with py-spy attached to the proxy;
-    what went wrong if it failed."""
-    if args.profile_path in sources.skipped:
-        return f"{args.profile_path} is not usable"
-    raw = args.logroot / "py-spy.txt"
+def profile(args: argparse.Namespace, started: str) -> None:
+    """One extra run of A with py-spy on the proxy; its top functions, in their own section."""
+    raw = Path(args.tmp) / "py-spy.txt"
 
     def profiled(stack: Stack) -> dict[str, float]:
         assert stack.proxy is not None
         return closed_loop(stack, args, py_spy_record(stack.proxy.pid, args.seconds, raw))
 
-    run = on_path(Run("A", args.profile_path, 0), args, sources, profiled)
-    if run.error is not None:
-        return run.error
-    return summarise(raw, top=args.profile_top), run
-
-
-def prepare_sources(args: argparse.Namespace, tmp: Path) -> Sources:
-    """Snapshot the working tree and extract the baseline, for the kipside paths asked for."""
-    sources = Sources()
-    wanted = {*args.paths, *([args.profile_path] if args.profile else [])}
-    if "kipside" in wanted:
-        ok, why, digest = snapshot_kipside(tmp / "working-tree")
-        if ok:
-            sources.trees["kipside"] = tmp / "working-tree"
-            sources.labels["kipside"] = f"working tree (snapshot, sha256 of sources {digest})"
-        else:
-            sources.skipped["kipside"] = why
-    if "kipside-before" in wanted:
-        try:
-            commit = baseline_tree(args.baseline_ref, tmp / "baseline")
-        except RuntimeError as exc:
-            sources.skipped["kipside-before"] = str(exc)
-        else:
-            ok, why = kipside_available(source=tmp / "baseline")
-            if ok:
-                sources.trees["kipside-before"] = tmp / "baseline"
-                sources.labels["kipside-before"] = f"{args.baseline_ref} (commit {commit})"
-            else:
-                sources.skipped["kipside-before"] = why
-    for path, why in sources.skipped.items():
-        print(f"{path} is not usable, skipping it: {why}", file=sys.stderr)
-    return sources
-
-
-def _progress(run: Run, seconds: float) -> None:
-    rep, workload, path, what, load = run_rows([run])[0]
-    if run.error is not None:
-        what = f"FAILED\n{run.error}"
-    line = f"[rep {rep}] {workload} {path:15s} {what}; other load {load} ({seconds:.0f} s)"
-    print(line, file=sys.stderr)
-
-
-def measure_all(args: argparse.Namespace, sources: Sources) -> list[Run]:
-    """Every repetition: workload A on its paths, then B on its paths, each order rotated."""
-    plans = [
-        ("A", [p for p in args.paths if p not in sources.skipped]),
-        ("B", [p for p in args.paths if p in B_PATHS and p not in sources.skipped]),
+    run = measure(f"A {args.profile_path}", 0, args, profiled)
+    if not run.ok:
+        print(f"the profiled run failed: {run.error}", file=sys.stderr)
+        return
+    samples, rows = summarise(raw)
+    m, label = run.metrics, "after" if args.profile_path == "kipside" else "before"
+    lines = [
+        f"### Hot path profile, {label}: where `{args.profile_path}` spends its CPU in workload A",
+        "",
+        *facts(started, {"code": args.codes[args.profile_path].label}),
+        f"- py-spy record --format raw --rate {RATE_HZ} on the proxy during one extra run of A"
+        f" ({args.seconds:g} s): {samples} busy samples; {m['msgs_per_s']:,.0f} requests/s at "
+        f"{m['proxy_cpu_per_m']:.1f} proxy CPU us/request (py-spy pauses the process for each "
+        "sample). own: the function innermost; incl.: anywhere on the stack.",
+        "",
+        markdown_table(HEADERS, rows, "rllrrr"),
     ]
-    runs: list[Run] = []
-    for rep in range(1, args.repeats + 1):
-        for workload, paths in plans:
-            if workload not in args.workloads or not paths:
-                continue
-            shift = (rep - 1) % len(paths)
-            for path in paths[shift:] + paths[:shift]:
-                t = time.monotonic()
-                runs.append(measure(workload, path, rep, args, sources))
-                _progress(runs[-1], time.monotonic() - t)
-    return runs
+    print("\n".join(lines))
+    if (doc := doc_of(args)) is not None:
+        write_section(f"hotpath-profile-{label}", "\n".join(lines), doc=doc)
+
+
+def targets(runs: list[Run], med: dict[str, dict[str, float] | None]) -> list[Target]:
+    added = "A: kipside added p50 <= 0.2 ms vs direct"
+    out = [Compare(added, "p50_ms", "A direct", 0.2, False, True, "A kipside")]
+    for name, what, other, limit in TARGETS:
+        w, key = what.split()
+        out.append(Compare(name, key, f"{w} {other}", abs(limit), limit < 0, case=f"{w} kipside"))
+    found = [t.judge(runs, med) for t in out]
+    k = med.get("B kipside")
+    fewer = "B: kipside sends >= 8x fewer upstream Produce requests than its clients"
+    found.append(
+        Target(fewer, k["ratio"] >= 8, f"{k['ratio']:.2f}x") if k else Target(fewer, None, "-")
+    )
+    once = "B: through kipside every acknowledged record exactly once, in order"
+    bad = sum(r.metrics[c] for r in runs if r.ok and r.case == "B kipside" for c in CHECKS)
+    found.append(
+        Target(once, not bad if k else None, f"{bad:.0f} duplicated, missing or reordered")
+    )
+    return found
+
+
+def report(args: argparse.Namespace, runs: list[Run], started: str) -> Report:
+    tables, med = [], {}
+    for w, columns in (("A", A_COLUMNS), ("B", B_COLUMNS)):
+        paths = [p for p in args.paths if f"{w} {p}" in {r.case for r in runs}]
+        found = {p: medians(runs, f"{w} {p}") for p in paths}
+        relative(found, "direct", ["p50_ms", "msgs_per_s"])
+        for p, m in found.items():
+            med[f"{w} {p}"] = m
+            if m is not None and w == "B":
+                checks = [
+                    sum(r.metrics[c] for r in runs if r.ok and r.case == f"B {p}") for c in CHECKS
+                ]
+                m["checks"] = ", ".join(f"{c:.0f}" for c in checks)  # type: ignore[assignment]
+        if paths:
+            tables.append(table(f"{w} (median of {args.repeats})", paths, found, columns))
+    vers = {**versions("haproxy", "trio"), **{p: c.label for p, c in args.codes.items()}}
+    more = f"Repetitions: {args.repeats}, paths interleaved (order rotated); median reported."
+    a_med = {p: med.get(f"A {p}") for p in args.paths}
+    title = f"kipside hot path, workload A (median of {args.repeats}, loopback)"
+    chart = (
+        "proxy CPU per request and requests/s per path",
+        lambda png: bar_chart(png, [b.panel(a_med, args.paths) for b in CHART], title),
+    )
+    return Report(
+        "hotpath",
+        "Hot path (issue 11): cost per request, kipside vs a bare relay, haproxy, tansu proxy",
+        facts(started, vers, more),
+        tables,
+        targets(runs, med),
+        run_notes(runs, NOISY),
+        chart,
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -284,46 +227,44 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seconds", type=float, default=6.0, help="measured seconds per run")
     ap.add_argument("--warm-up", type=float, default=1.0, help="closed-loop seconds before that")
     ap.add_argument("--repeats", type=int, default=3, help="repetitions (median reported)")
-    ap.add_argument("--paths", default=",".join(A_PATHS), help="comma-separated subset")
-    ap.add_argument("--workloads", default="A,B", help="comma-separated subset of A,B")
+    ap.add_argument("--paths", default=",".join(A_PATHS), help="a comma-separated subset")
+    ap.add_argument("--workloads", default="A,B", help="a comma-separated subset of A,B")
     ap.add_argument("--baseline-ref", default="823d7af", help="git ref for kipside-before")
     ap.add_argument("--profile", action="store_true", help="one extra run of A under py-spy")
-    ap.add_argument("--profile-path", choices=KIPSIDE_PATHS, default="kipside")
-    ap.add_argument("--profile-label", help="section hotpath-profile-LABEL (default: after/before)")
-    ap.add_argument("--profile-top", type=int, default=15, help="functions in the profile table")
-    ap.add_argument("--doc", type=Path, default=DOC, help="the markdown file to write")
-    ap.add_argument("--no-doc", action="store_true", help="print only")
-    ap.add_argument("--quiet-wait", type=float, default=3.0, help="max wait for an idle machine")
+    ap.add_argument("--profile-path", choices=("kipside", "kipside-before"), default="kipside")
+    ap.add_argument("--quick", action="store_true", help="one short repetition: a smoke test")
+    doc_args(ap)
     args = ap.parse_args(argv)
-    args.paths = [p.strip() for p in args.paths.split(",") if p.strip()]
-    args.workloads = {w.strip().upper() for w in args.workloads.split(",") if w.strip()}
-    if set(args.paths) - set(A_PATHS) or not args.paths:
-        ap.error(f"--paths: choose from {','.join(A_PATHS)}")
-    if args.workloads - {"A", "B"}:
-        ap.error("--workloads: choose from A,B")
-    if not 0 < args.seconds <= 120 or args.repeats < 1:
-        ap.error("--seconds must be in (0, 120] and --repeats at least 1")
-    if args.profile_label is None:
-        args.profile_label = "after" if args.profile_path == "kipside" else "before"
+    args.paths, args.workloads = args.paths.split(","), args.workloads.upper().split(",")
+    if set(args.paths) - set(A_PATHS) or set(args.workloads) - {"A", "B"}:
+        ap.error(f"--paths: choose from {','.join(A_PATHS)}; --workloads from A,B")
+    if args.quick:
+        args.repeats, args.seconds, args.warm_up = 1, 1.0, 0.2
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    exit_cleanly_on_sigterm()
-    started, load, t0 = utc_now(), os.getloadavg()[0], time.monotonic()
-    tmp = Path(tempfile.mkdtemp(prefix="kipbench-hotpath-"))
-    args.logroot = tmp / "logs"
-    args.logroot.mkdir()
-    args.rules = tmp / "rules.yaml"
-    args.rules.write_text(B_RULES)
-    try:
-        sources = prepare_sources(args, tmp)
-        runs = measure_all(args, sources)
-        profiled = profile_run(args, sources) if args.profile else None
-        publish(Result(args, runs, sources, profiled, started, time.monotonic() - t0, load))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    args, started = parse_args(argv), utc_now()
+    with tempfile.TemporaryDirectory(prefix="kipbench-hotpath-") as tmp:
+        args.tmp, args.rules, args.codes = tmp, Path(tmp) / "rules.yaml", {}
+        args.rules.write_text(B_RULES)
+        wanted = {*args.paths, *([args.profile_path] if args.profile else [])}
+        sources = {"kipside": partial(snapshot, Path(tmp) / "now")}
+        sources["kipside-before"] = partial(at_ref, args.baseline_ref, Path(tmp) / "ref")
+        for path in ("kipside", "kipside-before"):
+            if path in wanted:
+                with contextlib.suppress(HarnessError):
+                    args.codes[path] = sources[path]()
+                if path not in args.codes:
+                    print(f"{path} does not start; skipping it", file=sys.stderr)
+                    args.paths = [p for p in args.paths if p != path]
+        cases = [f"{w} {p}" for w in args.workloads for p in args.paths if w == "A" or p in B_PATHS]
+        runs = repeat(
+            cases, args.repeats, lambda c, rep: measure(c, rep, args), noisy=9.0, retries=0
+        )
+        report(args, runs, started).publish(doc_of(args))
+        if args.profile and args.profile_path in args.codes:
+            profile(args, started)
     return 0
 
 

@@ -1,21 +1,12 @@
-"""Benchmark: `kipside lake` against a hand-written ingestion consumer, on the same data.
+"""`kipside lake` (issue 10) against a hand-written ingestion consumer, on the same data.
 
-Workload: JSON order records of about 200 B, zstd-compressed by confluent-kafka, in an
-in-memory Tansu: a share (default 1/5) in topic bench-lake-a, the rest in bench-lake-b, 5
-million in all, 4 partitions each.
-Runs, each repeated and reported as the median:
-  baseline  confluent-kafka consume (read_committed) + json.loads per record + pyarrow Tables
-            + zstd Parquet per topic and date, all the records
-  kipside   kipside lake --once (Spark local[*]) with the same schema, topic a alone, then
-            both topics
-kipside's cost per row in steady state is the difference between its two runs per row of topic
-b: Spark's fixed cost (the JVM's start, planning processes) is in both and cancels out.
-CPU is every client-side process (Spark's JVM and Python workers; the baseline's Python and
-librdkafka's threads); the broker's CPU is listed apart. Each run's Parquet rows are counted
-from the files' footers and must equal the records. Target (issue 10): at least 3x the
-baseline's rows per CPU-second.
+    .venv/bin/python bench/lake.py [--records 5000000] [--first-share 0.2] [--reps 2] [--quick]
 
-    .venv/bin/python bench/lake.py [--records 5000000] [--first-share 0.2] [--reps 2]
+JSON order records of about 200 B, zstd, in two topics (a share in a, the rest in b). Runs,
+each the median of --reps: the baseline (confluent-kafka, json.loads, pyarrow, zstd Parquet
+per topic and date) over all records; `kipside lake --once` over topic a, then both topics.
+Their difference is the lake's steady state: Spark's fixed cost cancels out. Each run's Parquet
+rows are counted from the files' footers and must equal the records.
 """
 
 from __future__ import annotations
@@ -25,225 +16,193 @@ import json
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.parquet as pq
-from _harness import HOST, Managed, start_tansu
-from _lake_load import JSON_SCHEMA
-from _report import (
-    IMG_DIR,
-    Panel,
-    bar_chart,
-    command_line,
-    facts_markdown,
-    machine_info,
-    markdown_table,
-    text_table,
-    utc_now,
-    versions,
-    write_section,
-)
-from _runs import Run, kipside, load_worker, measure, median, timed_tree
+from _chart import Panel, bar_chart
+from _data_load import json_schema
+from _harness import INSTALLED, REPO, HarnessError, Managed
+from _measure import TreeRun, run_json, timed
+from _report import Report, Table, Target, doc_args, doc_of, facts, utc_now, versions
+from testkit.broker import start_tansu
 
-SECTION = "lake"
-LOAD = Path(__file__).resolve().parent / "_lake_load.py"
+LOAD = REPO / "bench" / "_data_load.py"
 TOPICS = ("bench-lake-a", "bench-lake-b")
-PARTITIONS = 4
 TARGET = 3.0
-PROFILE = """\
-Profile (one Spark session, `local[2]`, on 1 M of these records, second pass so the JVM is warm;
-each step's CPU minus the step before it, CPU of the driver, the JVM and the Python workers):
-reading with the kipside source into Spark rows (fetch, zstd, the compiled record kernel, Arrow,
-the Python worker's hand-over to the JVM) about 3.6 µs per row; Spark's `from_json` against the
-schema about 6.5 µs (Jackson, row by row: `from_json` is not code-generated); writing zstd
-Parquet by topic and date about 3.4 µs. These add up to 13.5 µs against the steady-state line's
-15.6: a first pass over the same data costs 2-3x as much (JIT warm-up), and the benchmark's
-runs are first passes of fresh JVMs. `from_json` is
-where the target is lost: parsing the values in the source's Python worker with pyarrow's JSON
-reader into typed Arrow columns costs about 2.5 µs per row measured alone, which would put the
-steady state near 2.8x by this estimate, still short of 3x without a cheaper Parquet write. Not
-done in issue 10.
-"""
+HEADERS = [
+    "run",
+    "rows",
+    "wall s",
+    "rows/s",
+    "CPU s",
+    "CPU s per M rows",
+    "rows per CPU-s vs baseline",
+    "broker CPU s",
+]
 
 
-@dataclass
-class Ingest:
-    """One run: its cost, the rows it wrote and the Parquet bytes they take."""
-
-    run: Run
-    rows: int
-    parquet_bytes: int
-
-
-def _parquet(out: Path) -> tuple[int, int]:
-    """Rows (from the footers) and bytes of the table's Parquet files, quarantine aside."""
+def checked(run: TreeRun, out: Path, records: int) -> tuple[TreeRun, int]:
+    """The run and the bytes of its Parquet files, once their rows equal the records."""
     files = [f for f in out.rglob("*.parquet") if "_quarantine" not in f.parts]
-    rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
-    return rows, sum(f.stat().st_size for f in files)
-
-
-def _checked(what: str, out: Path, run: Run, records: int) -> Ingest:
-    rows, size = _parquet(out)
-    if rows != records:
-        raise SystemExit(f"{what} wrote {rows:,} rows for {records:,} records")
+    if (rows := sum(pq.ParquetFile(f).metadata.num_rows for f in files)) != records:
+        raise HarnessError(f"{out.name}: {rows:,} rows for {records:,} records")
+    size = sum(f.stat().st_size for f in files)
     shutil.rmtree(out)
-    return Ingest(run, rows, size)
+    return run, size
 
 
-def _lake(broker: Managed, port: int, work: Path, topics: str, name: str, records: int) -> Ingest:
-    out, checkpoint = work / f"out-{name}", work / f"ck-{name}"
-    args = kipside("lake", "--bootstrap", f"{HOST}:{port}", "--topics", topics, "--once")
-    args += ["--schema", str(work / "orders.json"), "--out", str(out)]
-    args += ["--checkpoint", str(checkpoint)]
-    run = measure([broker], lambda: timed_tree("kipside lake", args, spark=True))
-    shutil.rmtree(checkpoint, ignore_errors=True)
-    return _checked("kipside lake", out, run, records)
-
-
-def _baseline(broker: Managed, port: int, work: Path, name: str, records: int) -> Ingest:
-    out = work / f"out-{name}"
-    args = {"bootstrap": f"{HOST}:{port}", "topics": list(TOPICS), "records": records}
-    command = [sys.executable, str(LOAD), "baseline", json.dumps({**args, "out": str(out)})]
-    run = measure([broker], lambda: timed_tree("baseline", command))
-    return _checked("the baseline", out, run, records)
-
-
-def _median(runs: list[Ingest]) -> Ingest:
-    return Ingest(median([r.run for r in runs]), runs[0].rows, runs[0].parquet_bytes)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=5_000_000, help="records in all")
-    parser.add_argument("--first-share", type=float, default=0.2, help="share in topic a")
-    parser.add_argument("--reps", type=int, default=2, help="runs of each kind (median reported)")
-    args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="kipside-bench-lake-"))
-    (work / "orders.json").write_text(json.dumps(JSON_SCHEMA, indent=2))
-    broker, port = start_tansu(work)
-    try:
-        in_a = int(args.records * args.first_share)
-        counts = {TOPICS[0]: in_a, TOPICS[1]: args.records - in_a}
-        loaded, first = {}, 0
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--records", type=int, default=5_000_000, help="records in all")
+    ap.add_argument("--first-share", type=float, default=0.2, help="share in topic a")
+    ap.add_argument("--reps", type=int, default=2, help="runs of each kind (median reported)")
+    ap.add_argument("--quick", action="store_true", help="a smoke test: 20,000 records, one run")
+    doc_args(ap)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.records, args.reps = 20_000, 1
+    started, work = utc_now(), Path(tempfile.mkdtemp(prefix="kipbench-lake-"))
+    (work / "orders.json").write_text(json.dumps(json_schema(), indent=2))
+    counts = {TOPICS[0]: int(args.records * args.first_share)}
+    counts[TOPICS[1]] = args.records - counts[TOPICS[0]]
+    with start_tansu() as broker:
+        brokers, first, loaded = [Managed("tansu", broker.proc)], 0, {}
         for topic, n in counts.items():
-            job = {"topic": topic, "partitions": PARTITIONS, "records": n, "first_id": first}
-            loaded[topic] = load_worker(
-                LOAD, "load", {"bootstrap": f"{HOST}:{port}", **job}, timeout=3600
+            job = {
+                "bootstrap": broker.bootstrap,
+                "topic": topic,
+                "partitions": 4,
+                "records": n,
+                "first_id": first,
+            }
+            loaded[topic], first = (
+                run_json(LOAD, "lake-load", json.dumps(job), timeout=3600),
+                first + n,
             )
-            first += n
-        log = load_worker(
-            LOAD, "logsize", {"bootstrap": f"{HOST}:{port}", "topics": list(TOPICS)}, timeout=600
-        )["bytes"]
-        base, one, two = [], [], []
+        logsize = {"bootstrap": broker.bootstrap, "topics": list(TOPICS)}
+        log = run_json(LOAD, "logsize", json.dumps(logsize), timeout=600)["bytes"]
+        runs: dict[str, list[tuple[TreeRun, int]]] = {"base": [], "a": [], "ab": []}
         for rep in range(args.reps):
-            base.append(_baseline(broker, port, work, f"base{rep}", args.records))
-            one.append(_lake(broker, port, work, TOPICS[0], f"a{rep}", in_a))
-            two.append(_lake(broker, port, work, "bench-lake-.*", f"ab{rep}", args.records))
-        _report(_median(base), _median(one), _median(two), loaded, log, args.reps)
-    finally:
-        broker.stop()
-        shutil.rmtree(work, ignore_errors=True)
+            out = work / f"base{rep}"
+            base = {
+                "bootstrap": broker.bootstrap,
+                "topics": list(TOPICS),
+                "records": args.records,
+                "out": str(out),
+            }
+            run = timed(
+                brokers, "baseline", [sys.executable, str(LOAD), "baseline", json.dumps(base)]
+            )
+            runs["base"].append(checked(run, out, args.records))
+            for name, topics, n in (
+                ("a", TOPICS[0], counts[TOPICS[0]]),
+                ("ab", "bench-lake-.*", args.records),
+            ):
+                out, ck = work / f"{name}{rep}", work / f"ck-{name}{rep}"
+                lake = INSTALLED.command(
+                    "lake",
+                    "--bootstrap",
+                    broker.bootstrap,
+                    "--topics",
+                    topics,
+                    "--once",
+                    "--schema",
+                    str(work / "orders.json"),
+                    "--out",
+                    str(out),
+                    "--checkpoint",
+                    str(ck),
+                )
+                runs[name].append(checked(timed(brokers, "kipside lake", lake, spark=True), out, n))
+    shutil.rmtree(work, ignore_errors=True)
+    med = {k: (TreeRun.median([r for r, _ in v]), v[0][1]) for k, v in runs.items()}
+    report(args, med, counts, sum(v["bytes"] for v in loaded.values()), log, started).publish(
+        doc_of(args)
+    )
+    return 0
 
 
-def _report(
-    base: Ingest, one: Ingest, two: Ingest, loaded: dict[str, dict[str, int]], log: int, reps: int
-) -> None:
-    in_a, in_b = (loaded[t]["records"] for t in TOPICS)
-    value_bytes = sum(v["bytes"] for v in loaded.values())
-    steady = Ingest(two.run.minus(one.run), in_b, two.parquet_bytes - one.parquet_bytes)
+def report(
+    args: argparse.Namespace,
+    med: dict[str, tuple[TreeRun, int]],
+    counts: dict[str, int],
+    values: int,
+    log: int,
+    started: str,
+) -> Report:
+    in_a, in_b = counts.values()
+    (base, base_size), (one, _), (two, two_size) = med["base"], med["a"], med["ab"]
+    steady = two.minus(one)
+    rate = args.records / base.cpu_s
     rows = [
-        ("baseline: confluent-kafka + json.loads + pyarrow", base),
-        (f"kipside lake --once, topic a ({in_a / 1e6:g} M records)", one),
-        (f"kipside lake --once, both topics ({(in_a + in_b) / 1e6:g} M)", two),
-        ("kipside lake, steady state (both minus a)", steady),
-    ]
-    base_rate = base.rows / base.run.cpu_s
-    headers = [
-        "run",
-        "rows",
-        "wall s",
-        "rows/s",
-        "CPU s",
-        "CPU s per M rows",
-        "rows per CPU-s vs baseline",
-        "broker CPU s",
+        ("baseline: confluent-kafka + json.loads + pyarrow", base, args.records),
+        (f"kipside lake --once, topic a ({in_a / 1e6:g} M records)", one, in_a),
+        (f"kipside lake --once, both topics ({args.records / 1e6:g} M)", two, args.records),
+        ("kipside lake, steady state (both minus a)", steady, in_b),
     ]
     table = [
         [
             name,
-            f"{r.rows:,}",
-            f"{r.run.wall_s:.1f}",
-            f"{r.rows / r.run.wall_s:,.0f}",
-            f"{r.run.cpu_s:.1f}",
-            f"{r.run.cpu_s / r.rows * 1e6:.1f}",
-            f"{r.rows / r.run.cpu_s / base_rate:.2f}x",
-            f"{r.run.broker_cpu_s:.1f}",
+            f"{n:,}",
+            f"{r.wall_s:.1f}",
+            f"{n / r.wall_s:,.0f}",
+            f"{r.cpu_s:.1f}",
+            f"{r.cpu_s / n * 1e6:.1f}",
+            f"{n / r.cpu_s / rate:.2f}x",
+            f"{r.broker_cpu_s:.1f}",
         ]
-        for name, r in rows
+        for name, r, n in rows
     ]
-    print(text_table(headers, table))
     sizes = [
         ["Kafka log (zstd record batches)", f"{log / 1e6:,.1f}", "1.00"],
-        ["baseline's Parquet (zstd)", f"{base.parquet_bytes / 1e6:,.1f}"],
-        ["kipside lake's Parquet (zstd)", f"{two.parquet_bytes / 1e6:,.1f}"],
+        ["baseline's Parquet (zstd)", f"{base_size / 1e6:,.1f}", f"{base_size / log:.2f}"],
+        ["kipside lake's Parquet (zstd)", f"{two_size / 1e6:,.1f}", f"{two_size / log:.2f}"],
     ]
-    for row in sizes[1:]:
-        row.append(f"{float(row[1].replace(',', '')) * 1e6 / log:.2f}")
-    print(text_table(["data", "MB", "vs Kafka log"], sizes))
-    png = IMG_DIR / "lake.png"
-    _chart(png, table, base_rate, reps)
-    steady_x = steady.rows / steady.run.cpu_s / base_rate
-    whole_x = two.rows / two.run.cpu_s / base_rate
-    fixed = one.run.cpu_s - steady.run.cpu_s / in_b * in_a
-    body = "\n".join(
-        [
-            "## Lake ingestion (issue 10)\n",
-            facts_markdown(command_line(), utc_now(), machine_info(), versions(haproxy=None)),
-            f"Data: {in_a + in_b:,} JSON order records ({value_bytes / (in_a + in_b):.0f} B on "
-            f"average, {value_bytes / 1e6:,.0f} MB of values), {in_a:,} in topic a and {in_b:,} "
-            f"in topic b, {PARTITIONS} partitions each, zstd batches written by confluent-kafka. "
-            f"Both sides write the same 8 typed columns (a timestamp, a list of structs) as zstd "
-            f"Parquet by topic and date, and every run's row count is checked. Median of {reps} "
-            "runs each. CPU is every client-side process; the broker's is apart.\n",
-            markdown_table(headers, table, "lrrrrrrr"),
-            markdown_table(["data", "MB", "vs Kafka log"], sizes, "lrr"),
-            f"![kipside lake vs baseline](img/{png.name})\n",
-            f"Target: at least {TARGET:g}x the baseline's rows per CPU-second.\n",
-            f"- Steady state (what a running ingestion pays per row): "
-            f"{'met' if steady_x >= TARGET else 'missed'}, {steady_x:.2f}x.",
-            f"- A whole `--once` run of {(in_a + in_b) / 1e6:g} M records, Spark's start "
-            f"included: {'met' if whole_x >= TARGET else 'missed'}, {whole_x:.2f}x. Spark's "
-            f"fixed cost is about {fixed:.0f} CPU-seconds per run.\n",
-            PROFILE,
-        ]
-    )
-    write_section(SECTION, body)
-
-
-def _chart(png: Path, table: list[list[str]], base_rate: float, reps: int) -> None:
+    steady_x, whole_x = in_b / steady.cpu_s / rate, args.records / two.cpu_s / rate
+    fixed = one.cpu_s - steady.cpu_s / in_b * in_a
+    data = f"Data: {args.records:,} JSON order records ({values / args.records:.0f} B on average, "
+    data += f"{values / 1e6:,.0f} MB of values), {in_a:,} in topic a and {in_b:,} in topic b; "
+    data += f"median of {args.reps} runs each."
+    targets = [
+        Target(
+            f"at least {TARGET:g}x the baseline's rows per CPU-second in steady state",
+            steady_x >= TARGET,
+            f"{steady_x:.2f}x",
+        ),
+        Target(
+            f"a whole `--once` run of {args.records / 1e6:g} M records, Spark's start included",
+            whole_x >= TARGET,
+            f"{whole_x:.2f}x; Spark's fixed cost about {fixed:.0f} CPU-seconds a run",
+        ),
+    ]
     labels = ["baseline", "kipside\ntopic a", "kipside\nboth topics", "kipside\nsteady state"]
-    bar_chart(
-        png,
+    per_cpu = [1e6 / float(r[5]) for r in table]
+    per_s = [float(r[3].replace(",", "")) for r in table]
+    title = f"kipside lake vs a hand-written consumer (median of {args.reps} runs, loopback)"
+    panels = [
+        Panel(
+            "Rows per CPU-second (higher is better)",
+            "rows / CPU s",
+            labels,
+            per_cpu,
+            "{:,.0f}",
+            rate * TARGET,
+            f"target: {TARGET:g}x baseline",
+        ),
+        Panel("Throughput (higher is better)", "rows / s", labels, per_s, "{:,.0f}"),
+    ]
+    return Report(
+        "lake",
+        "Lake ingestion (issue 10)",
+        facts(started, versions(), data),
         [
-            Panel(
-                "Rows per CPU-second (higher is better)",
-                "rows / CPU s",
-                labels,
-                [1e6 / float(row[5]) for row in table],
-                reference=base_rate * TARGET,
-                reference_label=f"target: {TARGET:g}x baseline",
-            ),
-            Panel(
-                "Throughput (higher is better)",
-                "rows / s",
-                labels,
-                [float(row[3].replace(",", "")) for row in table],
-            ),
+            Table("Runs", HEADERS, table),
+            Table("Data", ["data", "MB", "vs Kafka log"], sizes, "lrr"),
         ],
-        f"kipside lake vs a hand-written consumer (median of {reps} runs, loopback)",
+        targets,
+        chart=("kipside lake vs baseline", lambda png: bar_chart(png, panels, title)),
     )
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,0 +1,266 @@
+"""Data and baselines of the pipeline benchmarks, one per process: `_data_load.py COMMAND 'JSON'`.
+
+  mirror-load {bootstrap, topics: {topic: codec}, partitions, bytes, size}: JSON-like records of
+              about `size` bytes until `bytes` of values are written (bench/mirror.py)
+  deep        {source, dest, topics: {topic: codec}, records}: the deep mirror, what a
+              MirrorMaker-style copier does: consume every partition from the beginning
+              (read_committed), produce each record to the same partition on `dest`, compressed
+              with the topic's codec
+  lake-load   {bootstrap, topic, partitions, records, first_id}: JSON order records of about
+              200 B, zstd (bench/lake.py)
+  baseline    {bootstrap, topics, records, out}: a hand-written ingestion consumer: consume,
+              json.loads each value, pyarrow tables, zstd Parquet per topic and date
+  logsize     {bootstrap, topics}: bytes of record batches in the topics' logs (kipside's reader)
+
+Only confluent-kafka and pyarrow, and nothing of kipside but `logsize`'s reader.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+BULK = {"linger.ms": 20, "batch.size": 1_000_000, "queue.buffering.max.kbytes": 512_000}
+WORDS: tuple[str, ...] = ("alpha", "beta", "gamma", "delta", "order", "payment", "refund")
+WORDS += ("shipped", "pending", "card", "euro", "dollar")
+# The lake's table: bench/lake.py gives `kipside lake` the same columns as a JSON schema.
+VALUE = pa.schema(
+    [
+        ("id", pa.int64()),
+        ("user", pa.string()),
+        ("amount", pa.float64()),
+        ("paid", pa.bool_()),
+        ("at", pa.timestamp("us", tz="UTC")),
+        ("status", pa.string()),
+        ("items", pa.list_(pa.struct([("sku", pa.string()), ("qty", pa.int64())]))),
+        ("note", pa.string()),
+    ]
+)
+LAKE_WORDS = ["alpha", "beta", "gamma", "delta", "card", "euro", "refund", "gift", "express"]
+FLUSHES: list[Callable[[float], int]] = []
+JSON_TYPES = {
+    pa.int64(): "integer",
+    pa.string(): "string",
+    pa.float64(): "number",
+    pa.bool_(): "boolean",
+}
+
+
+def json_schema() -> dict[str, Any]:
+    """VALUE as the JSON schema `kipside lake --schema` reads."""
+    props: dict[str, Any] = {f.name: {"type": JSON_TYPES.get(f.type, "string")} for f in VALUE}
+    props["at"]["format"] = "date-time"
+    item = {"type": "object", "properties": {"sku": {"type": "string"}, "qty": {"type": "integer"}}}
+    props["items"] = {"type": "array", "items": item}
+    return {"type": "object", "properties": props, "required": ["id"]}
+
+
+def producing(bootstrap: str, topic: str, partitions: int, **config: Any) -> Callable[..., None]:
+    """Create `topic` and return a produce(value, key, partition) that waits out full queues."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+        future.result(timeout=30)
+    producer = Producer({"bootstrap.servers": bootstrap, **BULK, **config})
+    FLUSHES.append(producer.flush)
+
+    def produce(value: bytes, key: bytes, partition: int) -> None:
+        while True:
+            try:
+                return producer.produce(topic, value, key, partition=partition)
+            except BufferError:
+                producer.poll(0.05)
+
+    return produce
+
+
+def flush_all(timeout: float) -> None:
+    for flush in FLUSHES:
+        if flush(timeout) != 0:
+            raise SystemExit("records not delivered in time")
+
+
+def mirror_load(a: dict[str, Any]) -> dict[str, Any]:
+    rng, written, records = random.Random(7), 0, 0
+    for topic, codec in a["topics"].items():
+        produce = producing(
+            a["bootstrap"], topic, int(a["partitions"]), **{"compression.type": codec}
+        )
+        done = n = 0
+        while done < int(a["bytes"]) // len(a["topics"]):
+            items = [
+                {
+                    "sku": f"SKU-{rng.randrange(10_000):05d}",
+                    "qty": rng.randrange(1, 9),
+                    "price": rng.randrange(100, 99_999) / 100,
+                }
+                for _ in range(rng.randrange(1, 6))
+            ]
+            body = {
+                "id": n,
+                "user": f"user-{rng.randrange(100_000)}",
+                "ts": 1_700_000_000_000 + n,
+                "status": rng.choice(WORDS[5:9]),
+                "items": items,
+                "note": " ".join(rng.choice(WORDS) for _ in range(12)),
+            }
+            raw = json.dumps(body, separators=(",", ":"))
+            pad = max(0, int(a["size"]) - len(raw) - 10)
+            value = (raw[:-1] + f',"pad":"{"x" * pad}"}}').encode() if pad else raw.encode()
+            produce(value, f"user-{n % 5000}".encode(), n % int(a["partitions"]))
+            done, n = done + len(value), n + 1
+        written, records = written + done, records + n
+    flush_all(120)
+    return {"bytes": written, "records": records}
+
+
+def from_the_start(bootstrap: str, group: str, topics: list[str]) -> Iterator[Message]:
+    """Every record of `topics`, read_committed, from the start of every partition (an
+    assigned consumer: no group offsets used or committed), with fetch sizes for bulk reads."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "fetch.max.bytes": 64 << 20,
+            "max.partition.fetch.bytes": 8 << 20,
+        }
+    )
+    meta = consumer.list_topics(timeout=30).topics
+    consumer.assign(
+        [TopicPartition(t, p, OFFSET_BEGINNING) for t in topics for p in meta[t].partitions]
+    )
+    started = time.monotonic()
+    try:
+        while time.monotonic() - started < 1800:
+            yield from (m for m in consumer.consume(10_000, timeout=1.0) if m.error() is None)
+        raise SystemExit("not everything was read in 30 min")
+    finally:
+        consumer.close()
+
+
+def deep(a: dict[str, Any]) -> dict[str, Any]:
+    out = {
+        t: Producer(
+            {
+                "bootstrap.servers": a["dest"],
+                **BULK,
+                "compression.type": c,
+                "enable.idempotence": True,
+            }
+        )
+        for t, c in a["topics"].items()
+    }
+    copied = 0
+    for m in from_the_start(a["source"], "bench-deep-mirror", list(a["topics"])):
+        topic, producer = str(m.topic()), out[str(m.topic())]
+        while True:
+            try:
+                producer.produce(
+                    topic,
+                    m.value(),
+                    m.key(),
+                    headers=m.headers(),
+                    timestamp=m.timestamp()[1],
+                    partition=int(m.partition() or 0),
+                )
+                break
+            except BufferError:
+                producer.poll(0.05)
+        copied += 1
+        if copied % 10_000 == 0:
+            for p in out.values():
+                p.poll(0)
+        if copied == int(a["records"]):
+            break
+    if any(p.flush(300) for p in out.values()):
+        raise SystemExit("deep: not everything was delivered")
+    return {"records": copied}
+
+
+def lake_load(a: dict[str, Any]) -> dict[str, Any]:
+    partitions, first = int(a["partitions"]), int(a["first_id"])
+    produce = producing(a["bootstrap"], a["topic"], partitions, **{"compression.type": "zstd"})
+    rng, written = random.Random(first), 0
+    for n in range(first, first + int(a["records"])):
+        items = ",".join(
+            f'{{"sku":"SKU-{rng.randrange(100_000):05d}","qty":{rng.randrange(1, 9)}}}'
+            for _ in range(rng.randrange(1, 4))
+        )
+        note = " ".join(rng.choice(LAKE_WORDS) for _ in range(rng.randrange(1, 5)))
+        at = f"2026-11-{1 + n % 28:02d}T{n % 24:02d}:{n % 60:02d}:{n % 59:02d}.{n % 1000:03d}Z"
+        value = (
+            f'{{"id":{n},"user":"user-{rng.randrange(1_000_000)}","amount":'
+            f'{rng.randrange(100, 999_999) / 100},"paid":{"true" if n % 3 else "false"},'
+            f'"at":"{at}","status":"{("placed", "paid", "shipped", "delivered")[n % 4]}",'
+            f'"items":[{items}],"note":"{note}"}}'
+        ).encode()
+        produce(value, b"order-%d" % n, n % partitions)
+        written += len(value)
+    flush_all(300)
+    return {"records": int(a["records"]), "bytes": written}
+
+
+def baseline(a: dict[str, Any]) -> dict[str, Any]:
+    pending: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    files, seen = 0, 0
+
+    def write(key: tuple[str, str]) -> None:
+        nonlocal files
+        rows = pending.pop(key)
+        for row in rows:
+            row["at"] = datetime.fromisoformat(row["at"]) if row.get("at") else None
+        where = Path(a["out"]) / f"topic={key[0]}" / f"date={key[1]}"
+        where.mkdir(parents=True, exist_ok=True)
+        table = pa.Table.from_pylist(rows, schema=VALUE)
+        pq.write_table(table, where / f"part-{files:05d}.parquet", compression="zstd")
+        files += 1
+
+    for m in from_the_start(a["bootstrap"], "bench-lake-baseline", a["topics"]):
+        day = datetime.fromtimestamp(m.timestamp()[1] / 1000, UTC).date().isoformat()
+        rows = pending.setdefault(key := (str(m.topic()), day), [])
+        rows.append(json.loads(m.value() or b"null"))
+        if len(rows) >= 500_000:
+            write(key)
+        seen += 1
+        if seen == int(a["records"]):
+            break
+    for key in list(pending):
+        write(key)
+    return {"records": seen, "files": files}
+
+
+def logsize(a: dict[str, Any]) -> dict[str, Any]:
+    from kipside.pipeline.kafka.client import ClientConfig, KafkaClient
+    from kipside.pipeline.kafka.connection import Address
+    from kipside.pipeline.kafka.fetcher import FetchConfig, RangeReader
+    from kipside.pipeline.kafka.offsets import EARLIEST, list_offsets, watermarks
+
+    address = Address.parse(a["bootstrap"], what="bootstrap")
+    with KafkaClient([address], role="bench cluster", config=ClientConfig()) as client:
+        meta = client.metadata(list(a["topics"]))
+        tps = [(t.name, p) for t in meta.topics.values() for p in t.partitions]
+        starts = list_offsets(client, {tp: EARLIEST for tp in tps})
+        ends = watermarks(client, starts)
+        reader = RangeReader(client, FetchConfig(committed_only=False))
+        size = sum(
+            b.size for tp in tps for b in reader.read(*tp, starts[tp], ends[tp].high_watermark)
+        )
+    return {"bytes": size}
+
+
+COMMANDS = {"mirror-load": mirror_load, "deep": deep, "lake-load": lake_load, "baseline": baseline}
+
+if __name__ == "__main__":
+    print(json.dumps({**COMMANDS, "logsize": logsize}[sys.argv[1]](json.loads(sys.argv[2]))))
