@@ -14,6 +14,8 @@ from typing import Final
 
 import crc32c
 
+from .primitives import write_varint
+
 __all__ = ["Record", "encode_batch"]
 
 _HEAD: Final = struct.Struct(">qiib")  # baseOffset, batchLength, partitionLeaderEpoch, magic
@@ -30,30 +32,19 @@ class Record:
     timestamp_delta: int = 0
 
 
-def _varint(value: int) -> bytes:
-    """Zigzag varint, as record fields are encoded."""
-    zigzag = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while zigzag > 0x7F:
-        out.append((zigzag & 0x7F) | 0x80)
-        zigzag >>= 7
-    out.append(zigzag)
-    return bytes(out)
-
-
 def _bytes_field(data: bytes | None) -> bytes:
-    return _varint(-1) if data is None else _varint(len(data)) + data
+    return write_varint(-1) if data is None else write_varint(len(data)) + data
 
 
 def _record(record: Record, offset_delta: int) -> bytes:
     body = bytearray(b"\x00")  # attributes: unused
-    body += _varint(record.timestamp_delta) + _varint(offset_delta)
+    body += write_varint(record.timestamp_delta) + write_varint(offset_delta)
     body += _bytes_field(record.key) + _bytes_field(record.value)
-    body += _varint(len(record.headers))
+    body += write_varint(len(record.headers))
     for name, value in record.headers:
         raw = name.encode("utf-8")
-        body += _varint(len(raw)) + raw + _bytes_field(value)
-    return _varint(len(body)) + bytes(body)
+        body += write_varint(len(raw)) + raw + _bytes_field(value)
+    return write_varint(len(body)) + bytes(body)
 
 
 def encode_batch(

@@ -18,18 +18,18 @@ from .apis import ApiKey, is_flexible
 from .errors import DecodeError
 from .primitives import (
     INT8,
-    INT16,
     INT32,
     INT64,
     has_tagged_field,
     iter_tagged_fields,
-    read_compact_nullable_string,
+    read_array_length,
     read_int16,
     read_int32,
-    read_nullable_string,
+    read_string,
     read_uvarint,
     skip_tagged_fields,
-    write_uvarint,
+    write_array_length,
+    write_string,
 )
 
 __all__ = [
@@ -107,17 +107,6 @@ def _check_version(version: int) -> None:
         )
 
 
-def _string(value: str | None, flexible: bool) -> bytes:
-    if value is None:
-        return b"\x00" if flexible else INT16.pack(-1)
-    raw = value.encode("utf-8")
-    return (write_uvarint(len(raw) + 1) if flexible else INT16.pack(len(raw))) + raw
-
-
-def _array_length(length: int, flexible: bool) -> bytes:
-    return write_uvarint(length + 1) if flexible else INT32.pack(length)
-
-
 def encode_fetch_request(
     version: int,
     partitions: Sequence[FetchPartition],
@@ -139,9 +128,9 @@ def encode_fetch_request(
     topics: dict[str, list[FetchPartition]] = {}
     for p in partitions:
         topics.setdefault(p.topic, []).append(p)
-    out += _array_length(len(topics), flexible)
+    out += write_array_length(len(topics), flexible)
     for topic, items in topics.items():
-        out += _string(topic, flexible) + _array_length(len(items), flexible)
+        out += write_string(topic, flexible) + write_array_length(len(items), flexible)
         for p in items:
             out += INT32.pack(p.partition)
             if version >= 9:
@@ -157,19 +146,12 @@ def encode_fetch_request(
         if flexible:
             out += b"\x00"
     if version >= 7:
-        out += _array_length(0, flexible)  # forgotten topics: none, sessionless
+        out += write_array_length(0, flexible)  # forgotten topics: none, sessionless
     if version >= 11:
-        out += _string(rack_id, flexible)
+        out += write_string(rack_id, flexible)
     if flexible:
         out += b"\x00"
     return bytes(out)
-
-
-def _read_array_length(buf: Buffer, offset: int, flexible: bool) -> tuple[int, int]:
-    if flexible:
-        length, offset = read_uvarint(buf, offset)
-        return length - 1, offset
-    return read_int32(buf, offset)
 
 
 def _read_int64(buf: Buffer, offset: int) -> tuple[int, int]:
@@ -192,7 +174,7 @@ def _checked_count(count: int, offset: int, end: int, min_size: int, what: str) 
 def _read_aborted(
     view: memoryview, offset: int, flexible: bool
 ) -> tuple[tuple[AbortedTransaction, ...] | None, int]:
-    count, offset = _read_array_length(view, offset, flexible)
+    count, offset = read_array_length(view, offset, flexible)
     if count < 0:
         return None, offset
     count = _checked_count(count, offset, len(view), 16, "aborted transactions")
@@ -288,20 +270,18 @@ def _read_body(frame: Buffer, body_offset: int, version: int) -> tuple[FetchResp
     if version >= 7:
         error_code, offset = read_int16(view, offset)
         _session_id, offset = read_int32(view, offset)
-    n_topics, offset = _read_array_length(view, offset, flexible)
+    n_topics, offset = read_array_length(view, offset, flexible)
     n_topics = _checked_count(n_topics, offset, len(view), 2, "topics")
     partitions: list[PartitionData] = []
     for _ in range(n_topics):
         if version >= 13:
             topic: str | None = bytes(view[offset : offset + 16]).hex()
             offset += 16
-        elif flexible:
-            topic, offset = read_compact_nullable_string(view, offset)
         else:
-            topic, offset = read_nullable_string(view, offset)
+            topic, offset = read_string(view, offset, flexible)
         if topic is None:
             raise DecodeError("FetchResponse names a null topic")
-        count, offset = _read_array_length(view, offset, flexible)
+        count, offset = read_array_length(view, offset, flexible)
         count = _checked_count(count, offset, len(view), 30, f"partitions of {topic}")
         for _ in range(count):
             data, offset = _read_partition(view, offset, topic, version, flexible)

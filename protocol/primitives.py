@@ -1,8 +1,9 @@
 """Kafka's primitive encodings that kipside reads by hand on its hot paths.
 
-Only what headers and hand-parsed messages need: fixed-width ints, unsigned varints, legacy and
-compact strings, tagged-field sections. Everything else is read through protocol.messages (kio).
-Raises DecodeError on truncated or malformed input; never does I/O.
+Only what headers and hand-parsed messages need: fixed-width ints, varints, legacy and compact
+strings and array lengths (`flexible` picks the compact form of KIP-482), tagged-field sections.
+Everything else is read through protocol.messages (kio). Raises DecodeError on truncated or
+malformed input; never does I/O.
 """
 
 from __future__ import annotations
@@ -53,6 +54,11 @@ def write_uvarint(value: int) -> bytes:
     return bytes(out)
 
 
+def write_varint(value: int) -> bytes:
+    """A zigzag (signed) varint, as a record's fields are written."""
+    return write_uvarint((value << 1) ^ (value >> 63))
+
+
 def read_int16(buf: bytes | bytearray | memoryview, offset: int) -> tuple[int, int]:
     if offset + 2 > len(buf):
         raise DecodeError("truncated int16")
@@ -88,6 +94,38 @@ def read_compact_nullable_string(
     if end > len(buf):
         raise DecodeError("truncated compact string")
     return bytes(buf[offset:end]).decode("utf-8", errors="replace"), end
+
+
+def read_string(
+    buf: bytes | bytearray | memoryview, offset: int, flexible: bool
+) -> tuple[str | None, int]:
+    """A nullable string: compact in a flexible version, legacy otherwise."""
+    if flexible:
+        return read_compact_nullable_string(buf, offset)
+    return read_nullable_string(buf, offset)
+
+
+def write_string(value: str | None, flexible: bool) -> bytes:
+    """A nullable string: compact in a flexible version, legacy otherwise."""
+    if value is None:
+        return b"\x00" if flexible else INT16.pack(-1)
+    raw = value.encode("utf-8")
+    return (write_uvarint(len(raw) + 1) if flexible else INT16.pack(len(raw))) + raw
+
+
+def read_array_length(
+    buf: bytes | bytearray | memoryview, offset: int, flexible: bool
+) -> tuple[int, int]:
+    """An array's length (-1 for null): compact in a flexible version, int32 otherwise."""
+    if flexible:
+        length, offset = read_uvarint(buf, offset)
+        return length - 1, offset
+    return read_int32(buf, offset)
+
+
+def write_array_length(length: int, flexible: bool) -> bytes:
+    """An array's length: compact in a flexible version, int32 otherwise."""
+    return write_uvarint(length + 1) if flexible else INT32.pack(length)
 
 
 def iter_tagged_fields(

@@ -21,12 +21,15 @@ from .primitives import (
     INT32,
     INT64,
     has_tagged_field,
+    read_array_length,
     read_compact_nullable_string,
     read_int16,
     read_int32,
-    read_nullable_string,
+    read_string,
     read_uvarint,
     skip_tagged_fields,
+    write_array_length,
+    write_string,
     write_uvarint,
 )
 
@@ -93,35 +96,22 @@ def _check_version(version: int) -> None:
         )
 
 
-def _read_string(buf: Buffer, offset: int, flexible: bool) -> tuple[str | None, int]:
-    if flexible:
-        return read_compact_nullable_string(buf, offset)
-    return read_nullable_string(buf, offset)
-
-
-def _read_array_length(buf: Buffer, offset: int, flexible: bool) -> tuple[int, int]:
-    if flexible:
-        length, offset = read_uvarint(buf, offset)
-        return length - 1, offset
-    return read_int32(buf, offset)
-
-
 def parse_produce_request(frame: Buffer, body_offset: int, version: int) -> ProduceRequestData:
     """Read a ProduceRequest body; records stay views into frame."""
     _check_version(version)
     flexible = is_flexible(ApiKey.PRODUCE, version)
     view = memoryview(frame)
     offset = body_offset
-    transactional_id, offset = _read_string(view, offset, flexible)
+    transactional_id, offset = read_string(view, offset, flexible)
     acks, offset = read_int16(view, offset)
     timeout_ms, offset = read_int32(view, offset)
-    topics, offset = _read_array_length(view, offset, flexible)
+    topics, offset = read_array_length(view, offset, flexible)
     batches: list[PartitionBatch] = []
     for _ in range(max(topics, 0)):
-        topic, offset = _read_string(view, offset, flexible)
+        topic, offset = read_string(view, offset, flexible)
         if topic is None:
             raise DecodeError("ProduceRequest names a null topic")
-        count, offset = _read_array_length(view, offset, flexible)
+        count, offset = read_array_length(view, offset, flexible)
         for _ in range(max(count, 0)):
             partition, offset = read_int32(view, offset)
             if flexible:
@@ -147,17 +137,6 @@ def parse_produce_request(frame: Buffer, body_offset: int, version: int) -> Prod
     return ProduceRequestData(transactional_id, acks, timeout_ms, tuple(batches))
 
 
-def _string(value: str | None, flexible: bool) -> bytes:
-    if value is None:
-        return b"\x00" if flexible else INT16.pack(-1)
-    raw = value.encode("utf-8")
-    return (write_uvarint(len(raw) + 1) if flexible else INT16.pack(len(raw))) + raw
-
-
-def _array_length(length: int, flexible: bool) -> bytes:
-    return write_uvarint(length + 1) if flexible else INT32.pack(length)
-
-
 def _group_by_topic(items: Sequence[PartitionBatch]) -> list[tuple[str, list[PartitionBatch]]]:
     groups: dict[str, list[PartitionBatch]] = {}
     for item in items:
@@ -177,12 +156,12 @@ def encode_produce_request(
     _check_version(version)
     flexible = is_flexible(ApiKey.PRODUCE, version)
     chunks: list[bytes | memoryview] = [
-        _string(transactional_id, flexible) + INT16.pack(acks) + INT32.pack(timeout_ms)
+        write_string(transactional_id, flexible) + INT16.pack(acks) + INT32.pack(timeout_ms)
     ]
     groups = _group_by_topic(partitions)
-    chunks.append(_array_length(len(groups), flexible))
+    chunks.append(write_array_length(len(groups), flexible))
     for topic, items in groups:
-        chunks.append(_string(topic, flexible) + _array_length(len(items), flexible))
+        chunks.append(write_string(topic, flexible) + write_array_length(len(items), flexible))
         for item in items:
             records = item.records
             if records is None:
@@ -206,11 +185,11 @@ def parse_produce_response(frame: Buffer, body_offset: int, version: int) -> Pro
     _check_version(version)
     flexible = is_flexible(ApiKey.PRODUCE, version)
     offset = body_offset
-    topics, offset = _read_array_length(frame, offset, flexible)
+    topics, offset = read_array_length(frame, offset, flexible)
     results: list[PartitionResult] = []
     for _ in range(max(topics, 0)):
-        topic, offset = _read_string(frame, offset, flexible)
-        count, offset = _read_array_length(frame, offset, flexible)
+        topic, offset = read_string(frame, offset, flexible)
+        count, offset = read_array_length(frame, offset, flexible)
         for _ in range(max(count, 0)):
             if offset + _PARTITION_HEAD.size > len(frame):
                 raise DecodeError("truncated ProduceResponse partition")
@@ -228,14 +207,14 @@ def parse_produce_response(frame: Buffer, body_offset: int, version: int) -> Pro
                 log_start = INT64.unpack_from(frame, offset)[0]
                 offset += 8
             if version >= 8:
-                n_errors, offset = _read_array_length(frame, offset, flexible)
+                n_errors, offset = read_array_length(frame, offset, flexible)
                 for _ in range(max(n_errors, 0)):
                     batch_index, offset = read_int32(frame, offset)
-                    message, offset = _read_string(frame, offset, flexible)
+                    message, offset = read_string(frame, offset, flexible)
                     if flexible:
                         offset = skip_tagged_fields(frame, offset)
                     record_errors.append((batch_index, message))
-                error_message, offset = _read_string(frame, offset, flexible)
+                error_message, offset = read_string(frame, offset, flexible)
             if flexible:
                 n_tags, offset = read_uvarint(frame, offset)
                 for _ in range(n_tags):
@@ -319,22 +298,22 @@ def encode_produce_response(version: int, response: ProduceResponseData) -> byte
     groups: dict[str, list[PartitionResult]] = {}
     for result in response.partitions:
         groups.setdefault(result.topic, []).append(result)
-    out += _array_length(len(groups), flexible)
+    out += write_array_length(len(groups), flexible)
     for topic, results in groups.items():
-        out += _string(topic, flexible)
-        out += _array_length(len(results), flexible)
+        out += write_string(topic, flexible)
+        out += write_array_length(len(results), flexible)
         for r in results:
             out += _PARTITION_HEAD.pack(r.partition, r.error_code, r.base_offset)
             out += INT64.pack(r.log_append_time_ms)
             if version >= 5:
                 out += INT64.pack(r.log_start_offset)
             if version >= 8:
-                out += _array_length(len(r.record_errors), flexible)
+                out += write_array_length(len(r.record_errors), flexible)
                 for batch_index, message in r.record_errors:
-                    out += INT32.pack(batch_index) + _string(message, flexible)
+                    out += INT32.pack(batch_index) + write_string(message, flexible)
                     if flexible:
                         out += b"\x00"
-                out += _string(r.error_message, flexible)
+                out += write_string(r.error_message, flexible)
             if flexible:
                 if version >= 10 and r.current_leader is not None:
                     out += b"\x01\x00" + write_uvarint(9) + struct.pack(">ii", *r.current_leader)
@@ -348,8 +327,8 @@ def encode_produce_response(version: int, response: ProduceResponseData) -> byte
         if version >= 10 and response.node_endpoints:
             body = bytearray(write_uvarint(len(response.node_endpoints) + 1))
             for e in response.node_endpoints:
-                body += INT32.pack(e.node_id) + _string(e.host, True) + INT32.pack(e.port)
-                body += _string(e.rack, True) + b"\x00"
+                body += INT32.pack(e.node_id) + write_string(e.host, True) + INT32.pack(e.port)
+                body += write_string(e.rack, True) + b"\x00"
             out += b"\x01\x00" + write_uvarint(len(body)) + body
         else:
             out += b"\x00"
