@@ -12,6 +12,7 @@ from typing import Final
 
 import crc32c
 
+from kipside.protocol import RecordBatchView
 from kipside.protocol.batch_builder import Record, encode_batch
 
 TRANSACTIONAL: Final = 0x10
@@ -117,3 +118,22 @@ def data_batch(
         producer_epoch=producer_epoch,
         base_sequence=base_sequence,
     )
+
+
+# What re-stamping a batch's producer (or stripping it) must leave as it was.
+_NOT_THE_PRODUCER: Final = (
+    "base_offset",
+    "batch_length",
+    "partition_leader_epoch",
+    "last_offset_delta",
+    "base_timestamp",
+    "max_timestamp",
+    "records_count",
+    "timestamp_type",
+)
+
+
+def assert_same_but_producer(new: RecordBatchView, old: RecordBatchView) -> None:
+    """Every header field of `new` that does not name the producer is as in `old`."""
+    for name in _NOT_THE_PRODUCER:
+        assert getattr(new, name) == getattr(old, name), name

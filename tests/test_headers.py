@@ -83,41 +83,37 @@ api_versions = st.integers(min_value=0, max_value=30)
 correlation_ids = st.integers(min_value=-(2**31), max_value=2**31 - 1)
 
 
-def test_request_header_v1_golden() -> None:
-    header = parse_request_header(METADATA_V1_REQUEST)
-    assert header == RequestHeader(
-        api_key=3,
-        api_version=1,
-        correlation_id=7,
-        client_id="kip",
-        header_version=1,
-        body_offset=17,
-    )
-    assert METADATA_V1_REQUEST[header.body_offset :] == bytes(4)
-    assert encode_request_header(3, 1, 7, "kip") == METADATA_V1_REQUEST[4:17]
-    assert build_frame(encode_request_header(3, 1, 7, "kip"), bytes(4)) == METADATA_V1_REQUEST
+# Each golden request frame and its header: api key, version, correlation id, client id,
+# header version, body offset.
+GOLDEN_REQUESTS = {
+    "metadata-v1": (METADATA_V1_REQUEST, RequestHeader(3, 1, 7, "kip", 1, 17)),
+    "heartbeat-v0-null-client": (HEARTBEAT_V0_NULL_CLIENT, RequestHeader(12, 0, -2, None, 1, 14)),
+    "metadata-v12-unknown-tags": (
+        METADATA_V12_REQUEST,
+        RequestHeader(3, 12, 0x01020304, "c", 2, 25),
+    ),
+}
 
 
-def test_request_header_v1_null_client_id() -> None:
-    header = parse_request_header(HEARTBEAT_V0_NULL_CLIENT)
-    assert header.client_id is None
-    assert header.correlation_id == -2
-    assert header.header_version == 1
-    assert header.body_offset == len(HEARTBEAT_V0_NULL_CLIENT)
-    assert build_frame(encode_request_header(12, 0, -2, None), b"") == HEARTBEAT_V0_NULL_CLIENT
+@pytest.mark.parametrize("name", GOLDEN_REQUESTS)
+def test_request_header_golden(name: str) -> None:
+    frame, expected = GOLDEN_REQUESTS[name]
+    assert parse_request_header(frame) == expected
 
 
-def test_request_header_v2_golden_skips_unknown_tags() -> None:
-    header = parse_request_header(METADATA_V12_REQUEST)
-    assert header == RequestHeader(
-        api_key=3,
-        api_version=12,
-        correlation_id=0x01020304,
-        client_id="c",
-        header_version=2,
-        body_offset=25,
-    )
-    assert METADATA_V12_REQUEST[header.body_offset :] == bytes.fromhex("00010000")
+@pytest.mark.parametrize("name", ["metadata-v1", "heartbeat-v0-null-client"])
+def test_request_header_v1_encodes_its_golden_frame(name: str) -> None:
+    frame, h = GOLDEN_REQUESTS[name]
+    head = encode_request_header(h.api_key, h.api_version, h.correlation_id, h.client_id)
+    assert head == frame[4 : h.body_offset]
+    assert build_frame(head, frame[h.body_offset :]) == frame
+
+
+def test_request_bodies_follow_their_headers() -> None:
+    assert METADATA_V1_REQUEST[17:] == bytes(4)
+    assert len(HEARTBEAT_V0_NULL_CLIENT) == 14  # a header and no body
+    # The unknown tags were skipped by their sizes: what follows is the body.
+    assert METADATA_V12_REQUEST[25:] == bytes.fromhex("00010000")
 
 
 def test_request_header_v2_encoded_with_empty_tag_section() -> None:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import crc32c
 import pytest
+from batches import assert_same_but_producer
 from hypothesis import assume, given
 from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
@@ -536,17 +537,7 @@ def test_as_plain_producer(codec: Compression, producer: str) -> None:
     assert not out.is_transactional
     assert out.compression is view.compression is codec
     assert out.attributes == view.attributes & ~0x10
-    for name in (
-        "base_offset",
-        "batch_length",
-        "partition_leader_epoch",
-        "last_offset_delta",
-        "base_timestamp",
-        "max_timestamp",
-        "records_count",
-        "timestamp_type",
-    ):
-        assert getattr(out, name) == getattr(view, name), name
+    assert_same_but_producer(out, view)
     assert plain[HEADER_SIZE:] == original[HEADER_SIZE:]
     assert out.crc_valid()
     assert read_back(plain) == read_back(original)

@@ -17,6 +17,7 @@ from batches import (
     CONTROL,
     TRANSACTIONAL,
     assemble,
+    assert_same_but_producer,
     control_batch,
     control_record,
     data_batch,
@@ -97,17 +98,7 @@ def test_restamp(codec: Compression, transactional: bool) -> None:
     assert not new.is_transactional
     assert new.attributes == view.attributes & ~TRANSACTIONAL
     assert new.compression is codec
-    for name in (
-        "base_offset",
-        "batch_length",
-        "partition_leader_epoch",
-        "last_offset_delta",
-        "base_timestamp",
-        "max_timestamp",
-        "records_count",
-        "timestamp_type",
-    ):
-        assert getattr(new, name) == getattr(view, name), name
+    assert_same_but_producer(new, view)
     assert (new.base_offset, new.partition_leader_epoch) == (5_000, 11)
     assert new.crc_valid() and new.crc != view.crc
     theirs = DefaultRecordBatch(out)
