@@ -142,6 +142,8 @@ class QueuedBatch:
     """Closes the client connection this batch came from."""
     span: Span | None = None
     """The client request's span, linked from the upstream request's span."""
+    released: bool = False
+    """It holds its partition's lane no more (LanePlacement.release was called for it)."""
 
     @property
     def key(self) -> tuple[str, int]:
@@ -239,6 +241,9 @@ class ProduceLane:
         """These batches are answered or failed: they hold their partitions' lane no more."""
         node_id = self.pool.node_id
         for item in items:
+            if item.released:
+                continue
+            item.released = True
             batch = item.batch
             self.placement.release(item.disconnect, node_id, batch.topic, batch.partition)
 
@@ -383,20 +388,19 @@ class ProduceLane:
         self, taken: list[QueuedBatch], pending: Pending, version: int, span: Span | None
     ) -> None:
         self._busy = False
-        answered = False
         try:
             if pending.frame is None:
                 finish(span, "UPSTREAM_UNAVAILABLE")
                 self._fail_all(taken, pending.failure or "no response")
             else:
+                # Released before the answers go out: a client holding its answer (maybe in
+                # another thread, for an embedded kipside) finds nothing of it outstanding.
+                self._release(taken)
                 self._distribute(taken, pending.frame, version)
                 finish(span)
-                answered = True
         except Exception as exc:
             log.exception("lane %d to node %d: unexpected error", self.index, self.pool.node_id)
             self._fail_all(taken, f"kipside error: {exc!r}")
-        if answered:
-            self._release(taken)
         self._next()
 
     def _span(self, taken: list[QueuedBatch], acks: int, request_bytes: int) -> Span | None:
