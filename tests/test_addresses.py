@@ -293,18 +293,9 @@ def test_produce_v10_with_records_and_no_endpoints_byte_identical(
     rewriter: AddressRewriter,
 ) -> None:
     cls = response_class(ApiKey.PRODUCE, 10)
-    topic_cls = _element_class(cls, "responses")
-    partition_cls = _element_class(topic_cls, "partition_responses")
-    partition = _fit(
-        partition_cls,
-        index=0,
-        error_code=ErrorCode.none,
-        base_offset=41,
-        log_append_time=None,
-        log_start_offset=0,
-        record_errors=(),
-    )
-    topic = _fit(topic_cls, name="orders", partition_responses=(partition,))
+    partition: dict[str, Any] = {"index": 0, "error_code": ErrorCode.none, "base_offset": 41}
+    partition |= {"log_append_time": None, "log_start_offset": 0, "record_errors": ()}
+    topic = _one_topic(cls, "partition_responses", {"name": "orders"}, partition)
     message = _fit(cls, **{**COMMON, "responses": (topic,)})
     frame = frame_of(ApiKey.PRODUCE, 10, message)
     assert rewrite(rewriter, ApiKey.PRODUCE, 10, frame) == frame
@@ -339,19 +330,22 @@ def test_node_port_outside_range_is_refused() -> None:
 def _fetch_with_records(version: int, endpoints: list[Endpoint]) -> Any:
     """A Fetch answer with one topic (by id from v13) and a partition holding bytes."""
     message = build(ApiKey.FETCH, version, endpoints)
-    cls = response_class(ApiKey.FETCH, version)
-    topic_cls = _element_class(cls, "responses")
-    partition_cls = _element_class(topic_cls, "partitions")
-    partition = _fit(
-        partition_cls,
-        partition_index=3,
-        error_code=ErrorCode.none,
-        high_watermark=10,
-        aborted_transactions=None,
-        records=b"\x00" * 70,
-    )
-    topic = _fit(topic_cls, topic_id=uuid.UUID(int=7), partitions=(partition,))
+    partition: dict[str, Any] = {
+        "partition_index": 3,
+        "error_code": ErrorCode.none,
+        "high_watermark": 10,
+    }
+    partition |= {"aborted_transactions": None, "records": b"\x00" * 70}
+    topic_id = {"topic_id": uuid.UUID(int=7)}
+    topic = _one_topic(type(message), "partitions", topic_id, partition)
     return dataclasses.replace(message, responses=(topic,))
+
+
+def _one_topic(cls: Any, partitions: str, topic: dict[str, Any], partition: dict[str, Any]) -> Any:
+    """An entry of the response class's `responses` array: a topic with one partition."""
+    topic_cls = _element_class(cls, "responses")
+    partition_cls = _element_class(topic_cls, partitions)
+    return _fit(topic_cls, **topic, **{partitions: (_fit(partition_cls, **partition),)})
 
 
 @pytest.mark.parametrize("version", [16, 17])

@@ -146,19 +146,18 @@ def test_cap_below_minimum_is_a_local_error() -> None:
         FrameDecoder(max_frame_bytes=3, min_frame_bytes=4)
 
 
-@pytest.mark.parametrize("arrived", [3, 4, 5, len(TLS_CLIENT_HELLO)])
-def test_tls_client_hello_is_not_kafka(arrived: int) -> None:
-    decoder = FrameDecoder()
-    decoder.receive_data(TLS_CLIENT_HELLO[:arrived])
-    with pytest.raises(NotKafkaError, match="TLS"):
-        decoder.next_frame()
+# (what arrived, how many of its bytes, the protocol the error names)
+NOT_KAFKA = [
+    *((TLS_CLIENT_HELLO, arrived, "TLS") for arrived in (3, 4, 5, len(TLS_CLIENT_HELLO))),
+    *((HTTP_GET, arrived, "HTTP") for arrived in (4, 5, 16, len(HTTP_GET))),
+]
 
 
-@pytest.mark.parametrize("arrived", [4, 5, 16, len(HTTP_GET)])
-def test_http_request_is_not_kafka(arrived: int) -> None:
+@pytest.mark.parametrize(("data", "arrived", "protocol"), NOT_KAFKA)
+def test_tls_or_http_is_not_kafka(data: bytes, arrived: int, protocol: str) -> None:
     decoder = FrameDecoder()
-    decoder.receive_data(HTTP_GET[:arrived])
-    with pytest.raises(NotKafkaError, match="HTTP"):
+    decoder.receive_data(data[:arrived])
+    with pytest.raises(NotKafkaError, match=protocol):
         decoder.next_frame()
 
 
