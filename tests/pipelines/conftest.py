@@ -5,7 +5,8 @@ Fixtures:
   spark                       session: a local[2] SparkSession with kipside's sources registered
                               (Java 17 needed; `make system-deps` installs it).
   topic_name                  function: a topic name unique to the test.
-  kipside_cli                 function: runs `kipside ARGS...` to completion within a deadline.
+  kipside_cli                 function: runs `kipside ARGS...` to completion within a deadline
+                              (run_cli; start_cli starts it in the background).
 
 Tests that start Spark (a session or a CLI job) are marked `spark`; the slowest are `slow`.
 """
@@ -13,6 +14,7 @@ Tests that start Spark (a session or a CLI job) are marked `spark`; the slowest 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,12 +22,15 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from conftest import running_tansu, unique_name
 from testkit import procs
 from testkit.broker import Broker
+
+if TYPE_CHECKING:
+    from kipside.pipeline.mirror.job import MirrorJob
 
 REPO = Path(__file__).resolve().parents[2]
 KIPSIDE = REPO / ".venv" / "bin" / "kipside"
@@ -86,21 +91,30 @@ class CliResult:
         )
 
 
-def run_cli(
-    *args: str, timeout: float = CLI_TIMEOUT, env: dict[str, str] | None = None
-) -> CliResult:
-    """`kipside ARGS` to completion; a hang past `timeout` fails the test with its output."""
+def start_cli(
+    *args: str, stdout: int = subprocess.PIPE, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """`kipside ARGS` in the background (tracked, so a failed test leaves no Spark behind),
+    with Spark's Python workers on this venv's python; stderr piped."""
     require_java()
-    started = time.monotonic()
     proc = subprocess.Popen(
         [str(KIPSIDE), *args],
         stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
+        stdout=stdout,
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYSPARK_PYTHON": sys.executable, **(env or {})},
     )
     procs.track(proc)
+    return proc
+
+
+def run_cli(
+    *args: str, timeout: float = CLI_TIMEOUT, env: dict[str, str] | None = None
+) -> CliResult:
+    """`kipside ARGS` to completion; a hang past `timeout` fails the test with its output."""
+    started = time.monotonic()
+    proc = start_cli(*args, env=env)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -116,6 +130,21 @@ def run_cli(
 @pytest.fixture
 def kipside_cli() -> Callable[..., CliResult]:
     return run_cli
+
+
+def mirror_once(source: str, dest: str, topic: str, checkpoint: Path, **extra: Any) -> MirrorJob:
+    """A MirrorJob that copies `topic` (exactly that name) from the `source` bootstrap to the
+    `dest` one, once (availableNow), its progress in `checkpoint`; `extra` sets other fields."""
+    from kipside.pipeline.mirror.job import MirrorJob
+
+    return MirrorJob(
+        source=source,
+        dest=dest,
+        topics=re.escape(topic),
+        checkpoint=str(checkpoint),
+        once=True,
+        **extra,
+    )
 
 
 def run_in_process(spark: Any, job: Any, timeout: float = 180.0) -> Any:

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -20,11 +18,10 @@ from typing import Any
 import pyarrow.dataset as ds
 import pytest
 from conftest import create_topics, unique_name
-from testkit import procs
 from testkit.broker import Broker
 from testkit.ports import free_port
 
-from .conftest import KIPSIDE, CliResult, require_java, run_cli
+from .conftest import CliResult, require_java, run_cli, start_cli
 from .kafka_data import JSON_SCHEMA, JsonDataset, consume_all, produce_json_dataset, produce_plain
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -38,17 +35,16 @@ def _schema_file(tmp: Path) -> Path:
     return path
 
 
+def _lake_args(bootstrap: str, topic: str, tmp: Path, schema: Path | None = None) -> list[str]:
+    """`lake` and its required options: the topic, the schema (orders.json unless given), and
+    the table and checkpoint under `tmp` (out/, ck/)."""
+    read = ["--bootstrap", bootstrap, "--topics", re.escape(topic)]
+    write = ["--schema", str(schema or _schema_file(tmp)), "--out", str(tmp / "out")]
+    return ["lake", *read, *write, "--checkpoint", str(tmp / "ck")]
+
+
 def _lake(bootstrap: str, topic: str, tmp: Path, *extra: str, timeout: float = 240) -> CliResult:
-    args = [
-        "--bootstrap",
-        bootstrap,
-        "--topics",
-        re.escape(topic),
-        "--schema",
-        str(_schema_file(tmp)),
-    ]
-    paths = ["--out", str(tmp / "out"), "--checkpoint", str(tmp / "ck")]
-    return run_cli("lake", *args, *paths, *extra, timeout=timeout)
+    return run_cli(*_lake_args(bootstrap, topic, tmp), *extra, timeout=timeout)
 
 
 def _table(path: Path) -> list[dict[str, Any]]:
@@ -145,32 +141,9 @@ def test_restart_mid_stream_writes_every_record_once(source_broker: Broker, tmp_
     topic = unique_name("lake-restart")
     create_topics(source_broker.bootstrap, [topic], PARTITIONS)
     data = produce_json_dataset(source_broker.bootstrap, topic, PARTITIONS, per_codec=600)
-    schema = _schema_file(tmp_path)
-    args = [
-        str(KIPSIDE),
-        "lake",
-        "--bootstrap",
-        source_broker.bootstrap,
-        "--topics",
-        re.escape(topic),
-    ]
-    args += [
-        "--schema",
-        str(schema),
-        "--out",
-        str(tmp_path / "out"),
-        "--checkpoint",
-        str(tmp_path / "ck"),
-    ]
-    live = subprocess.Popen(
-        [*args, "--max-offsets-per-trigger", "300", "--trigger-interval", "0"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
-    )
-    procs.track(live)
+    args = _lake_args(source_broker.bootstrap, topic, tmp_path)
+    limits = ["--max-offsets-per-trigger", "300", "--trigger-interval", "0"]
+    live = start_cli(*args, *limits, stdout=subprocess.DEVNULL)
     commits = tmp_path / "ck" / "commits"
     deadline = time.monotonic() + 180
     while len([f for f in commits.glob("[0-9]*")] if commits.exists() else []) < 2:
@@ -196,15 +169,7 @@ def test_a_schema_error_names_its_line(source_broker: Broker, tmp_path: Path) ->
     schema.write_text(
         '{\n  "type": "object",\n  "properties": {\n    "id": {"type": "decimal"}\n  }\n}\n'
     )
-    args = [
-        "--bootstrap",
-        source_broker.bootstrap,
-        "--topics",
-        re.escape(topic),
-        "--schema",
-        str(schema),
-    ]
-    run = run_cli("lake", *args, "--out", str(tmp_path / "o"), "--checkpoint", str(tmp_path / "c"))
+    run = run_cli(*_lake_args(source_broker.bootstrap, topic, tmp_path, schema))
     assert run.code == 1
     line = run.stderr.strip().splitlines()[-1]
     assert line.startswith(
@@ -231,17 +196,9 @@ def test_lake_on_a_local_cluster_of_two_executors(source_broker: Broker, tmp_pat
             {"type": "object", "properties": {"n": {"type": "integer"}, "tag": {"type": "string"}}}
         )
     )
-    args = [
-        "--bootstrap",
-        source_broker.bootstrap,
-        "--topics",
-        re.escape(topic),
-        "--schema",
-        str(schema),
-    ]
+    args = _lake_args(source_broker.bootstrap, topic, tmp_path, schema)
     spark = ["--master", "local-cluster[2,1,1024]", "--conf", "spark.executor.memory=512m"]
-    paths = ["--out", str(tmp_path / "out"), "--checkpoint", str(tmp_path / "ck")]
-    run = run_cli("lake", *args, *paths, "--once", *spark, timeout=300)
+    run = run_cli(*args, "--once", *spark, timeout=300)
     assert run.code == 0, run.explain()
     rows = _table(tmp_path / "out")
     expected = sorted(json.loads(r.value)["n"] for r in sent if r.value is not None)

@@ -25,11 +25,11 @@ from kipside.pipeline.kafka.client import KafkaClient
 from kipside.pipeline.kafka.connection import Address
 from kipside.pipeline.kafka.fetcher import FetchConfig, RangeReader
 from kipside.pipeline.kafka.offsets import watermarks
-from kipside.pipeline.mirror.job import OBSERVED, MirrorJob
+from kipside.pipeline.mirror.job import OBSERVED
 from kipside.pipeline.mirror.offset_sync import DEFAULT_TOPIC, decode_sync
 from kipside.protocol.records import RecordBatchView
 
-from .conftest import CliResult, run_cli, run_in_process
+from .conftest import CliResult, mirror_once, run_cli, run_in_process
 from .kafka_data import (
     Dataset,
     Rec,
@@ -172,14 +172,13 @@ def test_read_uncommitted_copies_aborted_records(
     topic = unique_name("mirror-ru")
     create_topics(source_broker.bootstrap, [topic], PARTITIONS)
     data = produce_dataset(source_broker.bootstrap, topic, PARTITIONS, per_codec=30)
-    job = MirrorJob(
-        source=source_broker.bootstrap,
-        dest=dest_broker.bootstrap,
-        topics=re.escape(topic),
-        checkpoint=str(tmp_path / "ck"),
+    job = mirror_once(
+        source_broker.bootstrap,
+        dest_broker.bootstrap,
+        topic,
+        tmp_path / "ck",
         rename="ru.",
         read_uncommitted=True,
-        once=True,
     )
     run_in_process(spark, job)
     got = records_of(consume_all(dest_broker.bootstrap, "ru." + topic, PARTITIONS))
@@ -211,13 +210,7 @@ def test_a_second_run_copies_only_what_is_new(
 ) -> None:
     topic = unique_name("mirror-inc")
     create_topics(source_broker.bootstrap, [topic], 2)
-    job = MirrorJob(
-        source=source_broker.bootstrap,
-        dest=dest_broker.bootstrap,
-        topics=re.escape(topic),
-        checkpoint=str(tmp_path / "ck"),
-        once=True,
-    )
+    job = mirror_once(source_broker.bootstrap, dest_broker.bootstrap, topic, tmp_path / "ck")
     first = produce_plain(source_broker.bootstrap, topic, 2, 500)
     run_in_process(spark, job)
     second = produce_plain(source_broker.bootstrap, topic, 2, 300, start=500)

@@ -12,9 +12,9 @@ import pytest
 from conftest import create_topics, unique_name
 from testkit.broker import Broker
 
-from kipside.pipeline.mirror.job import OBSERVED, MirrorJob, start_query
+from kipside.pipeline.mirror.job import OBSERVED, start_query
 
-from .conftest import run_cli
+from .conftest import mirror_once, run_cli
 from .kafka_data import by_partition, consume_all, produce_dataset, produce_plain, records_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -42,15 +42,8 @@ def test_progress_events_carry_batches_bytes_and_lag(
     topic = unique_name("mirror-progress")
     create_topics(source_broker.bootstrap, [topic], 2)
     sent = produce_plain(source_broker.bootstrap, topic, 2, 2_000)
-    job = MirrorJob(
-        source=source_broker.bootstrap,
-        dest=dest_broker.bootstrap,
-        topics=re.escape(topic),
-        checkpoint=str(tmp_path / "ck"),
-        rename="pe.",
-        once=True,
-        max_bytes_per_trigger=4096,
-    )
+    clusters = source_broker.bootstrap, dest_broker.bootstrap
+    job = mirror_once(*clusters, topic, tmp_path / "ck", rename="pe.", max_bytes_per_trigger=4096)
     query = start_query(spark, job)
     query.awaitTermination(120)
     assert not query.isActive

@@ -18,7 +18,7 @@ from kipside.pipeline.kafka.client import KafkaClient
 from kipside.pipeline.kafka.connection import Address
 from kipside.pipeline.mirror.job import MirrorJob
 
-from .conftest import run_cli, run_in_process
+from .conftest import mirror_once, run_cli, run_in_process
 from .fault_relays import (
     CorruptingFetchRelay,
     DeletedRecordsRelay,
@@ -91,17 +91,6 @@ def _fails_with(spark: Any, job: MirrorJob) -> str:
     return root_cause(failure.value)
 
 
-def _job(source: str, dest: str, topic: str, checkpoint: Path, **extra: Any) -> MirrorJob:
-    return MirrorJob(
-        source=source,
-        dest=dest,
-        topics=re.escape(topic),
-        checkpoint=str(checkpoint),
-        once=True,
-        **extra,
-    )
-
-
 @pytest.mark.spark
 def test_a_corrupt_batch_stops_the_mirror_before_it(
     spark: Any, dest_broker: Broker, tmp_path: Path
@@ -112,7 +101,9 @@ def test_a_corrupt_batch_stops_the_mirror_before_it(
         produce_plain(source.bootstrap, topic, 1, 50, codec="none")
         cause = _fails_with(
             spark,
-            _job(source.bootstrap, dest_broker.bootstrap, topic, tmp_path / "ck", rename="crc."),
+            mirror_once(
+                source.bootstrap, dest_broker.bootstrap, topic, tmp_path / "ck", rename="crc."
+            ),
         )
         assert source.relay.problems() == []
         assert isinstance(source.relay, CorruptingFetchRelay) and source.relay.corrupted > 0
@@ -135,7 +126,9 @@ def test_a_destination_that_refuses_writes(
     with broker_behind(RefusingProduceRelay("denied.")) as dest:
         cause = _fails_with(
             spark,
-            _job(source_broker.bootstrap, dest.bootstrap, topic, tmp_path / "ck", rename="denied."),
+            mirror_once(
+                source_broker.bootstrap, dest.bootstrap, topic, tmp_path / "ck", rename="denied."
+            ),
         )
         assert isinstance(dest.relay, RefusingProduceRelay) and dest.relay.refused > 0
         assert dest.relay.problems() == []
@@ -157,7 +150,7 @@ def test_deleted_offsets_fail_the_mirror_unless_told_to_skip(
     with broker_behind(relay) as source:
         create_topics(source.bootstrap, [topic], 1)
         first = produce_plain(source.bootstrap, topic, 1, 300)
-        job = _job(source.bootstrap, dest_broker.bootstrap, topic, checkpoint)
+        job = mirror_once(source.bootstrap, dest_broker.bootstrap, topic, checkpoint)
         run_in_process(spark, job)
         # Two flushes, so a batch starts at 450: batches are copied whole, and a log start
         # inside a batch would bring that batch's earlier records along.

@@ -6,7 +6,6 @@ must be retried, with nothing lost, duplicated or reordered."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +13,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from conftest import unique_name
 
-from kipside.pipeline.mirror.job import MirrorJob
-
-from .conftest import run_in_process
+from .conftest import mirror_once, run_in_process
 from .fault_relays import KafkaLikeSource, LeaderElectionRelay, broker_behind
 from .kafka_data import by_partition, consume_all, produce_dataset, records_of
 
@@ -47,14 +44,7 @@ def test_mirror_through_kafka_like_clusters(spark: Any, tmp_path: Path) -> None:
         for future in admin.create_topics([NewTopic(topic, 5, 1, config=CONFIGS)]).values():
             future.result(timeout=10)
         data = produce_dataset(source.bootstrap, topic, 5, per_codec=60)
-        job = MirrorJob(
-            source=source.bootstrap,
-            dest=dest.bootstrap,
-            topics=re.escape(topic),
-            checkpoint=str(tmp_path / "ck"),
-            rename="like.",
-            once=True,
-        )
+        job = mirror_once(source.bootstrap, dest.bootstrap, topic, tmp_path / "ck", rename="like.")
         run_in_process(spark, job)
         assert isinstance(source.relay, KafkaLikeSource) and source.relay.refused >= 5
         assert isinstance(dest.relay, LeaderElectionRelay) and dest.relay.refused >= 5

@@ -10,11 +10,9 @@ running when SIGKILL hit: the documented at-least-once window (docs/mirror.md).
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -22,10 +20,9 @@ from pathlib import Path
 
 import pytest
 from conftest import create_topics, unique_name
-from testkit import procs
 from testkit.broker import Broker
 
-from .conftest import KIPSIDE, require_java
+from .conftest import start_cli
 from .kafka_data import consume_all, produce_plain
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -57,26 +54,10 @@ def _started(checkpoint: Path) -> list[int]:
 
 
 def _start(source: Broker, dest: Broker, topic: str, checkpoint: Path) -> subprocess.Popen[str]:
-    require_java()
     args = ["--source", source.bootstrap, "--dest", dest.bootstrap, "--topics", re.escape(topic)]
-    proc = subprocess.Popen(
-        [
-            str(KIPSIDE),
-            "mirror",
-            *args,
-            "--checkpoint",
-            str(checkpoint),
-            "--max-bytes-per-trigger",
-            "32K",
-        ],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+    return start_cli(
+        "mirror", *args, "--checkpoint", str(checkpoint), "--max-bytes-per-trigger", "32K"
     )
-    procs.track(proc)
-    return proc
 
 
 def _wait_for(proc: subprocess.Popen[str], done: Callable[[], bool], what: str) -> None:
