@@ -14,26 +14,19 @@ import pytest
 from pyspark.sql.types import (
     ArrayType,
     BooleanType,
-    DataType,
     DateType,
     DoubleType,
     IntegerType,
     LongType,
     StringType,
-    StructField,
-    StructType,
     TimestampType,
 )
 
 from kipside.pipeline.lake.decode import decode, explain, good_rows, quarantine_rows
 from kipside.pipeline.lake.schema import LakeSchema
 
+from .spark_schema import ITEM, struct
 
-def struct(*fields: tuple[str, DataType]) -> StructType:
-    return StructType([StructField(name, kind, True) for name, kind in fields])
-
-
-ITEM = struct(("sku", StringType()), ("qty", LongType()))
 SCHEMA = struct(
     ("id", LongType()),
     ("count", IntegerType()),

@@ -22,12 +22,13 @@ from pyspark.sql.types import (
     IntegerType,
     LongType,
     StringType,
-    StructField,
     StructType,
     TimestampType,
 )
 
 from kipside.pipeline.lake.schema import RESERVED, LakeSchema, SchemaError, load_schema
+
+from .spark_schema import ITEM, struct
 
 
 def write(tmp_path: Path, name: str, *lines: str) -> str:
@@ -45,11 +46,6 @@ def fail(path: str, line: int, parse_ddl: Any = None) -> str:
     return message[len(f"{path}:{line}: ") :]
 
 
-def struct(*fields: tuple[str, Any]) -> StructType:
-    return StructType([StructField(name, kind, True) for name, kind in fields])
-
-
-ITEM = struct(("sku", StringType()), ("qty", LongType()))
 EXPECTED = struct(
     ("id", LongType()),
     ("name", StringType()),
