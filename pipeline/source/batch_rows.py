@@ -13,14 +13,7 @@ from typing import Final
 
 import numpy as np
 import pyarrow as pa
-from pyspark.sql.types import (
-    BinaryType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-)
+from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
 from kipside.protocol import RecordBatchView
 
