@@ -78,8 +78,11 @@ integration: $(STAMP) system-deps
 test: $(STAMP) system-deps lint typecheck
 	$(BIN)/pytest $(PYTEST_ARGS)
 
+# Every benchmark in turn; each rewrites its section of docs/performance.md. One of them:
+# `make bench BENCH=coalesce`; a smoke run that writes nothing: `make bench BENCH_ARGS="--quick --no-doc"`.
+BENCH ?= throughput coalesce txn tracing_cost hotpath mirror lake
 bench: $(STAMP) system-deps
-	$(BIN)/python bench/throughput.py
+	for b in $(BENCH); do $(BIN)/python bench/$$b.py $(BENCH_ARGS) || exit 1; done
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info

@@ -1,6 +1,7 @@
-"""A fleet of producers (bench/_producers.py processes) on a stack, and what it measured.
+"""A fleet of producers on a stack (`_workload.py fleet` processes), and what it measured.
 
-`fleet()` starts the processes, lets them all GO at once and returns the numbers of the window
+The processes connect and warm up, print READY, wait for GO, run, print FINISHED, then print
+their JSON result. `fleet()` lets them all GO at once and returns the numbers of the window
 between GO and the last FINISHED: records, rates, delivery latency, Produce requests (the
 clients' own count; through kipside also kipside's /metrics, received and sent upstream), CPU
 seconds per million records of the broker, the proxy and the clients (= CPU us per record).
@@ -8,15 +9,88 @@ seconds per million records of the broker, the proxy and the clients (= CPU us p
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 
-from _harness import REPO, Stack
-from _measure import percentile, run_staged, worker
+from _harness import HarnessError, Stack
+from _measure import WORKLOAD, Window, percentile, worker
+from testkit import procs
 from testkit.metrics import scrape
 
-SCRIPT = REPO / "bench" / "_producers.py"
 NAN = float("nan")
+
+
+class StagedWorker:
+    """One staged load process (READY, GO, FINISHED, then JSON) and its stdout lines."""
+
+    def __init__(self, args: dict[str, Any], log: Path) -> None:
+        self.log, self.lines = log, queue.Queue[str | None]()
+        with log.open("wb") as err:
+            command = [sys.executable, str(WORKLOAD), "fleet", json.dumps(args)]
+            pipe, env = subprocess.PIPE, dict(os.environ, PYTHONUNBUFFERED="1")
+            self.popen = subprocess.Popen(
+                command, stdin=pipe, stdout=pipe, stderr=err, text=True, env=env
+            )
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        for line in self.popen.stdout or ():
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def expect(self, word: str, deadline: float) -> str:
+        """The next stdout line, which must start with `word`."""
+        try:
+            line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            line = "nothing in time"
+        if line is None or not line.startswith(word):
+            tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-10:])
+            raise HarnessError(f"a load process printed {line!r}, expected {word}:\n{tail}")
+        return line
+
+    def go(self) -> None:
+        if self.popen.stdin is not None:
+            self.popen.stdin.write("GO\n")
+            self.popen.stdin.flush()
+
+
+def run_staged(
+    stack: Stack,
+    loads: Sequence[dict[str, Any]],
+    seconds: float,
+    during: AbstractContextManager[object] | None = None,
+) -> tuple[list[dict[str, Any]], Window]:
+    """Start one staged worker per load, let all GO at once; their results and the window.
+    `during` is entered at GO and left once all finished (a profiler, a sampler). Each
+    result's `cpu_s` must be its worker's CPU seconds in the window."""
+    workers = [StagedWorker(a, stack.logdir / f"load-{i}.log") for i, a in enumerate(loads)]
+    try:
+        for w in workers:
+            w.expect("READY", time.monotonic() + 90)
+        stack.check_alive()
+        window = Window.of(stack).open()
+        for w in workers:
+            w.go()
+        with during if during is not None else contextlib.nullcontext():
+            for w in workers:
+                w.expect("FINISHED", time.monotonic() + seconds * 1.5 + 60)
+        window.close()
+        results = [json.loads(w.expect("{", time.monotonic() + 30)) for w in workers]
+    finally:
+        for w in workers:
+            procs.stop(w.popen, 1.0)
+    return results, window
 
 
 def produce_requests(admin: int | None) -> tuple[float, float]:
@@ -46,7 +120,7 @@ def fleet(
         {**common, "producers": n, "first_index": sum(counts[:i])} for i, n in enumerate(counts)
     ]
     before = produce_requests(admin)
-    results, w = run_staged(stack, SCRIPT, loads, float(load["seconds"]), during)
+    results, w = run_staged(stack, loads, float(load["seconds"]), during)
     after = produce_requests(admin)
     total = {k: sum(r[k] for r in results) for k in ("offered", "delivered", "errors", "cpu_s")}
     stats = float(sum(r["client_produce_requests"] for r in results))

@@ -4,8 +4,7 @@ A *stack* is one path from a client to a fresh in-memory Tansu: `direct`; throug
 installed code, a snapshot of the working tree, or the tree of a baseline git ref); through
 `tansu proxy` (Tansu's Rust proxy); through haproxy in plain TCP mode (the floor for any proxy);
 through the bare trio relay (bench/_relay.py, the floor for a proxy in Python on trio).
-`open_stack()` starts one and stops it again; `Stack.cpu()` reads the CPU seconds its proxy and
-broker have used so far. A test relay (tests/relaykit) may stand between the proxy and Tansu.
+`open_stack()` starts one and stops it again. A tests/relaykit relay may stand before Tansu.
 
 Loopback only. Never edits the checkout: snapshots and baseline trees are copies in directories
 the caller owns. Brokers, ports, CPU readings and child tracking come from tests/testkit.
@@ -25,7 +24,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import psutil
 
@@ -36,8 +35,12 @@ if str(REPO / "tests") not in sys.path:
 from testkit import procs, tools  # noqa: E402
 from testkit.broker import TANSU_NODE_ID, start_tansu  # noqa: E402
 from testkit.cpu import tree_cpu_seconds  # noqa: E402
-from testkit.ports import LOOPBACK  # noqa: E402
-from testkit.ports import PortNotListening, free_port, wait_for_port  # noqa: E402
+from testkit.ports import (  # noqa: E402
+    LOOPBACK,
+    PortNotListening,
+    free_port,
+    wait_for_port,
+)
 
 from kipside.proxy.devbroker import tansu_path  # noqa: E402
 
@@ -173,7 +176,7 @@ def code_of_tree(tree: Path, dest: Path, label: str) -> KipsideCode:
 def snapshot(dest: Path, attempts: int = 3) -> KipsideCode:
     """A copy of the working tree's packages, so every run of a long benchmark runs the same
     code while others edit the checkout; taken again if a file was caught mid-edit."""
-    for attempt in range(attempts):
+    for attempt in range(attempts):  # again if a file was caught mid-edit
         shutil.rmtree(dest, ignore_errors=True)
         digest = hashlib.sha256()
         for pkg in PACKAGES:
@@ -221,16 +224,7 @@ def start_kipside(
     return proc, listen
 
 
-def start_tansu_proxy(logdir: Path, origin: int) -> tuple[Managed, int]:
-    port = free_port()
-    urls = ["--listener-url", f"tcp://{HOST}:{port}", "--advertised-listener-url"]
-    urls += [f"tcp://{HOST}:{port}", "--origin-url", f"tcp://{HOST}:{origin}"]
-    proc = spawn("tansu-proxy", [str(tansu_path()), "proxy", *urls], logdir)
-    listening(proc, port)
-    return proc, port
-
-
-HAPROXY_CONFIG = """\
+HAPROXY = """\
 global
     maxconn 4096
 defaults
@@ -246,27 +240,25 @@ backend broker
 """
 
 
-def start_plain_relay(path: str, logdir: Path, listen: int, origin: int) -> Managed:
-    """haproxy (TCP mode) or the bare trio relay, copying HOST:listen to HOST:origin."""
-    if path == "haproxy":
+def start_proxy(kind: str, logdir: Path, origin: int, port: int | None) -> tuple[Managed, int]:
+    """`tansu proxy`, haproxy (TCP mode) or the bare trio relay in front of HOST:origin."""
+    port = port or free_port()
+    if kind == "tansu-proxy":
+        me, there = f"tcp://{HOST}:{port}", f"tcp://{HOST}:{origin}"
+        args = [str(tansu_path()), "proxy", "--listener-url", me, "--advertised-listener-url", me]
+        args += ["--origin-url", there]
+    elif kind == "haproxy":
         cfg = logdir / "haproxy.cfg"
-        cfg.write_text(HAPROXY_CONFIG.format(host=HOST, listen=listen, origin=origin))
+        cfg.write_text(HAPROXY.format(host=HOST, listen=port, origin=origin))
         args = [tools.find("haproxy", "the benchmarks' floor"), "-db", "-f", str(cfg)]
     else:
-        args = [sys.executable, str(REPO / "bench" / "_relay.py"), str(listen), str(origin)]
-    proc = spawn(path, args, logdir)
-    listening(proc, listen)
-    return proc
+        args = [sys.executable, str(REPO / "bench" / "_relay.py"), str(port), str(origin)]
+    proc = spawn(kind, args, logdir)
+    listening(proc, port)
+    return proc, port
 
 
 # --------------------------------------------------------------------------- stacks
-
-
-class Relay(Protocol):
-    """A tests/relaykit relay, already started: it forwards to `upstream` once that is set."""
-
-    port: int
-    upstream: tuple[str, int] | None
 
 
 @dataclass
@@ -279,11 +271,6 @@ class Stack:
     broker_port: int
     proxy: Managed | None
     logdir: Path
-
-    def cpu(self) -> tuple[float, float]:
-        """(proxy, broker) CPU seconds so far; the proxy's is 0 for the direct path."""
-        proxy = self.proxy.cpu_seconds() if self.proxy is not None else 0.0
-        return proxy, self.broker.cpu_seconds()
 
     def check_alive(self) -> None:
         for proc in (self.broker, self.proxy):
@@ -298,7 +285,7 @@ def open_stack(
     *,
     kipside_args: Sequence[str] = (),
     code: KipsideCode = INSTALLED,
-    relay: Relay | None = None,
+    relay: Any = None,
 ) -> Iterator[Stack]:
     """Start a fresh Tansu and, unless `path` is direct, the proxy in front of it.
 
@@ -319,10 +306,8 @@ def open_stack(
         proxy, port = None, origin
         if kind == "kipside":
             proxy, port = start_kipside(logdir, origin, code, kipside_args)
-        elif kind == "tansu-proxy":
-            proxy, port = start_tansu_proxy(logdir, origin)
-        elif plain is not None:
-            proxy, port = start_plain_relay(kind, logdir, plain, origin), plain
+        elif kind != "direct":
+            proxy, port = start_proxy(kind, logdir, origin, plain)
         if proxy is not None:
             stack.callback(proxy.stop)
         tansu = Managed("tansu", broker.proc)

@@ -5,8 +5,6 @@
 - `Window` takes the CPU of the stack's proxy and broker, of this process and its reaped
   children, and of the whole machine around one load; what the machine did beyond all of those
   is other load (noise), in cores.
-- `StagedWorker`/`run_staged()`: load processes that connect and warm up, print READY, wait
-  for GO, run, print FINISHED, then print their JSON result; the window spans GO..FINISHED.
 - `repeat()` runs every case of a benchmark in every repetition, the order rotated each time,
   and measures a run again when other load disturbed it; `medians()` summarises.
 """
@@ -16,24 +14,21 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import queue
 import statistics
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import psutil
 from _harness import REPO, HarnessError, Managed, Stack
 from testkit.cpu import TreeSampler, own_cpu_seconds
 
-BENCH = REPO / "bench"
-WORKLOAD = BENCH / "_workload.py"
+WORKLOAD = REPO / "bench" / "_workload.py"
 
 
 def machine_busy_seconds() -> float:
@@ -127,81 +122,6 @@ def worker(
     return data, window.close()
 
 
-class StagedWorker:
-    """One staged load process (READY, GO, FINISHED, then JSON) and its stdout lines."""
-
-    def __init__(self, script: Path, args: dict[str, Any], log: Path) -> None:
-        self.log = log
-        with log.open("wb") as err:
-            self.popen = subprocess.Popen(
-                [sys.executable, str(script), json.dumps(args)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=err,
-                text=True,
-                env=dict(os.environ, PYTHONUNBUFFERED="1"),
-            )
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._drain, daemon=True).start()
-
-    def _drain(self) -> None:
-        out: IO[str] | None = self.popen.stdout
-        assert out is not None
-        for line in out:
-            self.lines.put(line.rstrip("\n"))
-        self.lines.put(None)
-
-    def expect(self, word: str, deadline: float) -> str:
-        """The next stdout line, which must start with `word`."""
-        try:
-            line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
-        except queue.Empty:
-            raise HarnessError(f"a load process did not print {word} in time") from None
-        if line is None or not line.startswith(word):
-            tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-10:])
-            raise HarnessError(f"a load process printed {line!r}, expected {word}:\n{tail}")
-        return line
-
-    def send(self, text: str) -> None:
-        assert self.popen.stdin is not None
-        self.popen.stdin.write(text + "\n")
-        self.popen.stdin.flush()
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.kill()
-        self.popen.wait(10)
-
-
-def run_staged(
-    stack: Stack,
-    script: Path,
-    loads: Sequence[dict[str, Any]],
-    seconds: float,
-    during: AbstractContextManager[object] | None = None,
-) -> tuple[list[dict[str, Any]], Window]:
-    """Start one staged worker per load, let all GO at once; their results and the window.
-    `during` is entered at GO and left once all finished (a profiler, a sampler). Each
-    result's `cpu_s` must be its worker's CPU seconds in the window."""
-    workers = [StagedWorker(script, a, stack.logdir / f"load-{i}.log") for i, a in enumerate(loads)]
-    try:
-        for w in workers:
-            w.expect("READY", time.monotonic() + 90)
-        stack.check_alive()
-        window = Window.of(stack).open()
-        for w in workers:
-            w.send("GO")
-        with during if during is not None else contextlib.nullcontext():
-            for w in workers:
-                w.expect("FINISHED", time.monotonic() + seconds * 1.5 + 60)
-        window.close()
-        results = [json.loads(w.expect("{", time.monotonic() + 30)) for w in workers]
-    finally:
-        for w in workers:
-            w.stop()
-    return results, window
-
-
 @dataclass
 class TreeRun:
     wall_s: float
@@ -218,9 +138,7 @@ class TreeRun:
 
     @staticmethod
     def median(runs: Sequence[TreeRun]) -> TreeRun:
-        return TreeRun(
-            *(statistics.median(f) for f in zip(*(r.fields() for r in runs), strict=True))
-        )
+        return TreeRun(*map(statistics.median, zip(*(r.fields() for r in runs), strict=True)))
 
 
 def timed(
@@ -319,9 +237,7 @@ def repeat(
 
 
 def progress(run: Run, seconds: float) -> str:
-    head = f"[rep {run.rep}] {run.case}" + (
-        f" (attempt {run.attempts})" if run.attempts > 1 else ""
-    )
+    head = f"[rep {run.rep}] {run.case} (attempt {run.attempts})"
     if not run.ok:
         return f"{head}: FAILED ({seconds:.0f} s)\n{run.error}"
     shown = ", ".join(f"{k} {v:,.4g}" for k, v in list(run.metrics.items())[:5])

@@ -224,7 +224,6 @@ class Report:
     """(alt text, draw(png)): the chart, docs/img/SECTION.png."""
     details: Table | None = None
     """Every run, folded away in the document."""
-    after: list[str] = field(default_factory=list)
 
     def publish(self, doc: Path | None) -> None:
         for t in self.tables:
@@ -254,15 +253,8 @@ class Report:
         if self.details is not None:
             table = markdown_table(self.details.headers, self.details.rows, self.details.align)
             lines += ["", "<details><summary>Every run</summary>", "", table, "</details>"]
-        write_section(self.section, "\n".join([*lines, *self.after]), doc=doc)
+        write_section(self.section, "\n".join(lines), doc=doc)
         print(f"\nwrote the {self.section} section of {doc}")
-
-
-def note_problems(where: str, problems: Sequence[str], limit: int = 3) -> list[str]:
-    """Notes quoting the first `limit` lines a proxy logged as problems."""
-    out = [f"{where}: the proxy logged `{p[:200]}`" for p in problems[:limit]]
-    more = len(problems) - limit
-    return [*out, f"{where}: ... {more} more logged problems"] if more > 0 else out
 
 
 def first_line(text: str | None, width: int = 200) -> str:
@@ -308,7 +300,7 @@ def run_notes(runs: Sequence[Run], noisy: float) -> list[str]:
     """Failures, what proxies logged, runs measured again and runs disturbed by other load."""
     out = [f"`{r.case}` rep {r.rep} failed: `{first_line(r.error)}`" for r in runs if not r.ok]
     for r in runs:
-        out += note_problems(f"`{r.case}` rep {r.rep}", r.problems)
+        out += [f"`{r.case}` rep {r.rep}: the proxy logged `{p[:200]}`" for p in r.problems[:3]]
     if again := [r for r in runs if r.attempts > 1]:
         out.append(f"{len(again)} run(s) measured again after other load; the last attempt counts.")
     if busy := [r for r in runs if r.ok and r.noise > noisy]:

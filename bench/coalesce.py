@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import resource
-import socket
 import sys
 import tempfile
 import time
@@ -25,30 +24,13 @@ from typing import Any
 import psutil
 from _chart import Panel, bar_chart
 from _fleet import fleet
-from _harness import HOST, HarnessError, KipsideCode, Stack, open_stack, snapshot
-from _measure import (
-    Run,
-    attempt,
-    repeat,
-    sampling,
-    wait_until_quiet,
-)
-from _report import (
-    Report,
-    Target,
-    doc_args,
-    doc_of,
-    facts,
-    run_notes,
-    table,
-    utc_now,
-    versions,
-)
+from _harness import HOST, HarnessError, KipsideCode, Stack, at_ref, open_stack, snapshot
+from _measure import Run, attempt, repeat, sampling, wait_until_quiet
+from _report import Report, Target, doc_args, doc_of, facts, run_notes, table, utc_now, versions
 from testkit.metrics import scrape
 from testkit.ports import free_port
 
-from kipside.protocol.headers import build_frame, encode_request_header, parse_response_header
-from kipside.protocol.messages import decode_response
+from kipside.pipeline.kafka.connection import Address, BrokerConnection
 
 
 @dataclass(frozen=True)
@@ -141,27 +123,18 @@ def produce(
     return {**m, "broker_conns": float(max(conns)), "overloaded": float(slow)}
 
 
-def _compact(text: str) -> bytes:
-    return bytes([len(text) + 1]) + text.encode()  # a short COMPACT_STRING
-
-
-API_VERSIONS_V3 = _compact("kipside-bench") + _compact("0.1") + b"\x00"
+API_VERSIONS_V3 = b"\x0ekipside-bench\x040.1\x00"  # client name and version, no tags
 METADATA_V12 = b"\x00\x00\x00\x00"  # all topics, no auto-creation, no authorized ops, no tags
 
 
-def handshake(sock: socket.socket, client_id: str) -> Any:
-    """ApiVersions v3, then Metadata v12 (all topics), as a client does when it connects."""
-    answers = []
-    for correlation, (api, version, body) in enumerate(
-        ((18, 3, API_VERSIONS_V3), (3, 12, METADATA_V12))
-    ):
-        sock.sendall(build_frame(encode_request_header(api, version, correlation, client_id), body))
-        head = sock.recv(4, socket.MSG_WAITALL)
-        frame = head + sock.recv(int.from_bytes(head, "big"), socket.MSG_WAITALL)
-        if len(head) < 4:
-            raise HarnessError("kipside closed an idle client's connection during its handshake")
-        answers.append(frame)
-    return decode_response(3, 12, answers[1], parse_response_header(answers[1], 3, 12).body_offset)
+def connect(host: str, port: int, client_id: str) -> tuple[BrokerConnection, Any]:
+    """A connection that sends what a client sends when it connects: ApiVersions, Metadata;
+    and the Metadata answer."""
+    conn = BrokerConnection(
+        Address(host, port), client_id=client_id, connect_timeout=10, request_timeout=10
+    )
+    conn.request(18, 3, API_VERSIONS_V3)
+    return conn, conn.request(3, 12, METADATA_V12).decode()
 
 
 def idle(stack: Stack, count: int, admin: int) -> dict[str, float]:
@@ -171,19 +144,19 @@ def idle(stack: Stack, count: int, admin: int) -> dict[str, float]:
     time.sleep(0.5)
     rss0, conns0, t0 = stack.proxy.rss_bytes(), broker_connections(stack), time.monotonic()
     host, port = stack.bootstrap.split(":")
-    socks = [socket.create_connection((host, int(port)), timeout=10)]
+    first, metadata = connect(host, int(port), "bench-idle-0")
+    conns = [first]
     try:
-        ports = [int(port), *sorted({b.port for b in handshake(socks[0], "bench-idle-0").brokers})]
+        ports = [int(port), *sorted({b.port for b in metadata.brokers})]
         for i in range(1, count):
             if time.monotonic() - t0 > 90:
                 raise HarnessError(f"opened only {i} of {count} idle connections in 90 s")
-            socks.append(socket.create_connection((host, ports[i % len(ports)]), timeout=10))
-            handshake(socks[-1], f"bench-idle-{i}")
+            conns.append(connect(host, ports[i % len(ports)], f"bench-idle-{i}")[0])
         opened = time.monotonic() - t0
         time.sleep(2.0)  # let anything opened or closed lazily settle
         m = scrape(admin)
         return {
-            "clients": float(len(socks)),
+            "clients": float(len(conns)),
             "open_s": opened,
             "rss0_mb": rss0 / 1e6,
             "rss_mb": stack.proxy.rss_bytes() / 1e6,
@@ -193,8 +166,8 @@ def idle(stack: Stack, count: int, admin: int) -> dict[str, float]:
             "upstream_gauge": m.value("kipside_upstream_connections", float("nan")),
         }
     finally:
-        for s in socks:
-            s.close()
+        for c in conns:
+            c.close()
 
 
 def measure(case: str, rep: int, args: argparse.Namespace, code: KipsideCode) -> Run:
@@ -306,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     cases = [f"{r:g} {c}" for r in args.rates for c in args.configs]
     cases += ["idle on", "idle one-to-one"][: 0 if not args.idle else 2 - args.no_idle_one_to_one]
     with tempfile.TemporaryDirectory(prefix="kipbench-coalesce-") as tmp:
-        args.tmp, code = tmp, snapshot(Path(tmp) / "code")
+        ref, where = args.baseline_ref, Path(tmp) / "code"
+        args.tmp, code = tmp, at_ref(ref, where) if ref else snapshot(where)
         runs = repeat(
             cases,
             1,
@@ -356,6 +330,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--quiet-wait", type=float, default=120.0, help="first wait this long for quiet"
     )
+    ap.add_argument("--baseline-ref", help="run kipside as of this git ref, not the working tree")
     ap.add_argument("--quick", action="store_true", help="a smoke test: little of everything")
     doc_args(ap)
     args = ap.parse_args(argv)

@@ -7,16 +7,20 @@ A: one closed-loop producer (one Produce request per record, one in flight) on e
 B: 32 closed-loop producers with mixed acks and codecs on direct, kipside and kipside-before,
 then every acknowledged record checked exactly once, in order. kipside runs from a snapshot of
 the working tree, kipside-before from --baseline-ref. --profile adds one run of A with py-spy
-on the proxy. docs/performance.md ("Hot path") says what each measures.
+on the proxy (`py-spy record --format raw`; a function's own samples are those where it is the
+innermost frame: where the CPU was). docs/performance.md ("Hot path") says what each measures.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import re
+import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -25,7 +29,6 @@ from _chart import Bars, bar_chart
 from _fleet import fleet
 from _harness import HOST, HarnessError, Stack, at_ref, open_stack, snapshot
 from _measure import Run, attempt, medians, repeat, worker
-from _profile import HEADERS, RATE_HZ, py_spy_record, summarise
 from _report import (
     Compare,
     Report,
@@ -83,6 +86,60 @@ CHART = [
     Bars("A: proxy CPU us per request", "proxy_cpu_per_m", "{:.1f}", "tansu-proxy", 1, 0, "tansu"),
     Bars("A: requests/s (one in flight)", "msgs_per_s", "{:,.0f}", "relay", 0.9, 0, "0.9x relay"),
 ]
+
+
+RATE_HZ = 100
+FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*?)(?::\d+)?\)$")
+HEADERS = ["#", "function", "file", "own samples", "own %", "incl. %"]
+
+
+@contextlib.contextmanager
+def py_spy_record(pid: int, seconds: float, raw: Path) -> Iterator[None]:
+    """Sample `pid` for `seconds` (whole, at least 1) into `raw`; wait for py-spy on exit."""
+    args = [str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(pid)]
+    args += ["--format", "raw", "--output", str(raw), "--rate", str(RATE_HZ)]
+    args += ["--duration", str(max(1, int(seconds)))]
+    with raw.with_suffix(".log").open("wb") as log:
+        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    try:
+        yield
+    finally:
+        try:
+            proc.wait(timeout=seconds + 30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    if proc.returncode != 0 or not raw.exists():
+        why = raw.with_suffix(".log").read_text(errors="replace").strip()[:300]
+        raise HarnessError(f"py-spy failed (code {proc.returncode}): {why}")
+
+
+def summarise(raw: Path, top: int = 15) -> tuple[int, list[list[str]]]:
+    """Busy samples in all, and a table row for each of the `top` functions by own samples."""
+    own: Counter[tuple[str, str]] = Counter()
+    total: Counter[tuple[str, str]] = Counter()
+    for line in raw.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if stack and count.isdigit():
+            frames = [
+                (m["function"], m["file"]) if (m := FRAME.match(f)) else (f, "")
+                for f in stack.split(";")
+            ]
+            own[frames[-1]] += int(count)
+            for frame in set(frames):
+                total[frame] += int(count)
+    samples = max(1, sum(own.values()))
+    rows = [
+        [
+            str(i),
+            f"`{fn}`",
+            file,
+            str(n),
+            f"{100 * n / samples:.1f}",
+            f"{100 * total[fn, file] / samples:.1f}",
+        ]
+        for i, ((fn, file), n) in enumerate(own.most_common(top), 1)
+    ]
+    return sum(own.values()), rows
 
 
 def closed_loop(stack: Stack, args: argparse.Namespace, during: Any = None) -> dict[str, float]:
