@@ -22,7 +22,7 @@ from typing import Final, Protocol
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader
+from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
@@ -212,18 +212,15 @@ class Metrics:
         rules: Callable[[], RuleSet] | None = None,
         reloads: ReloadCounts | None = None,
         otlp_endpoint: str | None = None,
-        otlp: MetricExporter | None = None,
     ) -> None:
-        """OTLP export is on when `otlp_endpoint` (see metric_readers.otlp_metrics_endpoint)
-        or an exporter `otlp` is given."""
+        """OTLP export is on when `otlp_endpoint` is set (metric_readers.otlp_metrics_endpoint
+        says where from); `rules` and `reloads` add the rule metrics."""
         scope = InstrumentationScope("kipside", KIPSIDE_VERSION)
         histograms = StatsHistograms(stats, scope)
         self.prometheus = PrometheusReader(histograms)
         readers: list[MetricReader] = [self.prometheus]
-        if otlp is None and otlp_endpoint:
-            otlp = otlp_exporter(otlp_endpoint)
-        if otlp is not None:
-            readers.append(OtlpReader(otlp, histograms))
+        if otlp_endpoint:
+            readers.append(OtlpReader(otlp_exporter(otlp_endpoint), histograms))
         self._provider = MeterProvider(
             metric_readers=readers, resource=kipside_resource(), shutdown_on_exit=False
         )

@@ -57,6 +57,8 @@ def _json_reply(status: int, value: object) -> Reply:
 
 
 class AdminConfig(Protocol):
+    """What the endpoint reads of the server's configuration: the brokers /readyz may probe."""
+
     @property
     def upstreams(self) -> Sequence[Address]: ...
 
