@@ -7,6 +7,7 @@ imported from the wheel's own files rather than the editable link tree.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -20,13 +21,17 @@ PUBLIC = ("kipside.protocol", "kipside.proxy", "kipside.rules", "kipside.pipelin
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # From a copy of what the Dockerfile copies too: a build/ folder left in the checkout by an
+    # earlier build could otherwise lend the wheel files that no longer exist.
+    source = tmp_path_factory.mktemp("source")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    skip = shutil.ignore_patterns("__pycache__")
+    for folder in ("protocol", "proxy", "rules", "pipeline", "pyspark_kipside"):
+        shutil.copytree(REPO / folder, source / folder, ignore=skip)
     out = tmp_path_factory.mktemp("wheel")
     build = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(out)]
-    subprocess.run(
-        [*build, str(REPO)],
-        check=True,
-        capture_output=True,
-    )
+    subprocess.run([*build, str(source)], check=True, capture_output=True)
     (found,) = out.glob("kipside-*.whl")
     return found
 
