@@ -11,9 +11,10 @@ reading the rule file it is asked to load, and never use an unsafe YAML loader: 
 depends on the rules, not the other way round, and a rule file is data, not code.
 """
 
-from kipside.rules.errors import RuleError, RuleProblem
+from kipside.rules.errors import FILE_KEY, RuleError, RuleProblem
 from kipside.rules.loader import default_rules, load_rules, parse_rules
 from kipside.rules.model import (
+    DEFAULT_SOURCE,
     CoalescingRule,
     CoalescingRules,
     HoldBegin,
@@ -25,6 +26,8 @@ from kipside.rules.model import (
 )
 
 __all__ = [
+    "DEFAULT_SOURCE",
+    "FILE_KEY",
     "CoalescingRule",
     "CoalescingRules",
     "HoldBegin",

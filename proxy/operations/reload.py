@@ -32,9 +32,15 @@ from kipside.proxy.features.coalesce import Coalescer
 from kipside.proxy.features.versions import VersionPolicy
 from kipside.proxy.network.hooks import Routed, RoutedClient
 from kipside.proxy.network.upstream import Pending, UpstreamFailed
-from kipside.rules import CoalescingRules, RuleError, RuleProblem, RuleSet, load_rules
-from kipside.rules.errors import FILE_KEY
-from kipside.rules.model import DEFAULT_SOURCE
+from kipside.rules import (
+    DEFAULT_SOURCE,
+    FILE_KEY,
+    CoalescingRules,
+    RuleError,
+    RuleProblem,
+    RuleSet,
+    load_rules,
+)
 
 log = logging.getLogger("kipside.rules")
 
