@@ -3,9 +3,9 @@
 Spark looks for installed top-level modules named `pyspark_*` that define `DefaultSource`
 (pyspark/sql/worker/lookup_data_sources.py) when a session first uses a Python data source.
 This shim is the only generic top-level name kipside installs for that; the source itself is
-pipeline.source.datasource.
+kipside.pipeline.source.datasource.
 """
 
-from kipside.pipeline.source.datasource import KipsideDataSource as DefaultSource
+from kipside.pipeline import KipsideDataSource as DefaultSource
 
 __all__ = ["DefaultSource"]
