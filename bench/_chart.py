@@ -5,15 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-PATH_COLORS = {
-    "direct": "#7f7f7f",
-    "kipside": "#d62728",
-    "tansu-proxy": "#1f77b4",
-    "haproxy": "#2ca02c",
-    "relay": "#bcbd22",
-    "kipside-before": "#f4a3a3",
-}
+PATH_COLORS = {"direct": "#7f7f7f", "kipside": "#d62728", "tansu-proxy": "#1f77b4"}
+PATH_COLORS |= {"haproxy": "#2ca02c", "relay": "#bcbd22", "kipside-before": "#f4a3a3"}
 SERIES_COLORS = ("#fcae91", "#fb6a4a", "#cb181d", "#67000d")
 
 
@@ -69,29 +64,24 @@ def bar_chart(png: Path, panels: Sequence[Panel], title: str, *, cols: int = 2) 
                 if panel.hatched is not None and panel.hatched[j][i]:
                     bar.set_hatch("////")
                     bar.set_edgecolor("white")
-                    hatch = Patch(
-                        facecolor="#999",
-                        hatch="////",
-                        edgecolor="white",
-                        label="hatched: overloaded",
-                    )
-                    legend.setdefault("~hatched", hatch)
-                text = (
-                    panel.missing
-                    if value is None
-                    else (panel.fmt(value) if callable(panel.fmt) else panel.fmt.format(value))
+                    hatch: dict[str, Any] = {
+                        "facecolor": "#999",
+                        "hatch": "////",
+                        "edgecolor": "white",
+                    }
+                    legend.setdefault("~", Patch(**hatch, label="hatched: overloaded"))
+                shown = panel.fmt if callable(panel.fmt) else panel.fmt.format
+                text = panel.missing if value is None else shown(value)
+                xy, size = (
+                    (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    6.5 if n >= 4 else 8,
                 )
-                xy = (bar.get_x() + bar.get_width() / 2, bar.get_height())
-                size = 6.5 if n >= 4 else 8
-                ax.annotate(
-                    text,
-                    xy,
-                    xytext=(0, 2),
-                    textcoords="offset points",
-                    ha="center",
-                    va="bottom",
-                    fontsize=size,
-                )
+                style: dict[str, Any] = {
+                    "textcoords": "offset points",
+                    "ha": "center",
+                    "va": "bottom",
+                }
+                ax.annotate(text, xy, xytext=(0, 2), fontsize=size, **style)
         if panel.reference is not None:
             line = ax.axhline(panel.reference, color="black", linestyle="--", linewidth=1)
             if panel.reference_label:
@@ -112,16 +102,9 @@ def bar_chart(png: Path, panels: Sequence[Panel], title: str, *, cols: int = 2) 
     height = fig.get_figheight()
     fig.suptitle(title, fontsize=11.5, y=1 - 0.12 / height)
     if legend:
-        anchor = (0.5, 1 - 0.42 / height)
-        handles = list(legend.values())
-        fig.legend(
-            handles=handles,
-            loc="upper center",
-            ncol=len(handles),
-            fontsize=9,
-            frameon=False,
-            bbox_to_anchor=anchor,
-        )
+        anchor, handles = (0.5, 1 - 0.42 / height), list(legend.values())
+        place: dict[str, Any] = {"loc": "upper center", "bbox_to_anchor": anchor, "frameon": False}
+        fig.legend(handles=handles, ncol=len(handles), fontsize=9, **place)
     fig.tight_layout(rect=(0, 0, 1, 1 - (0.75 if legend else 0.4) / height))
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=100)

@@ -35,26 +35,14 @@ BULK = {"linger.ms": 20, "batch.size": 1_000_000, "queue.buffering.max.kbytes": 
 WORDS: tuple[str, ...] = ("alpha", "beta", "gamma", "delta", "order", "payment", "refund")
 WORDS += ("shipped", "pending", "card", "euro", "dollar")
 # The lake's table: bench/lake.py gives `kipside lake` the same columns as a JSON schema.
-VALUE = pa.schema(
-    [
-        ("id", pa.int64()),
-        ("user", pa.string()),
-        ("amount", pa.float64()),
-        ("paid", pa.bool_()),
-        ("at", pa.timestamp("us", tz="UTC")),
-        ("status", pa.string()),
-        ("items", pa.list_(pa.struct([("sku", pa.string()), ("qty", pa.int64())]))),
-        ("note", pa.string()),
-    ]
-)
+FIELDS = [("id", pa.int64()), ("user", pa.string()), ("amount", pa.float64()), ("paid", pa.bool_())]
+FIELDS += [("at", pa.timestamp("us", tz="UTC")), ("status", pa.string())]
+ITEMS = pa.list_(pa.struct([("sku", pa.string()), ("qty", pa.int64())]))
+VALUE = pa.schema([*FIELDS, ("items", ITEMS), ("note", pa.string())])
 LAKE_WORDS = ["alpha", "beta", "gamma", "delta", "card", "euro", "refund", "gift", "express"]
 FLUSHES: list[Callable[[float], int]] = []
-JSON_TYPES = {
-    pa.int64(): "integer",
-    pa.string(): "string",
-    pa.float64(): "number",
-    pa.bool_(): "boolean",
-}
+JSON_TYPES = {pa.int64(): "integer", pa.string(): "string", pa.float64(): "number"}
+JSON_TYPES |= {pa.bool_(): "boolean"}
 
 
 def json_schema() -> dict[str, Any]:
@@ -98,22 +86,13 @@ def mirror_load(a: dict[str, Any]) -> dict[str, Any]:
         )
         done = n = 0
         while done < int(a["bytes"]) // len(a["topics"]):
-            items = [
-                {
-                    "sku": f"SKU-{rng.randrange(10_000):05d}",
-                    "qty": rng.randrange(1, 9),
-                    "price": rng.randrange(100, 99_999) / 100,
-                }
-                for _ in range(rng.randrange(1, 6))
-            ]
-            body = {
-                "id": n,
-                "user": f"user-{rng.randrange(100_000)}",
-                "ts": 1_700_000_000_000 + n,
-                "status": rng.choice(WORDS[5:9]),
-                "items": items,
-                "note": " ".join(rng.choice(WORDS) for _ in range(12)),
-            }
+            items = []
+            for _ in range(rng.randrange(1, 6)):
+                sku, qty = f"SKU-{rng.randrange(10_000):05d}", rng.randrange(1, 9)
+                items.append({"sku": sku, "qty": qty, "price": rng.randrange(100, 99_999) / 100})
+            body = {"id": n, "user": f"user-{rng.randrange(100_000)}", "ts": 1_700_000_000_000 + n}
+            body |= {"status": rng.choice(WORDS[5:9]), "items": items}
+            body |= {"note": " ".join(rng.choice(WORDS) for _ in range(12))}
             raw = json.dumps(body, separators=(",", ":"))
             pad = max(0, int(a["size"]) - len(raw) - 10)
             value = (raw[:-1] + f',"pad":"{"x" * pad}"}}').encode() if pad else raw.encode()
@@ -127,15 +106,10 @@ def mirror_load(a: dict[str, Any]) -> dict[str, Any]:
 def from_the_start(bootstrap: str, group: str, topics: list[str]) -> Iterator[Message]:
     """Every record of `topics`, read_committed, from the start of every partition (an
     assigned consumer: no group offsets used or committed), with fetch sizes for bulk reads."""
+    config: dict[str, Any] = {"bootstrap.servers": bootstrap, "group.id": group}
+    config |= {"enable.auto.commit": False, "isolation.level": "read_committed"}
     consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": group,
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "fetch.max.bytes": 64 << 20,
-            "max.partition.fetch.bytes": 8 << 20,
-        }
+        {**config, "fetch.max.bytes": 64 << 20, "max.partition.fetch.bytes": 8 << 20}
     )
     meta = consumer.list_topics(timeout=30).topics
     consumer.assign(
@@ -151,17 +125,8 @@ def from_the_start(bootstrap: str, group: str, topics: list[str]) -> Iterator[Me
 
 
 def deep(a: dict[str, Any]) -> dict[str, Any]:
-    out = {
-        t: Producer(
-            {
-                "bootstrap.servers": a["dest"],
-                **BULK,
-                "compression.type": c,
-                "enable.idempotence": True,
-            }
-        )
-        for t, c in a["topics"].items()
-    }
+    dest = {"bootstrap.servers": a["dest"], **BULK, "enable.idempotence": True}
+    out = {t: Producer({**dest, "compression.type": c}) for t, c in a["topics"].items()}
     copied = 0
     for m in from_the_start(a["source"], "bench-deep-mirror", list(a["topics"])):
         topic, producer = str(m.topic()), out[str(m.topic())]

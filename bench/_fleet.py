@@ -129,22 +129,16 @@ def fleet(
     lat = [v / 1000 for r in results for v in r["latencies_us"]]
     proxy, broker = w.proxy_broker(stack)
     per_m = 1e6 / max(total["delivered"], 1)
-    return {
-        **{k: float(v) for k, v in total.items()},
-        "msgs_per_s": total["delivered"] / span if span > 0 else 0.0,
-        "p50_ms": percentile(lat, 50),
-        "p99_ms": percentile(lat, 99),
-        "client_reqs": client,
-        "client_reqs_stats": stats,
-        "upstream_reqs": upstream,
-        "ratio": client / upstream if upstream else NAN,
-        "msgs_per_upstream_req": total["delivered"] / upstream if upstream else NAN,
-        "broker_cpu_s": broker,
-        "broker_cpu_per_m": broker * per_m,
-        "proxy_cpu_s": proxy if stack.proxy else NAN,
-        "proxy_cpu_per_m": proxy * per_m if stack.proxy else NAN,
-        "both_cpu_per_m": (proxy + broker) * per_m,
-        "client_cpu_per_m": total["cpu_s"] * per_m,
-        "reqs_per_record": stats * per_m / 1e6,
-        "noise_cores": w.noise_cores(total["cpu_s"]),
-    }, results
+    found = {**{k: float(v) for k, v in total.items()}}
+    found |= {"msgs_per_s": total["delivered"] / span if span > 0 else 0.0}
+    found |= {"p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99), "client_reqs": client}
+    found |= {"client_reqs_stats": stats, "upstream_reqs": upstream}
+    found |= {"ratio": client / upstream if upstream else NAN}
+    found |= {"msgs_per_upstream_req": total["delivered"] / upstream if upstream else NAN}
+    found |= {"broker_cpu_s": broker, "broker_cpu_per_m": broker * per_m}
+    found |= {"proxy_cpu_s": proxy if stack.proxy else NAN}
+    found |= {"proxy_cpu_per_m": proxy * per_m if stack.proxy else NAN}
+    found |= {"both_cpu_per_m": (proxy + broker) * per_m}
+    found |= {"client_cpu_per_m": total["cpu_s"] * per_m, "reqs_per_record": stats * per_m / 1e6}
+    found |= {"noise_cores": w.noise_cores(total["cpu_s"])}
+    return found, results

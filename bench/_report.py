@@ -95,14 +95,17 @@ def command_line() -> str:
     return shlex.join([rel(sys.executable), rel(sys.argv[0]), *sys.argv[1:]])
 
 
-def utc_now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+STARTED = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+"""When the benchmark started (this module is imported at its start)."""
 
 
-def facts(started: str, vers: dict[str, str], *more: str) -> list[str]:
-    """The bullet lines every section starts with: command, date, machine, versions."""
-    listed = ", ".join(f"{k} {v}" for k, v in vers.items())
-    lines = [f"- Command: `{command_line()}`", f"- Date: {started}", f"- Machine: {machine()}"]
+def facts(
+    *more: str, tools: Sequence[str] = (), code: Mapping[str, str] | None = None
+) -> list[str]:
+    """The bullet lines every section starts with: command, date, machine, the versions of
+    kipside, Tansu, the client and `tools` (and the kipside `code` each path ran), `more`."""
+    listed = ", ".join(f"{k} {v}" for k, v in {**versions(*tools), **(code or {})}.items())
+    lines = [f"- Command: `{command_line()}`", f"- Date: {STARTED}", f"- Machine: {machine()}"]
     return [*lines, f"- Versions: {listed}", *(f"- {m}" for m in more)]
 
 
@@ -225,7 +228,9 @@ class Report:
     details: Table | None = None
     """Every run, folded away in the document."""
 
-    def publish(self, doc: Path | None) -> None:
+    def publish(self, args: argparse.Namespace) -> None:
+        """Print; unless --no-doc, write the section and chart beside --doc."""
+        doc = None if args.no_doc else Path(args.doc)
         for t in self.tables:
             print(f"\n{t.title}\n{text_table(t.headers, t.rows)}")
         for target in self.targets:
@@ -290,10 +295,6 @@ def doc_args(ap: argparse.ArgumentParser) -> None:
     """--doc FILE and --no-doc, the same in every benchmark."""
     ap.add_argument("--doc", type=Path, default=DOC, help="the markdown file to write")
     ap.add_argument("--no-doc", action="store_true", help="print only; leave the document alone")
-
-
-def doc_of(args: argparse.Namespace) -> Path | None:
-    return None if args.no_doc else Path(args.doc)
 
 
 def run_notes(runs: Sequence[Run], noisy: float) -> list[str]:

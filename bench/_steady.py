@@ -9,12 +9,11 @@ run started, the brokers' apart.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from _chart import Panel, bar_chart
 from _measure import TreeRun
-from _report import Report, Table, Target, facts, versions
+from _report import Report, Table, Target, facts
 
 
 @dataclass(frozen=True)
@@ -48,17 +47,20 @@ class Kind:
     title: str
     unit: str
     """What `units` count, e.g. "GB" or "M rows"."""
-    per_s: Callable[[float], str]
-    """Units per second, as shown."""
+    per_s: str
+    """How a rate is shown: a format of units per second times `scale`."""
+    scale: float
     names: tuple[str, str, str, str]
     """Row names: baseline, part, whole, steady state."""
     target: float
     """Kipside's CPU per unit at most `target` x the baseline's (or with `efficiency`, its
     units per CPU-second at least `target` x the baseline's)."""
     efficiency: bool
+    whole: int = 1
+    """The row whose whole `--once` run (Spark's start included) is judged too: 1 part, 2 all."""
 
 
-def report(kind: Kind, runs: Steady, started: str, data: str, reps: int) -> Report:
+def report(kind: Kind, runs: Steady, data: str, reps: int) -> Report:
     base_cost = runs.base.cpu_s / runs.base_units
     headers = ["run", kind.unit, "wall s", f"{kind.unit}/s", "CPU s", f"CPU s per {kind.unit}"]
     headers += ["vs baseline" + (" (per CPU-s)" if kind.efficiency else " (CPU)"), "brokers' CPU s"]
@@ -67,7 +69,9 @@ def report(kind: Kind, runs: Steady, started: str, data: str, reps: int) -> Repo
         cost = run.cpu_s / units
         ratios.append(base_cost / cost if kind.efficiency else cost / base_cost)
         speeds.append(units / run.wall_s)
-        table.append([name, f"{units:,.4g}", f"{run.wall_s:.1f}", kind.per_s(speeds[-1])])
+        table.append(
+            [name, f"{units:,.4g}", f"{run.wall_s:.1f}", kind.per_s.format(speeds[-1] * kind.scale)]
+        )
         table[-1] += [
             f"{run.cpu_s:.1f}",
             f"{cost:.1f}",
@@ -82,7 +86,7 @@ def report(kind: Kind, runs: Steady, started: str, data: str, reps: int) -> Repo
         * runs.part_units
     )
     targets, judged = [], "rows per CPU-second at least" if kind.efficiency else "CPU at most"
-    for row, what in ((3, "steady state"), (1, "a whole `--once` run of the part")):
+    for row, what in ((3, "steady state"), (kind.whole, f"{kind.names[kind.whole]} (whole run)")):
         ok = ratios[row] >= kind.target if kind.efficiency else ratios[row] <= kind.target
         detail = f"{ratios[row]:.2f}x the baseline's, at {speed[row]:.2f}x its throughput"
         targets.append(Target(f"{what}: {judged} {kind.target:.3g}x the baseline's", ok, detail))
@@ -107,7 +111,7 @@ def report(kind: Kind, runs: Steady, started: str, data: str, reps: int) -> Repo
     return Report(
         kind.section,
         kind.title,
-        facts(started, versions(), data),
+        facts(data),
         [Table("Runs", headers, table)],
         targets,
         notes,

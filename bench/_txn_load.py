@@ -1,20 +1,14 @@
 """A transactional consume-transform-produce client for bench/txn.py: `_txn_load.py 'JSON'`.
 
-Arguments: client ("confluent-kafka" or "kafka-python"), bootstrap, transactional_id, warmup
-(transactions before the clock starts), transactions and seconds (the most measured), deadline
-(s, the whole run). Set-up (confluent-kafka, whatever the client under test): the output topic
-(8 partitions), a one-partition input topic and its records. The loop, per transaction: read
-the next input record (an assigned consumer), begin, produce one record to every output
-partition, send the input offset to the transaction for the group, commit.
-
-Prints one JSON object: each measured transaction's latency (begin called -> commit returned),
-the measured window on the system-wide monotonic clock (so the parent can pick the relay's
-events of exactly these transactions), and the CONCURRENT_TRANSACTIONS answers the client
-itself received, from its own logs: librdkafka's `eos` debug lines naming the error (an
-AddOffsetsToTxn answer is logged twice, the "Failed to add offsets" line is not counted; an
-AddPartitionsToTxn answer once per partition), kafka-python's TransactionManager DEBUG records
-of the decoded responses. Free of project imports; the loop runs in a thread the main thread
-joins with the deadline, so no client call can hang the run.
+Arguments: client ("confluent-kafka" or "kafka-python"), bootstrap, transactional_id, warmup,
+transactions and seconds (the most measured), deadline (s, the whole run). Per transaction:
+read the next input record, begin, produce to every output partition, send the input offset
+for the group, commit. Prints each measured transaction's latency (begin -> commit returned),
+the measured window on the system-wide monotonic clock (to pick the relay's events), and the
+CONCURRENT_TRANSACTIONS answers the client received, from its own logs: librdkafka's `eos`
+lines naming the error (not the second "Failed to add offsets" line of an AddOffsetsToTxn
+answer), kafka-python's TransactionManager DEBUG records. The loop runs in a thread joined with
+the deadline, so no client call can hang the run.
 """
 
 from __future__ import annotations
@@ -29,13 +23,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-IN, OUT, GROUP, PARTITIONS, CALL_TIMEOUT = (
-    "bench-txn-in",
-    "bench-txn-out",
-    "bench-txn-group",
-    8,
-    20.0,
-)
+from _workload import create_topics
+
+IN, OUT, GROUP = "bench-txn-in", "bench-txn-out", "bench-txn-group"
+PARTITIONS, CALL_TIMEOUT = 8, 20.0
 CONCURRENT_TRANSACTIONS = 51
 RDKAFKA_CONCURRENT = re.compile(
     r"CONCURRENT_TRANSACTIONS|another concurrent operation on the same transaction"
@@ -43,22 +34,11 @@ RDKAFKA_CONCURRENT = re.compile(
 
 
 def set_up(a: dict[str, Any]) -> None:
+    """The output topic, a one-partition input topic and its records (with confluent-kafka)."""
     from confluent_kafka import Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": a["bootstrap"]})
-    wanted = {OUT: PARTITIONS, IN: 1}
-    for future in admin.create_topics([NewTopic(t, n, 1) for t, n in wanted.items()]).values():
-        future.result(timeout=30)
-    deadline = time.monotonic() + 30
-    while not all(
-        len(t.partitions) == wanted.get(n)
-        for n, t in admin.list_topics(timeout=10).topics.items()
-        if n in wanted
-    ):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"topics {sorted(wanted)} did not all appear in metadata")
-        time.sleep(0.05)
+    for topic, partitions in ((OUT, PARTITIONS), (IN, 1)):
+        create_topics({"bootstrap": a["bootstrap"], "topics": [topic], "partitions": partitions})
     p = Producer({"bootstrap.servers": a["bootstrap"], "linger.ms": 5})
     for i in range(int(a["transactions"]) + int(a["warmup"]) + 10):
         p.produce(IN, f"in-{i:05d}".encode(), partition=0)
@@ -94,16 +74,11 @@ class Loop:
 
     def result(self) -> dict[str, Any]:
         n, elapsed = len(self.latencies_ms), self.end - self.start
-        return {
-            "transactions": n,
-            "txn_per_s": n / elapsed if elapsed > 0 else 0.0,
-            "latencies_ms": self.latencies_ms,
-            "start": self.start,
-            "end": self.end,
-            "time_capped": self.capped,
-            "warmup_concurrent": self.warmup_concurrent,
-            "client_concurrent": self.concurrent() - self.warmup_concurrent,
-        }
+        out: dict[str, Any] = {"transactions": n, "txn_per_s": n / elapsed if elapsed > 0 else 0.0}
+        out |= {"latencies_ms": self.latencies_ms, "start": self.start, "end": self.end}
+        out |= {"time_capped": self.capped, "warmup_concurrent": self.warmup_concurrent}
+        out |= {"client_concurrent": self.concurrent() - self.warmup_concurrent}
+        return out
 
 
 def output(i: int, value: bytes, partition: int) -> bytes:
@@ -118,25 +93,11 @@ def run_confluent(a: dict[str, Any]) -> dict[str, Any]:
     logger.addHandler(Lines(lines, lambda r: r.getMessage()))
     logger.setLevel(logging.DEBUG)
     logger.propagate = False
-    producer = Producer(
-        {
-            "bootstrap.servers": a["bootstrap"],
-            "transactional.id": a["transactional_id"],
-            "linger.ms": 1,
-            "transaction.timeout.ms": 60000,
-            "message.timeout.ms": 15000,
-            "debug": "eos",
-            "logger": logger,
-        }
-    )
-    consumer = Consumer(
-        {
-            "bootstrap.servers": a["bootstrap"],
-            "group.id": GROUP,
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-        }
-    )
+    config = {"bootstrap.servers": a["bootstrap"], "transactional.id": a["transactional_id"]}
+    config |= {"linger.ms": 1, "transaction.timeout.ms": 60000, "message.timeout.ms": 15000}
+    producer = Producer({**config, "debug": "eos", "logger": logger})
+    reader = {"bootstrap.servers": a["bootstrap"], "group.id": GROUP, "enable.auto.commit": False}
+    consumer = Consumer({**reader, "isolation.level": "read_committed"})
 
     def concurrent() -> int:
         producer.poll(0)  # serves the queued log lines
@@ -187,44 +148,29 @@ def codes(response: Any) -> set[int]:
     return found
 
 
+def response_of(record: logging.LogRecord) -> Any:
+    """The response a kafka-python TransactionManager DEBUG record logs, if it logs one."""
+    if str(record.msg).startswith("Received transactional") and isinstance(record.args, tuple):
+        return record.args[0]
+    return None
+
+
 def run_kafka_python(a: dict[str, Any]) -> dict[str, Any]:
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
     from kafka.structs import OffsetAndMetadata
 
     responses: list[Any] = []
     logger = logging.getLogger("kafka.producer.transaction_manager")
-    answered = "Received transactional response"
-    logger.addHandler(
-        Lines(
-            responses,
-            lambda r: (
-                r.args[0] if str(r.msg).startswith(answered) and isinstance(r.args, tuple) else None
-            ),
-        )
-    )
+    logger.addHandler(Lines(responses, response_of))
     logger.setLevel(logging.DEBUG)
     logger.propagate = False
-    common = {
-        "bootstrap_servers": a["bootstrap"],
-        "request_timeout_ms": 30000,
-        "reconnect_backoff_max_ms": 500,
-    }
-    producer = KafkaProducer(
-        **common,
-        transactional_id=a["transactional_id"],
-        linger_ms=1,
-        acks="all",
-        max_block_ms=10000,
-        transaction_timeout_ms=60000,
-    )
+    common = {"bootstrap_servers": a["bootstrap"], "request_timeout_ms": 30000}
+    common |= {"reconnect_backoff_max_ms": 500}
+    txn = {"transactional_id": a["transactional_id"], "transaction_timeout_ms": 60000}
+    producer = KafkaProducer(**common, **txn, linger_ms=1, acks="all", max_block_ms=10000)
     # group_id None: kafka-python's group consume returns nothing on Tansu
-    consumer = KafkaConsumer(
-        **common,
-        group_id=None,
-        enable_auto_commit=False,
-        fetch_max_wait_ms=100,
-        isolation_level="read_committed",
-    )
+    reading = {"group_id": None, "enable_auto_commit": False, "fetch_max_wait_ms": 100}
+    consumer = KafkaConsumer(**common, **reading, isolation_level="read_committed")
     tp, pending = TopicPartition(IN, 0), list[Any]()
     consumer.assign([tp])
     consumer.seek(tp, 0)

@@ -1,7 +1,7 @@
 """Client workloads of the benchmarks, one per process: `python _workload.py COMMAND 'JSON'`.
 
-confluent-kafka (librdkafka) against a bootstrap address; prints one JSON object. Free of
-project imports, so the process's start-up and CPU are just the client's.
+confluent-kafka clients; prints one JSON object. Free of project imports, so the process's
+start-up and CPU are just the client's.
 
   create-topics {bootstrap, topics, partitions}: and wait until the metadata shows them
   produce  {bootstrap, topic, messages, seconds, size, linger_ms, acks}: as fast as it can
@@ -29,16 +29,10 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    Consumer,
-    KafkaError,
-    KafkaException,
-    Producer,
-    TopicPartition,
-)
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 SEQUENCED = b"seq"
@@ -116,14 +110,9 @@ def produce(a: dict[str, Any]) -> dict[str, Any]:
                 break
     m.flush(60)
     elapsed, n = time.perf_counter() - t0, len(m.latencies)
-    return {
-        "messages": n,
-        "msgs_per_s": n / elapsed,
-        "mb_per_s": n * len(value) / elapsed / 1e6,
-        "time_capped": capped,
-        "cpu_s": cpu_seconds() - cpu0,
-        **latency_ms(m.latencies),
-    }
+    out = {"messages": n, "msgs_per_s": n / elapsed, "mb_per_s": n * len(value) / elapsed / 1e6}
+    out |= {"time_capped": capped, "cpu_s": cpu_seconds() - cpu0, **latency_ms(m.latencies)}
+    return out
 
 
 def probe(a: dict[str, Any]) -> dict[str, Any]:
@@ -162,13 +151,9 @@ def consume(a: dict[str, Any]) -> dict[str, Any]:
             count, size = count + 1, size + len(msg.value() or b"")
     elapsed = time.perf_counter() - t0
     c.close()
-    return {
-        "messages": count,
-        "msgs_per_s": count / elapsed,
-        "mb_per_s": size / elapsed / 1e6,
-        "time_capped": capped,
-        "cpu_s": cpu_seconds() - cpu0,
-    }
+    out = {"messages": count, "msgs_per_s": count / elapsed, "mb_per_s": size / elapsed / 1e6}
+    out |= {"time_capped": capped, "cpu_s": cpu_seconds() - cpu0}
+    return out
 
 
 def sequenced_record(producer: int, seq: int, size: int) -> tuple[bytes, bytes]:
@@ -191,7 +176,7 @@ def verify_sequences(a: dict[str, Any]) -> dict[str, Any]:
             )
         for msg in c.consume(10000, timeout=1.0):
             err, partition, value = msg.error(), int(msg.partition() or 0), msg.value() or b""
-            if err is not None and err.code() == KafkaError._PARTITION_EOF:
+            if err is not None and err.name() == "_PARTITION_EOF":
                 at_end.add(partition)
             elif err is not None:
                 raise KafkaException(err)
@@ -208,12 +193,9 @@ def verify_sequences(a: dict[str, Any]) -> dict[str, Any]:
         for producer, (sent, failed) in a["sent"].items()
         for seq in set(range(int(sent))) - set(failed)
     }
-    return {
-        "duplicates": sum(n - 1 for n in seen.values()),
-        "missing": len(acked - seen.keys()),
-        "out_of_order": out_of_order,
-        "unacknowledged_present": len(seen.keys() - acked),
-    }
+    out = {"duplicates": sum(n - 1 for n in seen.values()), "missing": len(acked - seen.keys())}
+    out |= {"out_of_order": out_of_order, "unacknowledged_present": len(seen.keys() - acked)}
+    return out
 
 
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
@@ -234,15 +216,10 @@ class Client:
         self.errors: list[str] = []
         self.failed: list[int] = []
         self.stats: list[str] = []
-        conf: dict[str, Any] = {
-            "bootstrap.servers": a["bootstrap"],
-            "client.id": f"{a['client_prefix']}-{index}",
-            "linger.ms": 0,
-            "acks": "all",
-            "statistics.interval.ms": 1000,
-            "stats_cb": self.stats.append,
-            "on_delivery": self._on_delivery,
-        }
+        conf: dict[str, Any] = {"bootstrap.servers": a["bootstrap"]}
+        conf |= {"client.id": f"{a['client_prefix']}-{index}", "linger.ms": 0, "acks": "all"}
+        conf |= {"statistics.interval.ms": 1000, "stats_cb": self.stats.append}
+        conf |= {"on_delivery": self._on_delivery}
         self.producer = Producer({**conf, **(mixed_config(index) if a.get("mixed") else {})})
         self.topic, self.value = a["topic"], b"x" * int(a["size"])
 
@@ -314,23 +291,8 @@ class Client:
 
 def each(clients: list[Client], call: Callable[[Client], Any]) -> list[Any]:
     """call(client) for every client, one thread each; the first failure is raised."""
-    results: list[Any] = [None] * len(clients)
-    failures: list[BaseException] = []
-
-    def run(i: int) -> None:
-        try:
-            results[i] = call(clients[i])
-        except BaseException as exc:
-            failures.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(clients))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if failures:
-        raise failures[0]
-    return results
+    with ThreadPoolExecutor(len(clients)) as pool:
+        return list(pool.map(call, clients))
 
 
 def read_go(timeout: float) -> None:
@@ -343,12 +305,9 @@ def read_go(timeout: float) -> None:
 
 
 def fleet(a: dict[str, Any]) -> dict[str, Any]:
-    """Warm up (a few records, then a fresh statistics snapshot), print READY; on GO from
-    stdin run `rate` records/s per producer (steady pace, random phase, then a flush) or a
-    closed loop (one record in flight per producer, numbered), print FINISHED; then: delivered
-    and failed records, each delivery latency (us), the Produce requests the clients sent while
-    running (librdkafka `brokers[*].req.Produce`), start/end on the system-wide monotonic
-    clock, the process's CPU seconds while running, each producer's [sent, failed sequences]."""
+    """Warm up, print READY; on GO from stdin run `rate` records/s per producer (steady pace,
+    random phase, then a flush) or a closed loop (one record in flight each, numbered); print
+    FINISHED, then the window's numbers (Produce requests: librdkafka's `brokers[*].req`)."""
     clients = [Client(a, int(a["first_index"]) + i) for i in range(int(a["producers"]))]
     closed, seconds = bool(a.get("closed_loop")), float(a["seconds"])
     each(clients, lambda c: c.warm_up(float(a.get("warm_up_s", 0)) if closed else 0))
@@ -365,18 +324,16 @@ def fleet(a: dict[str, Any]) -> dict[str, Any]:
     print("FINISHED", flush=True)
     after = each(clients, Client.requests)
     errors = [e for c in clients for e in c.errors]
-    return {
-        "offered": sum(c.sent for c in clients) if closed else count * len(clients),
-        "delivered": sum(c.delivered for c in clients),
-        "errors": len(errors),
-        "first_error": errors[0] if errors else None,
-        "client_produce_requests": sum(after) - sum(before),
-        "start": start,
-        "end": max([end, *(c.last for c in clients)]),
-        "cpu_s": cpu,
-        "latencies_us": [v for c in clients for v in c.latencies_us],
-        "sequences": {str(c.index): [c.sent, c.failed] for c in clients} if closed else {},
+    out: dict[str, Any] = {
+        "offered": sum(c.sent for c in clients) if closed else count * len(clients)
     }
+    out |= {"delivered": sum(c.delivered for c in clients), "errors": len(errors)}
+    out |= {"first_error": errors[0] if errors else None}
+    out |= {"client_produce_requests": sum(after) - sum(before), "start": start}
+    out |= {"end": max([end, *(c.last for c in clients)]), "cpu_s": cpu}
+    out |= {"latencies_us": [v for c in clients for v in c.latencies_us]}
+    out |= {"sequences": {str(c.index): [c.sent, c.failed] for c in clients} if closed else {}}
+    return out
 
 
 COMMANDS = {

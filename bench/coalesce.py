@@ -26,7 +26,7 @@ from _chart import Panel, bar_chart
 from _fleet import fleet
 from _harness import HOST, HarnessError, KipsideCode, Stack, at_ref, open_stack, snapshot
 from _measure import Run, attempt, repeat, sampling, wait_until_quiet
-from _report import Report, Target, doc_args, doc_of, facts, run_notes, table, utc_now, versions
+from _report import Report, Target, doc_args, facts, run_notes, table
 from testkit.metrics import scrape
 from testkit.ports import free_port
 
@@ -51,6 +51,7 @@ CONFIGS = (
     Config("on-linger", "kipside, coalescing on, linger_ms 5", coalescing=True, linger_ms=5),
 )
 BY_KEY = {c.key: c for c in CONFIGS}
+TITLE = "Multi-batch produce: many small producers, direct vs kipside"
 TARGET_RATIO, TARGET_BROKER_CPU, TARGET_IDLE_UPSTREAM, TARGET_IDLE_RSS_MB = 8.0, 2.0, 2, 150.0
 OVERLOAD_SHARE, OVERLOAD_P50_MS, NOISY, NAN = 0.95, 100.0, 0.25, float("nan")
 PRODUCE = [
@@ -155,16 +156,12 @@ def idle(stack: Stack, count: int, admin: int) -> dict[str, float]:
         opened = time.monotonic() - t0
         time.sleep(2.0)  # let anything opened or closed lazily settle
         m = scrape(admin)
-        return {
-            "clients": float(len(conns)),
-            "open_s": opened,
-            "rss0_mb": rss0 / 1e6,
-            "rss_mb": stack.proxy.rss_bytes() / 1e6,
-            "broker_conns0": float(conns0),
-            "broker_conns": float(broker_connections(stack)),
-            "client_gauge": m.value("kipside_client_connections", float("nan")),
-            "upstream_gauge": m.value("kipside_upstream_connections", float("nan")),
-        }
+        out = {"clients": float(len(conns)), "open_s": opened, "rss0_mb": rss0 / 1e6}
+        out |= {"rss_mb": stack.proxy.rss_bytes() / 1e6, "broker_conns0": float(conns0)}
+        out |= {"broker_conns": float(broker_connections(stack))}
+        out |= {"client_gauge": m.value("kipside_client_connections", float("nan"))}
+        out |= {"upstream_gauge": m.value("kipside_upstream_connections", float("nan"))}
+        return out
     finally:
         for c in conns:
             c.close()
@@ -267,7 +264,7 @@ def chart(png: Path, args: argparse.Namespace, found: dict[str, dict[str, float]
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, started = parse_args(argv), utc_now()
+    args = parse_args(argv)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # kipside inherits it: 2 fds a client
     want = 2 * args.idle + 4 * args.clients + 512
     if soft < want:
@@ -281,14 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="kipbench-coalesce-") as tmp:
         ref, where = args.baseline_ref, Path(tmp) / "code"
         args.tmp, code = tmp, at_ref(ref, where) if ref else snapshot(where)
-        runs = repeat(
-            cases,
-            1,
-            lambda c, rep: measure(c, rep, args, code),
-            noisy=NOISY,
-            budget=200,
-            quiet_wait=5,
-        )
+        how = partial(measure, args=args, code=code)
+        runs = repeat(cases, 1, how, noisy=NOISY, budget=200, quiet_wait=5)
     found = {r.case: r.metrics for r in runs if r.ok}
     for case, m in found.items():
         d = found.get(f"{case.split()[0]} direct", {}).get("broker_cpu_per_m", NAN)
@@ -297,19 +288,15 @@ def main(argv: list[str] | None = None) -> int:
     produce_names = [name(c, args) for c in cases if not c.startswith("idle")]
     idle_names = [name(c, args) for c in cases if c.startswith("idle")]
     quiet = f"Waited up to {args.quiet_wait:g} s for a quiet machine: other load {busy:.2f} cores."
-    Report(
-        "coalesce",
-        "Multi-batch produce: many small producers, direct vs kipside",
-        facts(started, versions(), f"kipside code: {code.label}", quiet),
-        [
-            table("Produce", produce_names, names, PRODUCE, first="offered load, configuration"),
-            table("CPU", produce_names, names, CPU, first="offered load, configuration"),
-            table("Idle clients", idle_names, names, IDLE, first="configuration"),
-        ],
-        targets(args, found),
-        run_notes(runs, NOISY),
-        ("Coalescing: requests, broker CPU, latency", lambda png: chart(png, args, found)),
-    ).publish(doc_of(args))
+    first = "offered load, configuration"
+    tables = [table("Produce", produce_names, names, PRODUCE, first=first)]
+    tables.append(table("CPU", produce_names, names, CPU, first=first))
+    tables.append(table("Idle clients", idle_names, names, IDLE, first="configuration"))
+    drawn = ("Coalescing: requests, broker CPU, latency", partial(chart, args=args, found=found))
+    fx, found_targets = facts(f"kipside code: {code.label}", quiet), targets(args, found)
+    Report("coalesce", TITLE, fx, tables, found_targets, run_notes(runs, NOISY), drawn).publish(
+        args
+    )
     return 0
 
 

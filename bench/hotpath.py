@@ -29,21 +29,7 @@ from _chart import Bars, bar_chart
 from _fleet import fleet
 from _harness import HOST, HarnessError, Stack, at_ref, open_stack, snapshot
 from _measure import Run, attempt, medians, repeat, worker
-from _report import (
-    Compare,
-    Report,
-    Target,
-    doc_args,
-    doc_of,
-    facts,
-    markdown_table,
-    relative,
-    run_notes,
-    table,
-    utc_now,
-    versions,
-    write_section,
-)
+from _report import Compare, Report, Table, Target, doc_args, facts, relative, run_notes, table
 from testkit.ports import free_port
 
 A_PATHS = ("direct", "relay", "haproxy", "tansu-proxy", "kipside", "kipside-before")
@@ -52,6 +38,7 @@ B_PRODUCERS, B_PROCESSES, B_PARTITIONS = 32, 4, 64
 B_RULES = "coalescing:\n  enabled: true\n  linger_ms: 0\n"
 CHECKS = ("duplicates", "missing", "out_of_order")
 NOISY = 0.1
+TITLE = "Hot path (issue 11): cost per request, kipside vs a bare relay, haproxy, tansu proxy"
 A_COLUMNS = [
     ("requests/s", "{msgs_per_s:,.0f}"),
     ("p50 / p99 ms", "{p50_ms:.3f} / {p99_ms:.3f}"),
@@ -128,16 +115,11 @@ def summarise(raw: Path, top: int = 15) -> tuple[int, list[list[str]]]:
             for frame in set(frames):
                 total[frame] += int(count)
     samples = max(1, sum(own.values()))
+    shares = {k: f"{100 * n / samples:.1f}" for k, n in total.items()}
+    ranked = enumerate(own.most_common(top), 1)
     rows = [
-        [
-            str(i),
-            f"`{fn}`",
-            file,
-            str(n),
-            f"{100 * n / samples:.1f}",
-            f"{100 * total[fn, file] / samples:.1f}",
-        ]
-        for i, ((fn, file), n) in enumerate(own.most_common(top), 1)
+        [str(i), f"`{k[0]}`", k[1], str(n), f"{100 * n / samples:.1f}", shares[k]]
+        for i, (k, n) in ranked
     ]
     return sum(own.values()), rows
 
@@ -195,7 +177,7 @@ def measure(
     return run
 
 
-def profile(args: argparse.Namespace, started: str) -> None:
+def profile(args: argparse.Namespace) -> None:
     """One extra run of A with py-spy on the proxy; its top functions, in their own section."""
     raw = Path(args.tmp) / "py-spy.txt"
 
@@ -209,20 +191,14 @@ def profile(args: argparse.Namespace, started: str) -> None:
         return
     samples, rows = summarise(raw)
     m, label = run.metrics, "after" if args.profile_path == "kipside" else "before"
-    lines = [
-        f"### Hot path profile, {label}: where `{args.profile_path}` spends its CPU in workload A",
-        "",
-        *facts(started, {"code": args.codes[args.profile_path].label}),
-        f"- py-spy record --format raw --rate {RATE_HZ} on the proxy during one extra run of A"
-        f" ({args.seconds:g} s): {samples} busy samples; {m['msgs_per_s']:,.0f} requests/s at "
-        f"{m['proxy_cpu_per_m']:.1f} proxy CPU us/request (py-spy pauses the process for each "
-        "sample). own: the function innermost; incl.: anywhere on the stack.",
-        "",
-        markdown_table(HEADERS, rows, "rllrrr"),
-    ]
-    print("\n".join(lines))
-    if (doc := doc_of(args)) is not None:
-        write_section(f"hotpath-profile-{label}", "\n".join(lines), doc=doc)
+    what = f"py-spy record --format raw --rate {RATE_HZ} on the proxy during one extra run of A"
+    what += f" ({args.seconds:g} s): {samples} busy samples; {m['msgs_per_s']:,.0f} requests/s at"
+    what += f" {m['proxy_cpu_per_m']:.1f} proxy CPU us/request (py-spy pauses the process for each"
+    what += " sample). own: the function innermost; incl.: anywhere on the stack."
+    title = f"Hot path profile, {label}: where `{args.profile_path}` spends its CPU in workload A"
+    code = {args.profile_path: args.codes[args.profile_path].label}
+    found = [Table("Profile", HEADERS, rows, "rllrrr")]
+    Report(f"hotpath-profile-{label}", title, facts(what, code=code), found).publish(args)
 
 
 def targets(runs: list[Run], med: dict[str, dict[str, float] | None]) -> list[Target]:
@@ -245,7 +221,7 @@ def targets(runs: list[Run], med: dict[str, dict[str, float] | None]) -> list[Ta
     return found
 
 
-def report(args: argparse.Namespace, runs: list[Run], started: str) -> Report:
+def report(args: argparse.Namespace, runs: list[Run]) -> Report:
     tables, med = [], {}
     for w, columns in (("A", A_COLUMNS), ("B", B_COLUMNS)):
         paths = [p for p in args.paths if f"{w} {p}" in {r.case for r in runs}]
@@ -260,23 +236,14 @@ def report(args: argparse.Namespace, runs: list[Run], started: str) -> Report:
                 m["checks"] = ", ".join(f"{c:.0f}" for c in checks)  # type: ignore[assignment]
         if paths:
             tables.append(table(f"{w} (median of {args.repeats})", paths, found, columns))
-    vers = {**versions("haproxy", "trio"), **{p: c.label for p, c in args.codes.items()}}
     more = f"Repetitions: {args.repeats}, paths interleaved (order rotated); median reported."
     a_med = {p: med.get(f"A {p}") for p in args.paths}
     title = f"kipside hot path, workload A (median of {args.repeats}, loopback)"
-    chart = (
-        "proxy CPU per request and requests/s per path",
-        lambda png: bar_chart(png, [b.panel(a_med, args.paths) for b in CHART], title),
-    )
-    return Report(
-        "hotpath",
-        "Hot path (issue 11): cost per request, kipside vs a bare relay, haproxy, tansu proxy",
-        facts(started, vers, more),
-        tables,
-        targets(runs, med),
-        run_notes(runs, NOISY),
-        chart,
-    )
+    draw = partial(bar_chart, panels=[b.panel(a_med, args.paths) for b in CHART], title=title)
+    chart = ("proxy CPU per request and requests/s per path", draw)
+    code = {p: c.label for p, c in args.codes.items()}
+    fx, notes = facts(more, tools=["haproxy", "trio"], code=code), run_notes(runs, NOISY)
+    return Report("hotpath", TITLE, fx, tables, targets(runs, med), notes, chart)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -301,7 +268,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, started = parse_args(argv), utc_now()
+    args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="kipbench-hotpath-") as tmp:
         args.tmp, args.rules, args.codes = tmp, Path(tmp) / "rules.yaml", {}
         args.rules.write_text(B_RULES)
@@ -319,9 +286,9 @@ def main(argv: list[str] | None = None) -> int:
         runs = repeat(
             cases, args.repeats, lambda c, rep: measure(c, rep, args), noisy=9.0, retries=0
         )
-        report(args, runs, started).publish(doc_of(args))
+        report(args, runs).publish(args)
         if args.profile and args.profile_path in args.codes:
-            profile(args, started)
+            profile(args)
     return 0
 
 

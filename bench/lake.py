@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from _data_load import json_schema
 from _harness import INSTALLED, REPO, HarnessError, Managed
 from _measure import TreeRun, run_json, timed
-from _report import Table, doc_args, doc_of, utc_now
+from _report import Table, doc_args
 from _steady import Kind, Steady, report
 from testkit.broker import start_tansu
 
@@ -33,15 +33,7 @@ NAMES = (
     "kipside lake --once, both topics",
     "kipside lake, steady state (both minus a)",
 )
-KIND = Kind(
-    "lake",
-    "Lake ingestion (issue 10)",
-    "M rows",
-    lambda m: f"{m * 1e6:,.0f} rows",
-    NAMES,
-    3.0,
-    True,
-)
+KIND = Kind("lake", "Lake ingestion (issue 10)", "M rows", "{:,.0f} rows", 1e6, NAMES, 3, True, 2)
 
 
 def parquet(out: Path, records: int) -> int:
@@ -64,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.records, args.reps = 20_000, 1
-    started, work = utc_now(), Path(tempfile.mkdtemp(prefix="kipbench-lake-"))
+    work = Path(tempfile.mkdtemp(prefix="kipbench-lake-"))
     (work / "orders.json").write_text(json.dumps(json_schema(), indent=2))
     in_a = int(args.records * args.first_share)
     runs: dict[str, list[TreeRun]] = {"base": [], "a": [], "ab": []}
@@ -72,13 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     with start_tansu() as broker:
         brokers, boot, values = [Managed("tansu", broker.proc)], broker.bootstrap, 0
         for topic, n, first in ((TOPICS[0], in_a, 0), (TOPICS[1], args.records - in_a, in_a)):
-            job = {
-                "bootstrap": boot,
-                "topic": topic,
-                "partitions": 4,
-                "records": n,
-                "first_id": first,
-            }
+            job = {"bootstrap": boot, "topic": topic, "partitions": 4, "records": n}
+            job |= {"first_id": first}
             values += run_json(LOAD, "lake-load", json.dumps(job), timeout=3600)["bytes"]
         log = json.dumps({"bootstrap": boot, "topics": list(TOPICS)})
         sizes["Kafka log (zstd record batches)"] = run_json(LOAD, "logsize", log, timeout=600)[
@@ -86,12 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         ]
         for rep in range(args.reps):
             out = work / f"base{rep}"
-            job = {
-                "bootstrap": boot,
-                "topics": list(TOPICS),
-                "records": args.records,
-                "out": str(out),
-            }
+            job = {"bootstrap": boot, "topics": list(TOPICS), "records": args.records}
+            job |= {"out": str(out)}
             runs["base"].append(
                 timed(brokers, "baseline", [sys.executable, str(LOAD), "baseline", json.dumps(job)])
             )
@@ -115,10 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     log_size = sizes["Kafka log (zstd record batches)"]
     data = f"Data: {args.records:,} JSON order records ({values / args.records:.0f} B on average, "
     data += f"{values / 1e6:,.0f} MB of values), {in_a:,} in topic a; median of {args.reps} runs."
-    found = report(KIND, med, started, data, args.reps)
+    found = report(KIND, med, data, args.reps)
     rows = [[name, f"{size / 1e6:,.1f}", f"{size / log_size:.2f}"] for name, size in sizes.items()]
     found.tables.append(Table("Data", ["data", "MB", "vs Kafka log"], rows, "lrr"))
-    found.publish(doc_of(args))
+    found.publish(args)
     return 0
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from _harness import INSTALLED, REPO, Managed
 from _measure import TreeRun, run_json, timed
-from _report import doc_args, doc_of, utc_now
+from _report import doc_args
 from _steady import Kind, Steady, report
 from testkit.broker import start_tansu
 
@@ -30,15 +30,7 @@ NAMES = (
     "shallow: kipside mirror --once (sets a and b)",
     "shallow: steady state (a and b minus a)",
 )
-KIND = Kind(
-    "mirror",
-    "Shallow mirror (issue 9)",
-    "GB",
-    lambda gb: f"{gb * 1000:.0f} MB",
-    NAMES,
-    1 / 3,
-    False,
-)
+KIND = Kind("mirror", "Shallow mirror (issue 9)", "GB", "{:.0f} MB", 1e3, NAMES, 1 / 3, False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.gigabytes, args.extra_gigabytes, args.reps = 0.02, 0.02, 1
-    started, work = utc_now(), Path(tempfile.mkdtemp(prefix="kipbench-mirror-"))
+    work = Path(tempfile.mkdtemp(prefix="kipbench-mirror-"))
     with start_tansu() as source, start_tansu() as shallow, start_tansu() as deep_dest:
         size, loaded = {"a": args.gigabytes, "b": args.extra_gigabytes}, {}
         for name, topics in SETS.items():
@@ -84,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     records = " + ".join(f"{v['records']:,}" for v in loaded.values())
     data = f"Data: {gb['a']:.2f} GB + {gb['b']:.2f} GB of JSON-like values ({records} records of "
     data += f"about 1024 B); median of {args.reps} runs each."
-    report(KIND, med, started, data, args.reps).publish(doc_of(args))
+    report(KIND, med, data, args.reps).publish(args)
     return 0
 
 

@@ -14,27 +14,18 @@ import argparse
 import sys
 import tempfile
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from _chart import Bars, bar_chart
 from _harness import Stack, open_stack
 from _measure import Run, attempt, medians, repeat, worker
-from _report import (
-    Compare,
-    Report,
-    doc_args,
-    doc_of,
-    facts,
-    relative,
-    run_notes,
-    table,
-    utc_now,
-    versions,
-)
+from _report import Compare, Report, doc_args, facts, relative, run_notes, table
 
 PATHS = ("direct", "kipside", "tansu-proxy", "haproxy")
 SIZE = 100
+TITLE = "Throughput and latency: direct vs kipside vs tansu proxy vs haproxy"
 # librdkafka pauses fetching for fetch.queue.backoff.ms (default 1000 ms) whenever its queue is
 # full, so by default the *faster* path would measure slower. Back off briefly instead.
 CONSUMER_CONFIG = {"fetch.queue.backoff.ms": 5}
@@ -60,21 +51,17 @@ def workloads(stack: Stack, args: argparse.Namespace) -> dict[str, float]:
     )
     noise = sum(w.noise_cores() * w.wall_s for w in (w0, w1, w2))
     nan = float("nan") if stack.proxy is None else 1.0  # no proxy: "-" in the tables
-    return {
-        **{f"prod_{k}": prod[k] for k in ("msgs_per_s", "mb_per_s", "p50_ms", "p99_ms", "cpu_s")},
-        **{f"cons_{k}": cons[k] for k in ("msgs_per_s", "mb_per_s", "cpu_s")},
-        "probe_p50_ms": probe["p50_ms"],
-        "probe_p99_ms": probe["p99_ms"],
-        "proxy_cpu_prod": proxy_p * nan,
-        "proxy_cpu_cons": proxy_c * nan,
-        "broker_cpu_prod": broker_p,
-        "broker_cpu_cons": broker_c,
-        "proxy_us_msg": nan * (proxy_p + proxy_c) / (prod["messages"] + cons["messages"]) * 1e6,
-        "proxy_us_req": nan * probe_cpu / probe["messages"] * 1e6,
-        "messages": float(prod["messages"]),
-        "capped": float(prod["time_capped"] or cons["time_capped"]),
-        "noise_cores": noise / (w0.wall_s + w1.wall_s + w2.wall_s),
-    }
+    out = {f"prod_{k}": prod[k] for k in ("msgs_per_s", "mb_per_s", "p50_ms", "p99_ms", "cpu_s")}
+    out |= {f"cons_{k}": cons[k] for k in ("msgs_per_s", "mb_per_s", "cpu_s")}
+    out |= {"probe_p50_ms": probe["p50_ms"], "probe_p99_ms": probe["p99_ms"]}
+    out |= {"proxy_cpu_prod": proxy_p * nan, "proxy_cpu_cons": proxy_c * nan}
+    out |= {"broker_cpu_prod": broker_p, "broker_cpu_cons": broker_c}
+    out |= {"proxy_us_msg": nan * (proxy_p + proxy_c) / (prod["messages"] + cons["messages"]) * 1e6}
+    out |= {"proxy_us_req": nan * probe_cpu / probe["messages"] * 1e6}
+    out |= {"messages": float(prod["messages"])}
+    out |= {"capped": float(prod["time_capped"] or cons["time_capped"])}
+    out |= {"noise_cores": noise / (w0.wall_s + w1.wall_s + w2.wall_s)}
+    return out
 
 
 def measure(case: str, rep: int, args: argparse.Namespace, extra: Sequence[str] = ()) -> Run:
@@ -140,28 +127,19 @@ CHART = [
 ]
 
 
-def report(args: argparse.Namespace, runs: list[Run], started: str) -> Report:
+def report(args: argparse.Namespace, runs: list[Run]) -> Report:
     med = {p: medians(runs, p) for p in args.paths}
     relative(med, "direct", ["prod_msgs_per_s", "cons_msgs_per_s", "probe_p50_ms"])
     names = {f"{r.rep} {r.case} ({r.attempts})": r.metrics for r in runs}
     more = f"Repetitions: {args.repeats} per path, interleaved; median reported."
     title = f"kipside throughput benchmark (median of {args.repeats}, loopback)"
-    return Report(
-        "throughput",
-        "Throughput and latency: direct vs kipside vs tansu proxy vs haproxy",
-        facts(started, versions("haproxy"), more),
-        [
-            table(f"Results (median of {args.repeats})", args.paths, med, RESULTS),
-            table("CPU", args.paths, med, CPU),
-        ],
-        [t.judge(runs, med) for t in TARGETS],
-        run_notes(runs, NOISY),
-        (
-            "Throughput, latency and proxy CPU per path",
-            lambda png: bar_chart(png, [b.panel(med, args.paths) for b in CHART], title),
-        ),
-        table("Every run", list(names), names, EVERY, first="rep path (attempt)"),
-    )
+    tables = [table(f"Results (median of {args.repeats})", args.paths, med, RESULTS)]
+    tables.append(table("CPU", args.paths, med, CPU))
+    draw = partial(bar_chart, panels=[b.panel(med, args.paths) for b in CHART], title=title)
+    chart = ("Throughput, latency and proxy CPU per path", draw)
+    every = table("Every run", list(names), names, EVERY, first="rep path (attempt)")
+    found, fx = [t.judge(runs, med) for t in TARGETS], facts(more, tools=["haproxy"])
+    return Report("throughput", TITLE, fx, tables, found, run_notes(runs, NOISY), chart, every)
 
 
 def parse_args(argv: list[str] | None = None, **defaults: Any) -> argparse.Namespace:
@@ -187,18 +165,11 @@ def parse_args(argv: list[str] | None = None, **defaults: Any) -> argparse.Names
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    started = utc_now()
     with tempfile.TemporaryDirectory(prefix="kipbench-throughput-") as tmp:
         args.logroot = tmp
-        runs = repeat(
-            args.paths,
-            args.repeats,
-            lambda p, rep: measure(p, rep, args),
-            noisy=NOISY,
-            retries=2,
-            budget=150,
-        )
-    report(args, runs, started).publish(doc_of(args))
+        how = partial(measure, args=args)
+        runs = repeat(args.paths, args.repeats, how, noisy=NOISY, retries=2, budget=150)
+    report(args, runs).publish(args)
     return 0
 
 

@@ -15,7 +15,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from _measure import medians, repeat
-from _report import Report, doc_of, facts, relative, run_notes, table, utc_now, versions
+from _report import Report, facts, relative, run_notes, table
 from throughput import NOISY, measure, parse_args
 
 OFF, ON = "kipside, tracing off", "kipside, tracing on (OTLP)"
@@ -51,7 +51,7 @@ class Sink(BaseHTTPRequestHandler):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv, messages=1_000_000)
-    started, sink = utc_now(), ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    sink = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
     threading.Thread(target=sink.serve_forever, daemon=True).start()
     exporter = ["--otlp-endpoint", f"http://127.0.0.1:{sink.server_address[1]}"]
     with tempfile.TemporaryDirectory(prefix="kipbench-tracing-") as tmp:
@@ -71,9 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     found = table(f"Results (median of {args.repeats})", [OFF, ON], med, COLUMNS, first="")
     notes = [sent, *run_notes(runs, NOISY)]
     title = "Tracing cost: kipside with tracing off vs on"
-    Report("tracing", title, facts(started, versions(), more), [found], [], notes).publish(
-        doc_of(args)
-    )
+    Report("tracing", title, facts(more), [found], [], notes).publish(args)
     return 0 if all(r.ok for r in runs) else 1
 
 

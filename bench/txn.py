@@ -18,23 +18,19 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from _chart import PATH_COLORS, Panel, bar_chart
 from _harness import HOST, REPO, Stack, open_stack
 from _measure import Run, Window, percentile, repeat, run_json, wait_until_quiet
-from _report import Report, Target, doc_args, doc_of, facts, run_notes, table, utc_now, versions
+from _report import Report, Target, doc_args, facts, run_notes, table
 from testkit.metrics import scrape
 from testkit.ports import free_port
-from txn_relay import (
-    ACCEPTED,
-    ADD_OFFSETS,
-    ADD_PARTITIONS,
-    END_TXN,
-    REJECTED,
-    MarkerWindowRelay,
-    TxnEvent,
-)
+from txn_relay import ACCEPTED, END_TXN, REJECTED, MarkerWindowRelay, TxnEvent
+from txn_relay import ADD_OFFSETS as ADD_O
+from txn_relay import ADD_PARTITIONS as ADD_P
 
 LOAD = REPO / "bench" / "_txn_load.py"
 LABEL = {"confluent-kafka": "librdkafka", "kafka-python": "kafka-python"}
@@ -44,6 +40,7 @@ RULES = """transactions:
     consumer_group: bench-txn-group
     hold_begin: {max_ms: 5000}
 """
+TITLE = "Transactions: consume-transform-produce through a marker window (issue 4)"
 WARMUP, DEADLINE, NOISY, NAN = 3, 90.0, 0.3, float("nan")
 TARGET_SPEEDUP, TARGET_ADDS = 1.3, 2
 COLUMNS = [
@@ -79,25 +76,17 @@ def coordinator(events: Sequence[TxnEvent], start: float, end: float) -> dict[st
 
     gaps, adds = [], []
     for t in txns:
-        firsts = [
-            next((e.at for e in t if e.kind == k), None) for k in (ADD_PARTITIONS, ADD_OFFSETS)
-        ]
+        firsts = [next((e.at for e in t if e.kind == k), None) for k in (ADD_P, ADD_O)]
         if firsts[0] is not None and firsts[1] is not None:
             gaps.append(abs(firsts[1] - firsts[0]) * 1000)
         adds.append(sum(e.kind != END_TXN and e.outcome == ACCEPTED for e in t))
-    ap, ao = count(ADD_PARTITIONS, ACCEPTED), count(ADD_OFFSETS, ACCEPTED)
-    rejected = count(ADD_PARTITIONS, REJECTED) + count(ADD_OFFSETS, REJECTED)
-    return {
-        "relay_txns": float(len(txns)),
-        "ap": ap,
-        "ao": ao,
-        "end": count(END_TXN),
-        "accepted": ap + ao + count(END_TXN),
-        "rejected": rejected,
-        "max_adds": float(max(adds, default=0)),
-        "gap_p50": percentile(gaps, 50),
-        "gap_max": max(gaps, default=NAN),
-    }
+    ap, ao = count(ADD_P, ACCEPTED), count(ADD_O, ACCEPTED)
+    rejected = count(ADD_P, REJECTED) + count(ADD_O, REJECTED)
+    out = {"relay_txns": float(len(txns)), "ap": ap, "ao": ao, "end": count(END_TXN)}
+    out |= {"accepted": ap + ao + count(END_TXN), "rejected": rejected}
+    out |= {"max_adds": float(max(adds, default=0)), "gap_p50": percentile(gaps, 50)}
+    out |= {"gap_max": max(gaps, default=NAN)}
+    return out
 
 
 def transact(
@@ -105,15 +94,9 @@ def transact(
 ) -> dict[str, float]:
     """One client process's loop on a running stack, and what the relay and kipside saw."""
     txn_id = f"bench-{cell.client}"
-    work = {
-        "client": cell.client,
-        "bootstrap": stack.bootstrap,
-        "transactional_id": txn_id,
-        "warmup": WARMUP,
-        "transactions": args.transactions,
-        "seconds": args.seconds,
-        "deadline": DEADLINE,
-    }
+    work: dict[str, Any] = {"client": cell.client, "bootstrap": stack.bootstrap, "warmup": WARMUP}
+    work |= {"transactional_id": txn_id, "deadline": DEADLINE}
+    work |= {"transactions": args.transactions, "seconds": args.seconds}
     window = Window.of(stack).open()
     data = run_json(LOAD, json.dumps(work), timeout=DEADLINE + 15, log=stack.logdir / "load.log")
     window.close()
@@ -130,9 +113,9 @@ def transact(
     if admin is not None:  # kipside's own upstream counts of the adds must equal the relay's
         counts, m = relay.counts(), scrape(admin)
         seen = {
-            "AddPartitionsToTxn": counts.accepted_add_partitions + counts.rejected_add_partitions,
-            "AddOffsetsToTxn": counts.accepted_add_offsets + counts.rejected_add_offsets,
+            "AddPartitionsToTxn": counts.accepted_add_partitions + counts.rejected_add_partitions
         }
+        seen |= {"AddOffsetsToTxn": counts.accepted_add_offsets + counts.rejected_add_offsets}
         said = {api: m.value("kipside_upstream_requests_total", 0.0, api=api) for api in seen}
         out["metrics_mismatch"] = float(said != seen)
     return out
@@ -220,7 +203,7 @@ def chart(png: Path, args: argparse.Namespace, found: dict[str, dict[str, float]
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, started = parse_args(argv), utc_now()
+    args = parse_args(argv)
     busy = wait_until_quiet(NOISY, args.quiet_wait)
     cells = [(c, r, w) for c in args.clients for r in args.rtts for w in args.windows]
     cases = [Cell(c, w, r, p).case() for c, r, w in cells for p in args.paths]
@@ -247,17 +230,13 @@ def main(argv: list[str] | None = None) -> int:
         f"Waited up to {args.quiet_wait:g} s for a quiet machine: other load {busy:.2f} cores.",
         f"One run per cell: {len(cases)} runs, direct and kipside of a cell back to back.",
     ]
-    vers = versions("kafka-python")
     found_table = table("Results", cases, found, COLUMNS, first="client W RTT path")
-    Report(
-        "txn",
-        "Transactions: consume-transform-produce through a marker window (issue 4)",
-        facts(started, vers, *more),
-        [found_table],
-        targets(args, found),
-        notes,
-        ("Transactions/s direct vs kipside per W and RTT", lambda png: chart(png, args, found)),
-    ).publish(doc_of(args))
+    drawn = (
+        "Transactions/s direct vs kipside per W and RTT",
+        partial(chart, args=args, found=found),
+    )
+    fx = facts(*more, tools=["kafka-python"])
+    Report("txn", TITLE, fx, [found_table], targets(args, found), notes, drawn).publish(args)
     return 0
 
 
