@@ -1,12 +1,15 @@
 """The in-memory model of a kipside rule file: frozen, slotted dataclasses and pure lookups.
 
-Everything here is plain, immutable data plus pure functions over it (glob matching,
-rule lookup, :meth:`RuleSet.describe`). The model does no validation of its own:
-:func:`rules.parse_rules` is the validating constructor, and the bounds it enforces are
-the constants below, so the loader, the docs and the tests share one source of truth.
+The dataclasses are also the rule file's schema. Each field's type says what the file may
+write there (``Annotated`` bounds, strict scalars: ``true`` is not an integer), its default
+is what a missing key means, and each class refuses keys it does not have. pydantic reads
+these types when :func:`kipside.rules.parse_rules` checks a file, so keys, bounds and
+defaults are written once, here. Built directly (``RuleSet()``, ``Limits(...)``) the
+classes check nothing: the loader is the validating constructor.
 
-This module must never do I/O and never import trio, ``proxy`` or ``protocol``; the proxy
-reads a ``RuleSet`` but the ``RuleSet`` knows nothing about the proxy.
+This module must never do I/O and never import trio, sockets, ``kipside.proxy`` or
+``kipside.pipeline``; the proxy reads a ``RuleSet`` but the ``RuleSet`` knows nothing about
+the proxy. It may use ``kipside.protocol``'s constants: a frame cap is the protocol's.
 """
 
 from __future__ import annotations
@@ -15,7 +18,23 @@ import fnmatch
 import hashlib
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
+
+from annotated_types import Ge, Interval, MinLen
+from pydantic import (
+    AfterValidator,
+    AllowInfNan,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    with_config,
+)
+from pydantic_core import PydanticCustomError
+
+from kipside.protocol import DEFAULT_MAX_FRAME_BYTES
 
 __all__ = [
     "DEFAULT_SOURCE",
@@ -32,30 +51,9 @@ __all__ = [
     "rules_version",
 ]
 
-INT32_MAX = 2_147_483_647
-
-MAX_FRAME_BYTES_DEFAULT = 100 * 1024 * 1024
-MAX_FRAME_BYTES_MIN = 1024
-MAX_FRAME_BYTES_MAX = INT32_MAX  # Kafka frame sizes are signed 32-bit.
-MAX_CONNECTIONS_DEFAULT = 10_000
-MAX_CONNECTIONS_MIN = 1
-
-COALESCING_ENABLED_DEFAULT = True
-LANES_DEFAULT = 2
-LANES_MIN = 1
-LANES_MAX = 64
-LINGER_MS_DEFAULT = 0.0
-MAX_REQUEST_BYTES_DEFAULT = 1024 * 1024
-MAX_REQUEST_BYTES_MIN = 1024
-
-HOLD_BEGIN_MAX_MS_DEFAULT = 5_000
-HOLD_BEGIN_MAX_MS_MIN = 1
-HOLD_BEGIN_MAX_MS_MAX = 300_000
-PARTITION_MAX = INT32_MAX  # Partition ids are int32 on the wire.
-
-TRACING_ENABLED_DEFAULT = False
-API_KEY_MIN = 0
+INT32_MAX = 2_147_483_647  # Frame sizes and partition ids are signed 32-bit on the wire.
 API_KEY_MAX = 32_767  # API keys are int16 on the wire.
+
 DEFAULT_TRACED_API_KEYS: tuple[int | str, ...] = (
     "Produce",
     "Fetch",
@@ -84,24 +82,94 @@ def _compile_glob(pattern: str) -> re.Pattern[str]:
     return re.compile(fnmatch.translate(pattern))
 
 
+def _kafka_topic_name(name: str) -> str:
+    # Kafka's own rule (kafka.common.internals.Topic): a name outside it can never exist on
+    # a broker, so a rule naming it is certainly a typo.
+    if re.fullmatch(r"[a-zA-Z0-9._-]{1,249}", name) is None or name in (".", ".."):
+        raise ValueError("not a Kafka topic name")
+    return name
+
+
+def _first_repeat(values: tuple[object, ...]) -> tuple[int, int] | None:
+    """(index of the first value seen before, index where it was first seen), or None."""
+    first: dict[object, int] = {}
+    for index, value in enumerate(values):
+        if value in first:
+            return index, first[value]
+        first[value] = index
+    return None
+
+
+def _partitions_listed_once(partitions: tuple[int, ...]) -> tuple[int, ...]:
+    if not partitions:
+        # "every partition" is said by leaving the key out, never by an empty list.
+        raise PydanticCustomError("partitions_empty", "at least one partition is needed")
+    repeat = _first_repeat(partitions)
+    if repeat is not None:
+        index, first = repeat
+        context = {"partition": partitions[index], "index": index, "first": first}
+        raise PydanticCustomError("partition_repeated", "partition listed twice", context)
+    return partitions
+
+
+def _topics_listed_once(outputs: tuple[TransactionOutput, ...]) -> tuple[TransactionOutput, ...]:
+    repeat = _first_repeat(tuple(output.topic for output in outputs))
+    if repeat is not None:
+        index, first = repeat
+        context = {"topic": outputs[index].topic, "index": index, "first": first}
+        raise PydanticCustomError("topic_repeated", "topic listed twice", context)
+    return outputs
+
+
+# Value types of the rule file. A ``description`` is the "expected ..." of error messages
+# where the type and its bounds alone would not say it.
+NonEmptyText = Annotated[StrictStr, MinLen(1)]
+Glob = Annotated[
+    NonEmptyText, Field(description="a glob pattern (a non-empty string such as 'orders.*')")
+]
+TopicName = Annotated[
+    StrictStr,
+    AfterValidator(_kafka_topic_name),
+    Field(description="a Kafka topic name (1 to 249 of the characters a-z A-Z 0-9 . _ -)"),
+]
+ByteSize = Annotated[StrictInt, Interval(ge=1024, le=INT32_MAX)]
+Partitions = Annotated[
+    tuple[Annotated[StrictInt, Interval(ge=0, le=INT32_MAX)], ...],
+    AfterValidator(_partitions_listed_once),
+    Field(description="a list of partition numbers"),
+]
+ApiKeyRef = Annotated[
+    Annotated[StrictInt, Interval(ge=0, le=API_KEY_MAX)] | NonEmptyText,
+    Field(
+        description=f"an API key number between 0 and {API_KEY_MAX} "
+        "or an API name such as 'Produce'"
+    ),
+]
+
+# Unknown keys are errors: a misspelt key would otherwise silently mean its default.
+_closed = with_config(ConfigDict(extra="forbid"))
+
+
+@_closed
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Limits:
     """Resource limits for the proxy as a whole."""
 
-    max_frame_bytes: int = MAX_FRAME_BYTES_DEFAULT
-    max_connections: int = MAX_CONNECTIONS_DEFAULT
+    max_frame_bytes: ByteSize = DEFAULT_MAX_FRAME_BYTES
+    max_connections: Annotated[StrictInt, Ge(1)] = 10_000
 
     def describe(self) -> dict[str, Any]:
         return {"max_frame_bytes": self.max_frame_bytes, "max_connections": self.max_connections}
 
 
+@_closed
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CoalescingRule:
     """One ``coalescing.rules`` entry: whether produce traffic matching both globs coalesces."""
 
-    topic: str = "*"
-    client_id: str = "*"
-    coalesce: bool
+    topic: Glob = "*"
+    client_id: Glob = "*"
+    coalesce: StrictBool
     _topic_re: re.Pattern[str] = field(init=False, repr=False, compare=False)
     _client_id_re: re.Pattern[str] = field(init=False, repr=False, compare=False)
 
@@ -110,31 +178,36 @@ class CoalescingRule:
         object.__setattr__(self, "_topic_re", _compile_glob(self.topic))
         object.__setattr__(self, "_client_id_re", _compile_glob(self.client_id))
 
-    def matches(self, topic: str, client_id: str) -> bool:
+    def matches(self, topic: str, client_id: str | None) -> bool:
+        # A client without a client id is matched as "", which only '*' matches.
         return (
             self._topic_re.match(topic) is not None
-            and self._client_id_re.match(client_id) is not None
+            and self._client_id_re.match(client_id or "") is not None
         )
 
     def describe(self) -> dict[str, Any]:
         return {"topic": self.topic, "client_id": self.client_id, "coalesce": self.coalesce}
 
 
+@_closed
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CoalescingRules:
     """The ``coalescing`` section: how produce requests are merged into multi-batch requests."""
 
-    enabled: bool = COALESCING_ENABLED_DEFAULT
-    lanes: int = LANES_DEFAULT
-    linger_ms: float = LINGER_MS_DEFAULT
-    max_request_bytes: int = MAX_REQUEST_BYTES_DEFAULT
-    rules: tuple[CoalescingRule, ...] = ()
+    enabled: StrictBool = True
+    lanes: Annotated[StrictInt, Interval(ge=1, le=64)] = 2
+    linger_ms: Annotated[StrictFloat, AllowInfNan(False), Ge(0)] = 0.0
+    max_request_bytes: ByteSize = 1024 * 1024
+    rules: Annotated[
+        tuple[CoalescingRule, ...],
+        Field(description="a list of rules ({topic, client_id, coalesce})"),
+    ] = ()
 
-    def applies(self, topic: str, client_id: str) -> bool:
+    def applies(self, topic: str, client_id: str | None) -> bool:
         """Whether produce traffic for ``topic`` from ``client_id`` may be coalesced.
 
         The first rule whose ``topic`` and ``client_id`` globs both match decides; when no
-        rule matches, ``enabled`` decides. A client without a client id is passed as "".
+        rule matches, ``enabled`` decides. ``client_id`` is None for a client without one.
         """
         for rule in self.rules:
             if rule.matches(topic, client_id):
@@ -151,12 +224,13 @@ class CoalescingRules:
         }
 
 
+@_closed
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TransactionOutput:
     """A topic a transaction writes to; ``partitions`` is None for "every partition"."""
 
-    topic: str
-    partitions: tuple[int, ...] | None = None
+    topic: TopicName
+    partitions: Partitions | None = field(default=None, metadata={"absent": "every partition"})
 
     def describe(self) -> dict[str, Any]:
         # Absent rather than null, so describe() output is itself a valid rule file.
@@ -166,23 +240,29 @@ class TransactionOutput:
         return out
 
 
+@_closed
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HoldBegin:
     """How long the proxy may hold a transaction's first request while it pre-registers."""
 
-    max_ms: int = HOLD_BEGIN_MAX_MS_DEFAULT
+    max_ms: Annotated[StrictInt, Interval(ge=1, le=300_000)] = 5_000
 
     def describe(self) -> dict[str, Any]:
         return {"max_ms": self.max_ms}
 
 
+@_closed
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TransactionRule:
     """One ``transactions`` entry: what producers whose transactional id matches will touch."""
 
-    transactional_id: str
-    outputs: tuple[TransactionOutput, ...]
-    consumer_group: str | None = None
+    transactional_id: Glob
+    outputs: Annotated[
+        tuple[TransactionOutput, ...],
+        AfterValidator(_topics_listed_once),
+        Field(description="a list of outputs ({topic, partitions}), or []"),
+    ]
+    consumer_group: NonEmptyText | None = None
     hold_begin: HoldBegin = field(default_factory=HoldBegin)
     _transactional_id_re: re.Pattern[str] = field(init=False, repr=False, compare=False)
 
@@ -203,18 +283,22 @@ class TransactionRule:
         return out
 
 
+@_closed
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Tracing:
     """The ``tracing`` section: which Kafka APIs get OpenTelemetry spans."""
 
-    enabled: bool = TRACING_ENABLED_DEFAULT
+    enabled: StrictBool = False
     # API keys by number (0..32767) or by Kafka API name, e.g. "Produce".
-    api_keys: tuple[int | str, ...] = DEFAULT_TRACED_API_KEYS
+    api_keys: Annotated[
+        tuple[ApiKeyRef, ...], Field(description="a list of API keys (numbers or names)")
+    ] = DEFAULT_TRACED_API_KEYS
 
     def describe(self) -> dict[str, Any]:
         return {"enabled": self.enabled, "api_keys": list(self.api_keys)}
 
 
+@_closed
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RuleSet:
     """A whole rule file. ``RuleSet()`` is the built-in defaults (an empty file)."""
@@ -223,7 +307,10 @@ class RuleSet:
     version: str = DEFAULT_VERSION
     limits: Limits = field(default_factory=Limits)
     coalescing: CoalescingRules = field(default_factory=CoalescingRules)
-    transactions: tuple[TransactionRule, ...] = ()
+    transactions: Annotated[
+        tuple[TransactionRule, ...],
+        Field(description="a list of transaction rules ({transactional_id, outputs, ...})"),
+    ] = ()
     tracing: Tracing = field(default_factory=Tracing)
 
     def transaction_rule_for(self, transactional_id: str) -> TransactionRule | None:
