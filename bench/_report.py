@@ -1,10 +1,7 @@
-"""What the benchmarks report: facts of the run, tables, target verdicts, charts, and their
-sections of docs/performance.md.
-
-Each benchmark owns sections of docs/performance.md delimited by `<!-- bench:NAME:start -->`
-and `<!-- bench:NAME:end -->`; `write_section()` replaces only that block (appending it when
-missing). How each benchmark measures is prose written once in the document, after its block;
-the block holds what a run found: the command, the machine, tables, targets and notes.
+"""What the benchmarks report: facts of the run, tables, target verdicts, and their sections of
+docs/performance.md, each between `<!-- bench:NAME:start -->` and `<!-- bench:NAME:end -->`:
+`write_section()` replaces only that block (appending it when missing). The block holds what a
+run found; how a benchmark measures is prose written once in the document, after its block.
 """
 
 from __future__ import annotations

@@ -46,7 +46,6 @@ class Kind:
     section: str
     title: str
     unit: str
-    """What `units` count, e.g. "GB" or "M rows"."""
     per_s: str
     """How a rate is shown: a format of units per second times `scale`."""
     scale: float

@@ -7,8 +7,7 @@ A: one closed-loop producer (one Produce request per record, one in flight) on e
 B: 32 closed-loop producers with mixed acks and codecs on direct, kipside and kipside-before,
 then every acknowledged record checked exactly once, in order. kipside runs from a snapshot of
 the working tree, kipside-before from --baseline-ref. --profile adds one run of A with py-spy
-on the proxy (`py-spy record --format raw`; a function's own samples are those where it is the
-innermost frame: where the CPU was). docs/performance.md ("Hot path") says what each measures.
+on the proxy. docs/performance.md ("Hot path") says what each measures.
 """
 
 from __future__ import annotations
