@@ -61,7 +61,7 @@ class Kind:
 
 def report(kind: Kind, runs: Steady, data: str, reps: int) -> Report:
     base_cost = runs.base.cpu_s / runs.base_units
-    headers = ["run", kind.unit, "wall s", f"{kind.unit}/s", "CPU s", f"CPU s per {kind.unit}"]
+    headers = ["run", kind.unit, "wall s", "per second", "CPU s", f"CPU s per {kind.unit}"]
     headers += ["vs baseline" + (" (per CPU-s)" if kind.efficiency else " (CPU)"), "brokers' CPU s"]
     table, ratios, speeds = [], [], []
     for name, (run, units) in zip(kind.names, runs.rows(), strict=True):
