@@ -17,18 +17,16 @@ import pytest
 import trio
 import trio.testing
 
-from kipside.protocol.apis import ApiKey
-from kipside.protocol.framing import FrameDecoder
-from kipside.protocol.headers import (
-    build_frame,
-    encode_request_header,
-    encode_response_header,
+from kipside.protocol import (
+    ApiKey,
+    FrameDecoder,
+    decode_response,
     parse_request_header,
     parse_response_header,
     request_correlation_id,
     response_correlation_id,
 )
-from kipside.protocol.messages import decode_response
+from kipside.protocol.headers import build_frame, encode_request_header, encode_response_header
 from kipside.proxy.features.versions import VersionPolicy
 from kipside.proxy.network.addresses import AddressRewriter
 from kipside.proxy.network.nodes import Address, NodeMap
@@ -155,6 +153,17 @@ class Wiring:
     async def answer(self, *frames: bytes) -> None:
         await (await self.broker()).stream.send_all(b"".join(frames))
 
+    async def forwarded(self, frame: bytes) -> bytes:
+        """Send one request from the client; the frame the fake broker receives for it."""
+        await self.send(frame)
+        return await (await self.broker()).frame()
+
+    async def client_closed(self) -> bool:
+        """Whether kipside closed the client's connection; waits for the session to end."""
+        closed = await self.client.closed()
+        await self.ended.wait()
+        return closed
+
     async def nothing_forwarded(self) -> bool:
         """Whether kipside sent no request upstream (connected or not)."""
         if self._broker is None:
@@ -173,36 +182,38 @@ class Wiring:
 
 @asynccontextmanager
 async def wired_session() -> AsyncIterator[Wiring]:
-    """A Session between a loopback client and a loopback fake upstream."""
-    (upstream_listener,) = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    (front_listener,) = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    upstream_port = upstream_listener.socket.getsockname()[1]
-    front_port = front_listener.socket.getsockname()[1]
-    client = await trio.open_tcp_stream("127.0.0.1", front_port)
-    accepted = await front_listener.accept()
-    await front_listener.aclose()
-    nodes = NodeMap(advertise_host="127.0.0.1", node_port_base=None)
-    session = Session(
-        accepted,
-        [Address("127.0.0.1", upstream_port)],
-        rewriter=AddressRewriter(nodes),
-        versions=VersionPolicy(),
-        max_frame_bytes=1 << 20,
-        connect_timeout=5,
-    )
-    ended = trio.Event()
+    """A Session between a loopback client and a loopback fake upstream, all of it under an
+    absolute deadline of TIMEOUT s."""
+    with trio.fail_after(TIMEOUT):
+        (upstream_listener,) = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        (front_listener,) = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        upstream_port = upstream_listener.socket.getsockname()[1]
+        front_port = front_listener.socket.getsockname()[1]
+        client = await trio.open_tcp_stream("127.0.0.1", front_port)
+        accepted = await front_listener.accept()
+        await front_listener.aclose()
+        nodes = NodeMap(advertise_host="127.0.0.1", node_port_base=None)
+        session = Session(
+            accepted,
+            [Address("127.0.0.1", upstream_port)],
+            rewriter=AddressRewriter(nodes),
+            versions=VersionPolicy(),
+            max_frame_bytes=1 << 20,
+            connect_timeout=5,
+        )
+        ended = trio.Event()
 
-    async def run() -> None:
-        await session.run()
-        ended.set()
+        async def run() -> None:
+            await session.run()
+            ended.set()
 
-    wiring = Wiring(session, FrameReader(client), upstream_listener, ended)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(run)
-        try:
-            yield wiring
-        finally:
-            await wiring.aclose()
+        wiring = Wiring(session, FrameReader(client), upstream_listener, ended)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run)
+            try:
+                yield wiring
+            finally:
+                await wiring.aclose()
 
 
 # --------------------------------------------------------------------------- ordering
@@ -213,73 +224,69 @@ API_VERSIONS_REQUEST_BODY = bytes.fromhex("000000")  # compact empty name and ve
 async def test_responses_in_request_order_around_a_local_answer(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    with trio.fail_after(TIMEOUT):
-        async with wired_session() as w:
-            api_versions_v3 = request(ApiKey.API_VERSIONS, 3, 4, API_VERSIONS_REQUEST_BODY)
-            await w.send(
-                heartbeat_request(1),
-                request(ApiKey.API_VERSIONS, 5, 2, API_VERSIONS_REQUEST_BODY),
-                heartbeat_request(-2147483648),
-                api_versions_v3,
-            )
-            # Upstream sees only the forwarded requests, otherwise unchanged, in order.
-            broker = await w.broker()
-            forwarded = await broker.frames(3)
-            assert [without_correlation_id(f) for f in forwarded] == [
-                without_correlation_id(f)
-                for f in (heartbeat_request(1), heartbeat_request(-2147483648), api_versions_v3)
-            ]
-            assert len({request_correlation_id(f) for f in forwarded}) == 3
-            # The locally answered ApiVersions v5 must wait behind the unanswered request 1.
-            assert await w.client.quiet()
+    async with wired_session() as w:
+        api_versions_v3 = request(ApiKey.API_VERSIONS, 3, 4, API_VERSIONS_REQUEST_BODY)
+        await w.send(
+            heartbeat_request(1),
+            request(ApiKey.API_VERSIONS, 5, 2, API_VERSIONS_REQUEST_BODY),
+            heartbeat_request(-2147483648),
+            api_versions_v3,
+        )
+        # Upstream sees only the forwarded requests, otherwise unchanged, in order.
+        broker = await w.broker()
+        forwarded = await broker.frames(3)
+        assert [without_correlation_id(f) for f in forwarded] == [
+            without_correlation_id(f)
+            for f in (heartbeat_request(1), heartbeat_request(-2147483648), api_versions_v3)
+        ]
+        assert len({request_correlation_id(f) for f in forwarded}) == 3
+        # The locally answered ApiVersions v5 must wait behind the unanswered request 1.
+        assert await w.client.quiet()
 
-            broker_versions = answer_to(
-                forwarded[2],
-                ApiKey.API_VERSIONS,
-                3,
-                bytes.fromhex(
-                    "0000"  # error_code
-                    "03"  # two entries (compact array)
-                    "00120000000500"  # ApiVersions v0-5, no tags
-                    "000c0000000400"  # Heartbeat v0-4, no tags
-                    "00000000"  # throttle
-                    "00"  # no tags
-                ),
-            )
-            await w.answer(answer_to(forwarded[0], ApiKey.HEARTBEAT, 0, b"\x00\x00"))
-            await w.answer(
-                answer_to(forwarded[1], ApiKey.HEARTBEAT, 0, b"\x00\x00"), broker_versions
-            )
+        broker_versions = answer_to(
+            forwarded[2],
+            ApiKey.API_VERSIONS,
+            3,
+            bytes.fromhex(
+                "0000"  # error_code
+                "03"  # two entries (compact array)
+                "00120000000500"  # ApiVersions v0-5, no tags
+                "000c0000000400"  # Heartbeat v0-4, no tags
+                "00000000"  # throttle
+                "00"  # no tags
+            ),
+        )
+        await w.answer(answer_to(forwarded[0], ApiKey.HEARTBEAT, 0, b"\x00\x00"))
+        await w.answer(answer_to(forwarded[1], ApiKey.HEARTBEAT, 0, b"\x00\x00"), broker_versions)
 
-            received = await w.client.frames(4)
-            assert correlation_ids(received) == [1, 2, -2147483648, 4]
-            assert received[0] == heartbeat_response(1)
-            assert received[1] == VersionPolicy().unsupported_response(2)
-            assert received[2] == heartbeat_response(-2147483648)
-            header = parse_response_header(received[3], ApiKey.API_VERSIONS, 3)
-            rewritten = decode_response(ApiKey.API_VERSIONS, 3, received[3], header.body_offset)
-            assert [(e.api_key, e.min_version, e.max_version) for e in rewritten.api_keys] == [
-                (18, 0, 4),
-                (12, 0, 4),
-            ]
-            assert await w.client.quiet()
+        received = await w.client.frames(4)
+        assert correlation_ids(received) == [1, 2, -2147483648, 4]
+        assert received[0] == heartbeat_response(1)
+        assert received[1] == VersionPolicy().unsupported_response(2)
+        assert received[2] == heartbeat_response(-2147483648)
+        header = parse_response_header(received[3], ApiKey.API_VERSIONS, 3)
+        rewritten = decode_response(ApiKey.API_VERSIONS, 3, received[3], header.body_offset)
+        assert [(e.api_key, e.min_version, e.max_version) for e in rewritten.api_keys] == [
+            (18, 0, 4),
+            (12, 0, 4),
+        ]
+        assert await w.client.quiet()
 
-            # The client leaving ends the session and its upstream connection.
-            await w.client.stream.aclose()
-            await w.ended.wait()
-            assert await broker.closed()
+        # The client leaving ends the session and its upstream connection.
+        await w.client.stream.aclose()
+        await w.ended.wait()
+        assert await broker.closed()
 
 
 async def test_local_answer_first_is_sent_at_once(autojump_clock: trio.testing.MockClock) -> None:
-    with trio.fail_after(TIMEOUT):
-        async with wired_session() as w:
-            await w.send(request(ApiKey.API_VERSIONS, 7, 99, API_VERSIONS_REQUEST_BODY))
-            assert await w.client.frame() == VersionPolicy().unsupported_response(99)
-            await w.send(heartbeat_request(100))
-            forwarded = await (await w.broker()).frame()
-            assert parse_request_header(forwarded).api_key == ApiKey.HEARTBEAT
-            await w.answer(answer_to(forwarded, ApiKey.HEARTBEAT, 0, b"\x00\x00"))
-            assert await w.client.frame() == heartbeat_response(100)
+    async with wired_session() as w:
+        await w.send(request(ApiKey.API_VERSIONS, 7, 99, API_VERSIONS_REQUEST_BODY))
+        assert await w.client.frame() == VersionPolicy().unsupported_response(99)
+        await w.send(heartbeat_request(100))
+        forwarded = await (await w.broker()).frame()
+        assert parse_request_header(forwarded).api_key == ApiKey.HEARTBEAT
+        await w.answer(answer_to(forwarded, ApiKey.HEARTBEAT, 0, b"\x00\x00"))
+        assert await w.client.frame() == heartbeat_response(100)
 
 
 # --------------------------------------------------------------------------- acks=0
@@ -289,32 +296,31 @@ async def test_local_answer_first_is_sent_at_once(autojump_clock: trio.testing.M
 async def test_acks0_produce_gets_no_response(
     version: int, autojump_clock: trio.testing.MockClock
 ) -> None:
-    with trio.fail_after(TIMEOUT):
-        async with wired_session() as w:
-            await w.send(produce_request(version, 1, acks=0), heartbeat_request(2))
-            broker = await w.broker()
-            produce, heartbeat = await broker.frames(2)
-            assert without_correlation_id(produce) == without_correlation_id(
-                produce_request(version, 1, acks=0)
-            )
-            assert parse_request_header(heartbeat).api_key == ApiKey.HEARTBEAT
-            # A broker never answers acks=0; the next response must still reach the client.
-            await w.answer(answer_to(heartbeat, ApiKey.HEARTBEAT, 0, b"\x00\x00"))
-            assert await w.client.frame() == heartbeat_response(2)
+    async with wired_session() as w:
+        await w.send(produce_request(version, 1, acks=0), heartbeat_request(2))
+        broker = await w.broker()
+        produce, heartbeat = await broker.frames(2)
+        assert without_correlation_id(produce) == without_correlation_id(
+            produce_request(version, 1, acks=0)
+        )
+        assert parse_request_header(heartbeat).api_key == ApiKey.HEARTBEAT
+        # A broker never answers acks=0; the next response must still reach the client.
+        await w.answer(answer_to(heartbeat, ApiKey.HEARTBEAT, 0, b"\x00\x00"))
+        assert await w.client.frame() == heartbeat_response(2)
 
-            # acks=1 and acks=-1 are answered as usual, in order.
-            await w.send(produce_request(version, 3, acks=1), produce_request(version, 4, acks=-1))
-            first, second = await broker.frames(2)
-            await w.answer(
-                answer_to(first, ApiKey.PRODUCE, version, produce_response_body(version)),
-                answer_to(second, ApiKey.PRODUCE, version, produce_response_body(version)),
-            )
-            assert await w.client.frames(2) == [
-                produce_response(version, 3),
-                produce_response(version, 4),
-            ]
-            assert await w.client.quiet()
-            assert not w.ended.is_set()
+        # acks=1 and acks=-1 are answered as usual, in order.
+        await w.send(produce_request(version, 3, acks=1), produce_request(version, 4, acks=-1))
+        first, second = await broker.frames(2)
+        await w.answer(
+            answer_to(first, ApiKey.PRODUCE, version, produce_response_body(version)),
+            answer_to(second, ApiKey.PRODUCE, version, produce_response_body(version)),
+        )
+        assert await w.client.frames(2) == [
+            produce_response(version, 3),
+            produce_response(version, 4),
+        ]
+        assert await w.client.quiet()
+        assert not w.ended.is_set()
 
 
 # --------------------------------------------------------------------------- upstream EOF
@@ -324,45 +330,36 @@ async def test_upstream_closing_mid_flight_closes_the_client(
     caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
 ) -> None:
     caplog.set_level(logging.INFO, logger="kipside")
-    with trio.fail_after(TIMEOUT):
-        async with wired_session() as w:
-            await w.send(heartbeat_request(1), heartbeat_request(2))
-            broker = await w.broker()
-            first, _second = await broker.frames(2)
-            await w.answer(answer_to(first, ApiKey.HEARTBEAT, 0, b"\x00\x00"))
-            await broker.stream.aclose()  # request 2 is never answered
+    async with wired_session() as w:
+        await w.send(heartbeat_request(1), heartbeat_request(2))
+        broker = await w.broker()
+        first, _second = await broker.frames(2)
+        await w.answer(answer_to(first, ApiKey.HEARTBEAT, 0, b"\x00\x00"))
+        await broker.stream.aclose()  # request 2 is never answered
 
-            assert await w.client.frame() == heartbeat_response(1)
-            assert await w.client.closed()
-            await w.ended.wait()
+        assert await w.client.frame() == heartbeat_response(1)
+        assert await w.client_closed()
     assert "closed the connection" in caplog.text
 
 
 async def test_upstream_closing_before_any_answer_closes_the_client(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    with trio.fail_after(TIMEOUT):
-        async with wired_session() as w:
-            await w.send(heartbeat_request(1))
-            broker = await w.broker()
-            await broker.frame()
-            await broker.stream.aclose()
-            assert await w.client.closed()
-            await w.ended.wait()
+    async with wired_session() as w:
+        await w.forwarded(heartbeat_request(1))
+        await (await w.broker()).stream.aclose()
+        assert await w.client_closed()
 
 
 async def test_upstream_answering_the_wrong_correlation_id_closes_the_client(
     caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
 ) -> None:
     caplog.set_level(logging.INFO, logger="kipside")
-    with trio.fail_after(TIMEOUT):
-        async with wired_session() as w:
-            await w.send(heartbeat_request(1))
-            forwarded = await (await w.broker()).frame()
-            wrong = request_correlation_id(forwarded) + 77
-            await w.answer(heartbeat_response(wrong))
-            assert await w.client.closed()
-            await w.ended.wait()
+    async with wired_session() as w:
+        forwarded = await w.forwarded(heartbeat_request(1))
+        wrong = request_correlation_id(forwarded) + 77
+        await w.answer(heartbeat_response(wrong))
+        assert await w.client_closed()
     assert f"correlation id {wrong}" in caplog.text
 
 
@@ -388,12 +385,10 @@ async def test_client_garbage_closes_with_a_log_line(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     caplog.set_level(logging.INFO, logger="kipside")
-    with trio.fail_after(TIMEOUT):
-        async with wired_session() as w:
-            await w.send(garbage)
-            assert await w.client.closed()
-            await w.ended.wait()
-            assert await w.nothing_forwarded()
+    async with wired_session() as w:
+        await w.send(garbage)
+        assert await w.client_closed()
+        assert await w.nothing_forwarded()
     lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     matching = [line for line in lines if all(m in line for m in mentions)]
     assert matching, f"no warning mentions {mentions}: {lines}"
@@ -403,12 +398,9 @@ async def test_client_garbage_closes_with_a_log_line(
 async def test_garbage_after_a_good_request_still_closes(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    with trio.fail_after(TIMEOUT):
-        async with wired_session() as w:
-            await w.send(heartbeat_request(1))
-            broker = await w.broker()
-            assert parse_request_header(await broker.frame()).api_key == ApiKey.HEARTBEAT
-            await w.send(bytes.fromhex("0000000100"))
-            assert await w.client.closed()
-            await w.ended.wait()
-            assert await broker.closed()
+    async with wired_session() as w:
+        forwarded = await w.forwarded(heartbeat_request(1))
+        assert parse_request_header(forwarded).api_key == ApiKey.HEARTBEAT
+        await w.send(bytes.fromhex("0000000100"))
+        assert await w.client_closed()
+        assert await (await w.broker()).closed()
