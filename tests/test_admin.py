@@ -26,10 +26,10 @@ from importlib.metadata import version
 from pathlib import Path
 from types import SimpleNamespace
 
-import h11
 import pytest
 import trio
 import trio.testing
+from testkit.http import Answer, Exchange, Request, curl_answer, status_of
 from testkit.metrics import parse
 
 from kipside.protocol.apis import ApiKey
@@ -116,16 +116,6 @@ async def admin(tmp_path: Path, nursery: trio.Nursery) -> Admin:
 # --------------------------------------------------------------------------- clients
 
 
-@dataclass
-class Answer:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self) -> object:
-        return json.loads(self.body)
-
-
 async def h11_request(
     port: int,
     method: str,
@@ -134,34 +124,14 @@ async def h11_request(
     headers: tuple[tuple[str, str], ...] = (),
     chunked: bool = False,
 ) -> Answer:
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
-    async with stream:
-        conn = h11.Connection(h11.CLIENT)
-        hdrs = [("host", f"127.0.0.1:{port}"), *headers]
-        if chunked:
-            hdrs.append(("transfer-encoding", "chunked"))
-        elif body or method == "POST":
-            hdrs.append(("content-length", str(len(body))))
-        data = conn.send(h11.Request(method=method, target=target, headers=hdrs)) or b""
-        chunks = [body[i : i + 8192] for i in range(0, len(body), 8192)]
-        for chunk in chunks:
-            data += conn.send(h11.Data(data=chunk)) or b""
-        data += conn.send(h11.EndOfMessage()) or b""
+    exchange = Exchange(Request(port, method, target, body, headers, chunked))
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
         # The server may answer early (413) and close; its answer is still readable.
         with contextlib.suppress(trio.BrokenResourceError):
-            await stream.send_all(data)
-        status, answer_headers, answer = 0, {}, bytearray()
-        while True:
-            event = conn.next_event()
-            if event is h11.NEED_DATA:
-                conn.receive_data(await stream.receive_some(65536))
-            elif isinstance(event, h11.Response):
-                status = event.status_code
-                answer_headers = {k.decode(): v.decode() for k, v in event.headers}
-            elif isinstance(event, h11.Data):
-                answer += event.data
-            elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
-                return Answer(status, answer_headers, bytes(answer))
+            await stream.send_all(exchange.request)
+        while (answer := exchange.receive(await stream.receive_some(65536))) is None:
+            pass
+        return answer
 
 
 async def raw_exchange(port: int, data: bytes) -> bytes:
@@ -175,10 +145,6 @@ async def raw_exchange(port: int, data: bytes) -> bytes:
         return bytes(received)
 
 
-def _status_of(raw: bytes) -> int:
-    return int(raw.split(b" ", 2)[1])
-
-
 async def curl(url: str, *args: str, max_time: float = TIMEOUT) -> tuple[int, Answer | None]:
     """(curl's exit code, the final answer or None if curl got none)."""
     result = await trio.run_process(
@@ -187,19 +153,7 @@ async def curl(url: str, *args: str, max_time: float = TIMEOUT) -> tuple[int, An
         capture_stderr=True,
         check=False,
     )
-    out = result.stdout
-    answer = None
-    # The final answer follows any "HTTP/1.1 100 Continue" block.
-    for match in reversed(list(re.finditer(rb"HTTP/1\.[01] (\d{3})[^\r\n]*\r\n", out))):
-        if match.group(1) != b"100":
-            head, _, body = out[match.start() :].partition(b"\r\n\r\n")
-            headers = {}
-            for line in head.split(b"\r\n")[1:]:
-                name, _, value = line.partition(b":")
-                headers[name.decode().lower()] = value.decode().strip()
-            answer = Answer(int(match.group(1)), headers, body)
-            break
-    return result.returncode, answer
+    return result.returncode, curl_answer(result.stdout)
 
 
 CLIENTS = ["h11", "curl"]
@@ -337,7 +291,7 @@ async def test_unknown_path_404_and_wrong_method_405(admin: Admin, client: str) 
 async def test_malformed_request_gets_400(admin: Admin, request_bytes: bytes) -> None:
     with trio.fail_after(TIMEOUT):
         answer = await raw_exchange(admin.port, request_bytes)
-    assert _status_of(answer) == 400, answer
+    assert status_of(answer) == 400, answer
     assert b"bad request: " in answer
 
 
@@ -354,7 +308,7 @@ async def test_oversized_headers_get_431(admin: Admin) -> None:
         raw = await raw_exchange(
             admin.port, f"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: {big}\r\n\r\n".encode()
         )
-        assert _status_of(raw) == 431
+        assert status_of(raw) == 431
         _, answer = await curl(admin.url + "/healthz", "-H", f"X-Big: {big}")
         assert answer is not None and answer.status == 431
         # Just under the cap is fine.
@@ -438,7 +392,7 @@ async def test_slow_client_is_cut_off_at_the_deadline(
             received += chunk
         answered_after = trio.current_time() - start
         await client.aclose()
-    assert _status_of(bytes(received)) == 408, received
+    assert status_of(bytes(received)) == 408, received
     assert b"not complete within 0.6 s" in received
     assert answered_after == pytest.approx(REQUEST_DEADLINE)
     assert handled == []
@@ -490,7 +444,7 @@ async def test_too_many_connections_get_503(admin: Admin, monkeypatch: pytest.Mo
         async with idle:
             await trio.sleep(0.05)  # the first connection is being served
             busy = await raw_exchange(admin.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-            assert _status_of(busy) == 503
+            assert status_of(busy) == 503
         await trio.sleep(0.05)
         assert (await h11_request(admin.port, "GET", "/healthz")).status == 200
 
@@ -844,6 +798,25 @@ def produce_order(rules: CoalescingRules) -> tuple[ProduceOrder, FakeRouter, Fak
     return ProduceOrder(server), router, coalescer
 
 
+async def route(order: ProduceOrder, session: FakeSession, api_key: int, cid: int) -> None:
+    await order.route(session, b"", FakeHeader(api_key, cid))  # type: ignore[arg-type]
+
+
+async def produce_in_background(
+    nursery: trio.Nursery, order: ProduceOrder, session: FakeSession, cid: int
+) -> trio.Event:
+    """Route a ProduceRequest in a task of its own; the event is set once it has gone."""
+    routed = trio.Event()
+
+    async def produce() -> None:
+        await route(order, session, ApiKey.PRODUCE, cid)
+        routed.set()
+
+    nursery.start_soon(produce)
+    await trio.sleep(0.05)
+    return routed
+
+
 async def test_produce_waits_for_its_lane_answers_when_coalescing_is_switched_off(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -851,19 +824,12 @@ async def test_produce_waits_for_its_lane_answers_when_coalescing_is_switched_of
     session = FakeSession()
     with trio.fail_after(TIMEOUT):
         for cid in (1, 2):  # two ProduceRequests queued or in flight on the lanes
-            await order.route(session, b"", FakeHeader(ApiKey.PRODUCE, cid))  # type: ignore[arg-type]
+            await route(order, session, ApiKey.PRODUCE, cid)
         coalescer.rules = OFF  # a reload
-        done = trio.Event()
-
-        async def third() -> None:
-            await order.route(session, b"", FakeHeader(ApiKey.PRODUCE, 3))  # type: ignore[arg-type]
-            done.set()
-
-        nursery.start_soon(third)
-        await trio.sleep(0.05)
+        done = await produce_in_background(nursery, order, session, 3)
         assert router.routed == [(1, "lane"), (2, "lane")]  # 3 must not overtake them
         # Other APIs are not held up by the barrier of another session's produce.
-        await order.route(FakeSession(), b"", FakeHeader(ApiKey.METADATA, 9))  # type: ignore[arg-type]
+        await route(order, FakeSession(), ApiKey.METADATA, 9)
         router.lane_answers[1].resolve(b"answer 2")
         await trio.sleep(0.05)
         assert not done.is_set()
@@ -878,18 +844,11 @@ async def test_produce_waits_for_its_own_connection_when_coalescing_is_switched_
     order, router, coalescer = produce_order(OFF)
     session = FakeSession(dedicated=FakeConnection(in_flight=0))
     with trio.fail_after(TIMEOUT):
-        await order.route(session, b"", FakeHeader(ApiKey.PRODUCE, 1))  # type: ignore[arg-type]
+        await route(order, session, ApiKey.PRODUCE, 1)
         assert session.dedicated is not None
         session.dedicated.in_flight = 2  # its answers are still owed
         coalescer.rules = ON
-        done = trio.Event()
-
-        async def second() -> None:
-            await order.route(session, b"", FakeHeader(ApiKey.PRODUCE, 2))  # type: ignore[arg-type]
-            done.set()
-
-        nursery.start_soon(second)
-        await trio.sleep(0.05)
+        done = await produce_in_background(nursery, order, session, 2)
         assert router.routed == [(1, "own")]
         session.dedicated.in_flight = 0
         await done.wait()
@@ -901,7 +860,7 @@ async def test_produce_is_not_held_without_a_rule_change() -> None:
     session = FakeSession()
     with trio.fail_after(1):
         for cid in range(5):  # pipelined, nothing answered yet
-            await order.route(session, b"", FakeHeader(ApiKey.PRODUCE, cid))  # type: ignore[arg-type]
+            await route(order, session, ApiKey.PRODUCE, cid)
     assert len(router.routed) == 5
 
 

@@ -20,7 +20,6 @@ Run: .venv/bin/pytest tests/integration/test_admin.py -q -p no:cacheprovider
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shlex
@@ -38,11 +37,11 @@ from pathlib import Path
 from typing import Any
 
 import confluent_kafka as ck
-import h11
 import psutil
 import pytest
 from conftest import DIRECT, Kipside, create_topics, start_kipside, unique_name
 from testkit.broker import Broker
+from testkit.http import Answer, Exchange, Request, curl_answer, status_of
 from testkit.metrics import Metrics, parse
 
 from kipside.proxy.devbroker import free_port
@@ -63,16 +62,6 @@ ONE_TO_ONE = "--one-to-one" in shlex.split(os.environ.get("KIPSIDE_TEST_SERVE_AR
 # --------------------------------------------------------------------------- HTTP clients
 
 
-@dataclass
-class Answer:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-
 def h11_request(
     port: int,
     method: str,
@@ -80,30 +69,14 @@ def h11_request(
     body: bytes = b"",
     headers: tuple[tuple[str, str], ...] = (),
 ) -> Answer:
-    conn = h11.Connection(h11.CLIENT)
-    hdrs = [("host", f"127.0.0.1:{port}"), *headers]
-    if body or method == "POST":
-        hdrs.append(("content-length", str(len(body))))
-    data = conn.send(h11.Request(method=method, target=path, headers=hdrs)) or b""
-    if body:
-        data += conn.send(h11.Data(data=body)) or b""
-    data += conn.send(h11.EndOfMessage()) or b""
+    exchange = Exchange(Request(port, method, path, body, headers))
     with socket.create_connection(("127.0.0.1", port), timeout=HTTP_TIMEOUT) as sock:
         # The server may answer early (413) and close; the answer is still readable.
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            sock.sendall(data)
-        status, answer_headers, answer = 0, {}, bytearray()
-        while True:
-            event = conn.next_event()
-            if event is h11.NEED_DATA:
-                conn.receive_data(sock.recv(65536))
-            elif isinstance(event, h11.Response):
-                status = event.status_code
-                answer_headers = {k.decode(): v.decode() for k, v in event.headers}
-            elif isinstance(event, h11.Data):
-                answer += event.data
-            elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
-                return Answer(status, answer_headers, bytes(answer))
+            sock.sendall(exchange.request)
+        while (answer := exchange.receive(sock.recv(65536))) is None:
+            pass
+        return answer
 
 
 def raw_exchange(port: int, data: bytes, timeout: float = HTTP_TIMEOUT) -> bytes:
@@ -122,19 +95,9 @@ def curl(url: str, *args: str) -> Answer:
         timeout=HTTP_TIMEOUT + 5,
         check=False,
     )
-    matches = [
-        m
-        for m in re.finditer(rb"HTTP/1\.[01] (\d{3})[^\r\n]*\r\n", proc.stdout)
-        if m.group(1) != b"100"
-    ]
-    assert matches, f"curl {args} {url}: exit {proc.returncode}, {proc.stderr!r}"
-    match = matches[-1]
-    head, _, body = proc.stdout[match.start() :].partition(b"\r\n\r\n")
-    headers = {}
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        headers[name.decode().lower()] = value.decode().strip()
-    return Answer(int(match.group(1)), headers, body)
+    answer = curl_answer(proc.stdout)
+    assert answer is not None, f"curl {args} {url}: exit {proc.returncode}, {proc.stderr!r}"
+    return answer
 
 
 def fetch(client: str, port: int, method: str, path: str, body: bytes = b"") -> Answer:
@@ -147,10 +110,6 @@ def fetch(client: str, port: int, method: str, path: str, body: bytes = b"") -> 
             f.flush()
             return curl(f"http://127.0.0.1:{port}{path}", *args, "--data-binary", f"@{f.name}")
     return curl(f"http://127.0.0.1:{port}{path}", *args)
-
-
-def _status_of(raw: bytes) -> int:
-    return int(raw.split(b" ", 2)[1])
 
 
 # --------------------------------------------------------------------------- kipside
@@ -257,13 +216,13 @@ def test_every_path_on_the_real_process(admin_stack: AdminStack, client: str) ->
         assert curl(f"http://127.0.0.1:{port}/healthz", "-X", "GET /x").status == 400
         assert curl(f"http://127.0.0.1:{port}/", "-H", f"X-Big: {big_header}").status == 431
     else:
-        assert _status_of(raw_exchange(port, b"NOT HTTP\r\n\r\n")) == 400
+        assert status_of(raw_exchange(port, b"NOT HTTP\r\n\r\n")) == 400
         request = f"GET / HTTP/1.1\r\nHost: x\r\nX-Big: {big_header}\r\n\r\n".encode()
-        assert _status_of(raw_exchange(port, request)) == 431
+        assert status_of(raw_exchange(port, request)) == 431
 
     silent.join(timeout=REQUEST_DEADLINE_SECONDS + 5)
     elapsed = time.monotonic() - started
-    assert silent_answer and _status_of(silent_answer[0]) == 408, silent_answer
+    assert silent_answer and status_of(silent_answer[0]) == 408, silent_answer
     assert REQUEST_DEADLINE_SECONDS - 0.5 < elapsed < REQUEST_DEADLINE_SECONDS + 3
     assert admin_stack.metrics().value("kipside_rule_reloads_total") == 1
     admin_stack.kipside.assert_alive()

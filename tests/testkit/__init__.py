@@ -4,6 +4,7 @@
                    own way), read its version; `TANSU_0_6_0` marks tests of its known bugs.
 - testkit.ports    a free loopback port; wait until something listens on one.
 - testkit.cpu      CPU seconds of a process tree (psutil) and of this process.
+- testkit.http     the admin endpoint's HTTP: one h11 client exchange (sans-I/O), curl's answer.
 - testkit.metrics  scrape kipside's /metrics and parse it with prometheus_client.parser.
 - testkit.procs    every child process a harness started, so a watchdog can kill them all.
 - testkit.tools    external tools (kcat, chromium, haproxy, tshark, java): a skip or an error that
