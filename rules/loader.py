@@ -41,9 +41,8 @@ from kipside.rules.model import (
     rules_version,
 )
 from kipside.rules.yaml_tree import (
-    NULL,
-    UNREADABLE,
     Document,
+    Marker,
     Path,
     Tagged,
     describe,
@@ -164,7 +163,7 @@ def _child(tp: Any, part: str | int) -> Any:
     base = _base(tp)
     if is_dataclass(base) and isinstance(part, str) and isinstance(base, type):
         return _keys(base).get(part)
-    if get_origin(base) is tuple and isinstance(part, int):
+    if _is_list(base) and isinstance(part, int):
         return get_args(base)[0]
     return None
 
@@ -187,6 +186,16 @@ def _resolve(loc: tuple[str | int, ...]) -> tuple[Path, Any]:
         path.append(part)
         tp = _child(tp, part)
     return tuple(path), tp
+
+
+def _in_schema(path: Path) -> bool:
+    """Whether the schema has a mapping (for a key) or list (for an item) above ``path``."""
+    parent = _base(_type_at(path[:-1]))
+    return not path or (is_dataclass(parent) if isinstance(path[-1], str) else _is_list(parent))
+
+
+def _is_list(tp: Any) -> bool:
+    return get_origin(tp) is tuple
 
 
 def _expected(tp: Any) -> str:
@@ -220,6 +229,8 @@ def _default_text(path: Path) -> str | None:
     default = spec.default
     if isinstance(default, tuple):
         return ", ".join(str(item) for item in default) or "none"
+    if default is None:
+        return "none"
     return f"{default:g}" if isinstance(default, float) else yaml_text(default)
 
 
@@ -245,17 +256,23 @@ class _Check:
         self.source = source
         self.where = document.where
         self.data = document.data
-        self.problems = list(document.problems)
+        # Inside a value the schema refuses as a whole (a list where a mapping belongs, an
+        # unknown key), what is wrong with its keys is noise: that one problem is enough.
+        self.problems = [problem for path, problem in document.problems if _in_schema(path)]
+
+    def line(self, path: Path, *, at_key: bool = False) -> int:
+        # A key the file does not write (a missing one) is blamed on its mapping.
+        where = self.where.get(path) or self.where.get(path[:-1])
+        return line_of(None if where is None else where.key if at_key else where.value)
 
     def problem(self, path: Path, message: str, *, at_key: bool = False) -> None:
-        where = self.where.get(path) or self.where.get(path[:-1])
-        node = None if where is None else where.key if at_key else where.value
-        self.problems.append(RuleProblem(self.source, line_of(node), describe(path), message))
+        line = self.line(path, at_key=at_key)
+        self.problems.append(RuleProblem(self.source, line, describe(path), message))
 
     def sections(self) -> dict[str, Any]:
-        data = {} if self.data is NULL else self.data
+        data = {} if self.data is Marker.NULL else self.data
         if not isinstance(data, dict):
-            if data is not UNREADABLE:
+            if data is not Marker.UNREADABLE:
                 self.problem((), self._wrong_value((), RuleSet, data))
             return {}
         sections: dict[str, Any] = {}
@@ -274,7 +291,7 @@ class _Check:
     def report(self, loc: tuple[str | int, ...], error: ErrorDetails) -> None:
         path, tp = _resolve(loc)
         kind, value, context = error["type"], error["input"], error.get("ctx", {})
-        if value is UNREADABLE:
+        if value is Marker.UNREADABLE:
             return  # The YAML reader has said why.
         if kind == "unexpected_keyword_argument":
             self.unknown_key(path)
@@ -287,19 +304,20 @@ class _Check:
                 "remove the key to mean every partition of the topic",
             )
         elif kind == "partition_repeated":
-            self.problem(
-                (*path, context["index"]),
-                f"duplicate partition {context['partition']} (already listed as "
-                f"partitions[{context['first']}]); list each partition once",
-            )
+            for index, first, partition in context["repeats"]:
+                self.problem(
+                    (*path, index),
+                    f"duplicate partition {partition} (already listed as "
+                    f"partitions[{first}]); list each partition once",
+                )
         elif kind == "topic_repeated":
-            first = (*path, context["first"])
-            self.problem(
-                (*path, context["index"], "topic"),
-                f"topic {context['topic']!r} is already listed at {describe(first)} "
-                f"(line {line_of(self.where[first].value)}); "
-                "list each topic once, with all its partitions",
-            )
+            for index, first, topic in context["repeats"]:
+                self.problem(
+                    (*path, index, "topic"),
+                    f"topic {topic!r} is already listed at "
+                    f"{describe((*path, first))} (line {self.line((*path, first))}); "
+                    "list each topic once, with all its partitions",
+                )
         else:
             self.problem(path, self._wrong_value(path, tp, value))
 
@@ -314,11 +332,11 @@ class _Check:
 
     def _wrong_value(self, path: Path, tp: Any, value: object) -> str:
         base = _base(tp)
-        collection = "a mapping" if is_dataclass(base) else "a list" if get_origin(base) else None
+        collection = "a mapping" if is_dataclass(base) else "a list" if _is_list(base) else None
         if isinstance(value, Tagged) and value.kind == collection:
             return f"unsupported YAML tag {short_tag(value.tag)}; remove the tag"
         message = f"expected {_expected(tp)}, got {got(value)}"
-        if value is NULL:
+        if value is Marker.NULL:
             default = _default_text(path)
             if default is None:
                 return message + "; fill in a value"

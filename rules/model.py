@@ -90,34 +90,25 @@ def _kafka_topic_name(name: str) -> str:
     return name
 
 
-def _first_repeat(values: tuple[object, ...]) -> tuple[int, int] | None:
-    """(index of the first value seen before, index where it was first seen), or None."""
+def _repeats(values: tuple[object, ...]) -> list[tuple[int, int, object]]:
+    """(index, index of its first listing, value) of each value listed before, in order."""
     first: dict[object, int] = {}
-    for index, value in enumerate(values):
-        if value in first:
-            return index, first[value]
-        first[value] = index
-    return None
+    return [(i, first[v], v) for i, v in enumerate(values) if first.setdefault(v, i) != i]
 
 
 def _partitions_listed_once(partitions: tuple[int, ...]) -> tuple[int, ...]:
     if not partitions:
         # "every partition" is said by leaving the key out, never by an empty list.
         raise PydanticCustomError("partitions_empty", "at least one partition is needed")
-    repeat = _first_repeat(partitions)
-    if repeat is not None:
-        index, first = repeat
-        context = {"partition": partitions[index], "index": index, "first": first}
-        raise PydanticCustomError("partition_repeated", "partition listed twice", context)
+    if repeats := _repeats(partitions):
+        context = {"repeats": repeats}
+        raise PydanticCustomError("partition_repeated", "partitions listed twice", context)
     return partitions
 
 
 def _topics_listed_once(outputs: tuple[TransactionOutput, ...]) -> tuple[TransactionOutput, ...]:
-    repeat = _first_repeat(tuple(output.topic for output in outputs))
-    if repeat is not None:
-        index, first = repeat
-        context = {"topic": outputs[index].topic, "index": index, "first": first}
-        raise PydanticCustomError("topic_repeated", "topic listed twice", context)
+    if repeats := _repeats(tuple(output.topic for output in outputs)):
+        raise PydanticCustomError("topic_repeated", "topics listed twice", {"repeats": repeats})
     return outputs
 
 

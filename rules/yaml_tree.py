@@ -1,17 +1,13 @@
 """A rule file's YAML as plain data that remembers where each value was written.
 
-PyYAML's ``SafeLoader`` composes the text into a node tree, and only the nodes know their
-line. This module walks that tree into the dicts, lists and scalars ``yaml.safe_load``
-would give (a scalar means exactly what ``safe_load`` makes of it: ``yes`` is a boolean,
-``!!python/...`` is refused), plus a map from each key path to its nodes, so that a problem
-found later in the data can be reported as ``FILE:LINE``. On the way it refuses what
-``safe_load`` lets through silently: duplicate keys, non-string keys, and files that
-aliases expand past a budget (the "billion laughs" pattern).
-
-What the data cannot hold as a plain value is kept as a marker the schema never accepts:
-an empty value (``NULL``, apart from None so that an optional field cannot take it for
-"absent"), a list or mapping with a YAML tag (``Tagged``), and a scalar YAML could not
-construct (``UNREADABLE``, already reported).
+PyYAML's ``SafeLoader`` composes the text into nodes, and only nodes know their line. This
+module walks them into the dicts, lists and scalars ``yaml.safe_load`` would give, plus a
+map from each key path to its nodes, so a problem found later in the data is reported as
+``FILE:LINE``. It refuses what ``safe_load`` lets through: duplicate keys, non-string keys,
+and aliases that expand the file past a budget (the "billion laughs" pattern). What is no
+plain value becomes a marker no schema type accepts: ``Marker.NULL`` (an empty value, kept
+apart from None so an optional field cannot take it for "absent"), ``Marker.UNREADABLE``
+(a scalar YAML could not construct, already reported) and ``Tagged`` (a tagged collection).
 
 This module must never use an unsafe YAML loader, never do I/O, and never import trio,
 sockets, ``kipside.proxy`` or ``kipside.pipeline``.
@@ -19,8 +15,9 @@ sockets, ``kipside.proxy`` or ``kipside.pipeline``.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import date, datetime
 
 import yaml
@@ -28,44 +25,19 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from kipside.rules.errors import FILE_KEY, SYNTAX_KEY, TOP_LEVEL_KEY, RuleError, RuleProblem
 
-__all__ = [
-    "NULL",
-    "UNREADABLE",
-    "Document",
-    "Path",
-    "Tagged",
-    "Where",
-    "describe",
-    "got",
-    "line_of",
-    "read_document",
-    "short_tag",
-    "yaml_text",
-]
-
 Path = tuple[str | int, ...]
 
 _YAML_TAG = "tag:yaml.org,2002:"
-_MAP_TAG = _YAML_TAG + "map"
-_SEQ_TAG = _YAML_TAG + "seq"
-_STR_TAG = _YAML_TAG + "str"
-_NULL_TAG = _YAML_TAG + "null"
-_MERGE_TAG = _YAML_TAG + "merge"
+_MAP_TAG, _SEQ_TAG = _YAML_TAG + "map", _YAML_TAG + "seq"
+_STR_TAG, _NULL_TAG, _MERGE_TAG = _YAML_TAG + "str", _YAML_TAG + "null", _YAML_TAG + "merge"
 
 # A real rule file is a few hundred values; this leaves room for thousands of partitions.
 NODE_BUDGET = 1_000_000
 
 
-class _Marker:
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    def __repr__(self) -> str:
-        return self._name
-
-
-NULL = _Marker("NULL")
-UNREADABLE = _Marker("UNREADABLE")
+class Marker(enum.Enum):
+    NULL = "an empty value (null)"
+    UNREADABLE = "a value YAML cannot read"
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,27 +54,17 @@ def short_tag(tag: str) -> str:
 
 def got(value: object) -> str:
     """Describe what the file holds, for "expected ..., got ..." messages."""
+    if isinstance(value, Marker):
+        return value.value
     if isinstance(value, Tagged):
-        if value.tag in (_MAP_TAG, _SEQ_TAG):
-            return value.kind
-        return f"{value.kind} tagged {short_tag(value.tag)}"
-    if isinstance(value, list | dict):
-        return "a list" if isinstance(value, list) else "a mapping"
-    if value is NULL:
-        return "an empty value (null)"
-    if isinstance(value, bytes):
-        return "binary data"
-    kinds = [
-        (bool, "a boolean"),
-        (int, "an integer"),
-        (float, "a number"),
-        (datetime, "a date and time"),
-        (date, "a date"),
-    ]
-    kind = next((name for cls, name in kinds if isinstance(value, cls)), None)
-    if isinstance(value, str):
-        kind = "a string" if value else "an empty string"
-    return f"{yaml_text(value)} ({kind or 'a ' + type(value).__name__})"
+        plain = value.tag in (_MAP_TAG, _SEQ_TAG)
+        return value.kind if plain else f"{value.kind} tagged {short_tag(value.tag)}"
+    if isinstance(value, list | dict | bytes):
+        return {list: "a list", dict: "a mapping", bytes: "binary data"}[type(value)]
+    kinds = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+    kinds.update({datetime: "a date and time", date: "a date"})
+    kind = "an empty string" if value == "" else kinds.get(type(value), "a value")
+    return f"{yaml_text(value)} ({kind})"
 
 
 def yaml_text(value: object) -> str:
@@ -129,38 +91,28 @@ def line_of(node: Node | None) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Where:
-    """The nodes a value came from: its key's (None for list items) and its own."""
+    """The nodes a value came from: its key's (None for list items and the root) and its own."""
 
     key: Node | None
     value: Node
 
 
-@dataclass
-class Document:
-    data: object = None
-    where: dict[Path, Where] = field(default_factory=dict)
-    problems: list[RuleProblem] = field(default_factory=list)
-
-
-class _BudgetExceeded(Exception):
-    pass
-
-
 def read_document(text: str, source: str, omit_null: Callable[[Path], bool]) -> Document:
-    """The data of rule-file ``text``; raises RuleError if it cannot be read as YAML at all.
+    """Rule-file ``text`` as data; raises RuleError if it cannot be read as YAML at all.
 
-    A mapping key whose value is empty is left out when ``omit_null(path)`` says so (an
-    empty section means its defaults). Other problems are collected in the Document.
+    A key whose value is empty is left out where ``omit_null(path)`` says so (an empty
+    section means its defaults). Other problems are collected in the Document.
     """
     try:
         # The Reader checks the whole text for forbidden characters up front.
         loader = yaml.SafeLoader(text)
     except yaml.reader.ReaderError as e:
         raise RuleError([_reader_problem(source, text, e)]) from None
+    document = Document(source, loader, omit_null)
     try:
         root = loader.get_single_node()
-        walk = _Walk(source, loader, omit_null)
-        walk.document.data = {} if root is None else walk.value(root, (), None)
+        _check_size(source, root)
+        document.data = {} if root is None else document.value(root, (), None)
     except yaml.MarkedYAMLError as e:
         raise RuleError([_syntax_problem(source, e)]) from None
     except yaml.reader.ReaderError as e:
@@ -168,11 +120,38 @@ def read_document(text: str, source: str, omit_null: Callable[[Path], bool]) -> 
     except RecursionError:
         message = "the YAML is nested too deeply to read; flatten the file"
         raise RuleError([RuleProblem(source, 1, SYNTAX_KEY, message)]) from None
-    except _BudgetExceeded:
-        raise RuleError(walk.document.problems) from None
     finally:
         loader.dispose()
-    return walk.document
+    return document
+
+
+def _check_size(source: str, root: Node | None) -> None:
+    """Refuse a file whose aliases expand it past NODE_BUDGET values, before expanding it."""
+    sizes: dict[int, int] = {}
+
+    def size(node: Node) -> int:
+        if id(node) not in sizes:
+            sizes[id(node)] = 0  # A node inside itself is the walk's to refuse, not a size.
+            sizes[id(node)] = 1 + sum(size(child) for child in _children(node))
+        return sizes[id(node)]
+
+    if root is None or size(root) <= NODE_BUDGET:
+        return
+    # Blame the smallest part that is too big: where the aliases are reused.
+    node = root
+    while (inner := next((c for c in _children(node) if size(c) > NODE_BUDGET), None)) is not None:
+        node = inner
+    message = (
+        f"the file expands to more than {NODE_BUDGET} values (aliases reused many times?); "
+        "write the rules out without repeated aliases"
+    )
+    raise RuleError([RuleProblem(source, line_of(node), FILE_KEY, message)])
+
+
+def _children(node: Node) -> list[Node]:
+    if isinstance(node, MappingNode):
+        return [child for pair in node.value for child in pair]
+    return list(node.value) if isinstance(node, SequenceNode) else []
 
 
 def _syntax_problem(source: str, e: yaml.MarkedYAMLError) -> RuleProblem:
@@ -202,39 +181,26 @@ def _reader_problem(source: str, text: str, e: yaml.reader.ReaderError) -> RuleP
     return RuleProblem(source, line, SYNTAX_KEY, message, column)
 
 
-class _Walk:
-    """Turns nodes into data, recording where each path was written and what is wrong."""
+class Document:
+    """The data of a rule file, where each key path was written, and what is wrong in it."""
 
     def __init__(
         self, source: str, loader: yaml.SafeLoader, omit_null: Callable[[Path], bool]
     ) -> None:
         self.source = source
-        self.document = Document()
+        self.data: object = None
+        self.where: dict[Path, Where] = {}
+        # Each with the path it is about: the schema decides which places are worth a word.
+        self.problems: list[tuple[Path, RuleProblem]] = []
         self._loader = loader
         self._omit_null = omit_null
-        self._budget = NODE_BUDGET
 
-    def problem(self, node: Node, path: Path, message: str, key: str | None = None) -> None:
-        key = key or describe(path)
-        self.document.problems.append(RuleProblem(self.source, line_of(node), key, message))
-
-    def _spend(self, node: Node) -> None:
-        # Aliases let a short file expand into a huge tree; everything after it walks the
-        # expanded data, so stop here.
-        self._budget -= 1
-        if self._budget < 0:
-            self.problem(
-                node,
-                (),
-                f"the file expands to more than {NODE_BUDGET} values (aliases reused many "
-                "times?); write the rules out without repeated aliases",
-                FILE_KEY,
-            )
-            raise _BudgetExceeded
+    def problem(self, node: Node, path: Path, message: str) -> None:
+        problem = RuleProblem(self.source, line_of(node), describe(path), message)
+        self.problems.append((path, problem))
 
     def value(self, node: Node, path: Path, key: Node | None) -> object:
-        self._spend(node)
-        self.document.where[path] = Where(key, node)
+        self.where[path] = Where(key, node)
         if isinstance(node, MappingNode):
             if node.tag != _MAP_TAG:
                 return Tagged("a mapping", node.tag)
@@ -247,7 +213,7 @@ class _Walk:
 
     def scalar(self, node: Node, path: Path) -> object:
         if node.tag == _NULL_TAG:
-            return NULL
+            return Marker.NULL
         try:
             return self._loader.construct_object(node, deep=True)
         except (yaml.YAMLError, ValueError, TypeError, OverflowError) as e:
@@ -258,7 +224,7 @@ class _Walk:
                 f"cannot read this value with YAML tag {short_tag(node.tag)} ({detail}); "
                 "remove the tag or fix the value",
             )
-            return UNREADABLE
+            return Marker.UNREADABLE
 
     def _mapping(self, node: MappingNode, path: Path) -> dict[str, object]:
         data: dict[str, object] = {}
@@ -282,7 +248,6 @@ class _Walk:
         merged: dict[str, tuple[str, Node, Node]] = {}
         merging = merging | {id(node)}
         for key_node, value_node in node.value:
-            self._spend(key_node)
             if key_node.tag == _MERGE_TAG:
                 group: dict[str, tuple[str, Node, Node]] = {}
                 for source in self._merge_sources(value_node, path, merging):
@@ -344,4 +309,4 @@ class _Walk:
         if isinstance(node, MappingNode | SequenceNode):
             return got(Tagged("a mapping" if isinstance(node, MappingNode) else "a list", node.tag))
         value = self.scalar(node, path)
-        return None if value is UNREADABLE else got(value)
+        return None if value is Marker.UNREADABLE else got(value)
