@@ -48,6 +48,7 @@ READY_TIMEOUT = 15.0
 STOP_TIMEOUT = 10.0
 HARD_LIMIT = float(os.environ.get("KIPSIDE_TEST_HARD_LIMIT", "180"))
 DIRECT = os.environ.get("KIPSIDE_TEST_DIRECT", "") not in ("", "0")
+ONE_TO_ONE = "--one-to-one" in shlex.split(os.environ.get("KIPSIDE_TEST_SERVE_ARGS", ""))
 
 _LOGS: list[Path] = []  # kipside stderr logs, shown by the watchdog
 
@@ -334,6 +335,15 @@ def direct_probe(tansu: Broker) -> DirectProbe:
 # --------------------------------------------------------------------------- topics
 
 _topic_seq = itertools.count()
+
+
+def skip_unless_shared_lanes(feature: str) -> None:
+    """Skip a test of what only kipside's shared lanes do: nothing to see with
+    KIPSIDE_TEST_DIRECT=1 (no kipside) or with `kipside serve --one-to-one` (no lanes)."""
+    if DIRECT:
+        pytest.skip(f"KIPSIDE_TEST_DIRECT=1: {feature} is kipside's; nothing to test directly")
+    if ONE_TO_ONE:
+        pytest.skip(f"kipside runs with --one-to-one: no shared lanes, no {feature}")
 
 
 def unique_name(prefix: str, request: pytest.FixtureRequest | None = None) -> str:

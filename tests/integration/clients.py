@@ -8,12 +8,26 @@ AssertionError/TimeoutError at its deadline instead of hanging. Messages are com
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 import confluent_kafka as ck
+
+from kipside.protocol import (
+    ApiKey,
+    FetchPartition,
+    PartitionData,
+    build_frame,
+    encode_fetch_request,
+    encode_request_header,
+    iter_batches,
+    parse_fetch_response,
+    parse_response_header,
+)
 
 SHORT_TIMEOUT_MS = 5000
 REQUEST_TIMEOUT_MS = 10000
@@ -83,6 +97,49 @@ def assert_exactly_once_in_order(
 
 def _hdrs(raw: Any) -> tuple[tuple[str, bytes], ...]:
     return tuple((k, bytes(v) if v is not None else b"") for k, v in (raw or ()))
+
+
+def python_client_common(bootstrap: str, client: str, **extra: Any) -> dict[str, Any]:
+    """The settings kafka-python and aiokafka share (they take the same names)."""
+    return {
+        "bootstrap_servers": bootstrap,
+        "request_timeout_ms": REQUEST_TIMEOUT_MS,
+        "client_id": f"kipside-it-{client}",
+        **extra,
+    }
+
+
+def assigned_conf(common: dict[str, Any], isolation: str) -> dict[str, Any]:
+    """kafka-python's and aiokafka's settings for a consumer of assigned partitions."""
+    return {
+        **common,
+        "group_id": None,
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "isolation_level": isolation,
+        "fetch_max_wait_ms": 100,
+    }
+
+
+class Polled:
+    """What kafka-python's poll() or aiokafka's getmany() returned so far, as Msgs."""
+
+    def __init__(self, expect: int, timeout: float) -> None:
+        self.got: list[Msg] = []
+        self.expect, self.timeout = expect, timeout
+        self.deadline = time.monotonic() + timeout
+
+    def wanting(self) -> bool:
+        """Whether fewer than `expect` arrived; an AssertionError once the time is up."""
+        got, expect = len(self.got), self.expect
+        if got >= expect:
+            return False
+        assert time.monotonic() < self.deadline, f"got {got}/{expect} after {self.timeout} s"
+        return True
+
+    def add(self, batches: dict[Any, list[Any]]) -> None:
+        for records in batches.values():
+            self.got.extend(Msg(r.partition, r.key, r.value, _hdrs(r.headers)) for r in records)
 
 
 # --------------------------------------------------------------------------- confluent-kafka
@@ -212,12 +269,7 @@ def ck_consume_assigned(
 
 
 def kp_common(bootstrap: str) -> dict[str, Any]:
-    return {
-        "bootstrap_servers": bootstrap,
-        "request_timeout_ms": REQUEST_TIMEOUT_MS,
-        "client_id": "kipside-it-kafka-python",
-        "reconnect_backoff_max_ms": 500,
-    }
+    return python_client_common(bootstrap, "kafka-python", reconnect_backoff_max_ms=500)
 
 
 def kp_producer(bootstrap: str, **conf: Any) -> Any:
@@ -256,31 +308,21 @@ def kp_consume_assigned(
     isolation: str = "read_uncommitted",
     timeout: float = CONSUME_TIMEOUT,
 ) -> tuple[list[Msg], Watermarks]:
+    """ck_consume_assigned with kafka-python; the stop condition is `expect` alone."""
     from kafka import KafkaConsumer, TopicPartition
 
-    c = KafkaConsumer(
-        **kp_common(bootstrap),
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        isolation_level=isolation,
-        fetch_max_wait_ms=100,
-    )
+    c = KafkaConsumer(**assigned_conf(kp_common(bootstrap), isolation))
     try:
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         c.assign(tps)
         c.seek_to_beginning(*tps)
-        got: list[Msg] = []
-        deadline = time.monotonic() + timeout
-        while len(got) < expect:
-            assert time.monotonic() < deadline, f"got {len(got)}/{expect} after {timeout} s"
-            for recs in c.poll(timeout_ms=200).values():
-                got.extend(Msg(r.partition, r.key, r.value, _hdrs(r.headers)) for r in recs)
-        for recs in c.poll(timeout_ms=EXTRA_POLL_MS).values():  # anything beyond `expect`?
-            got.extend(Msg(r.partition, r.key, r.value, _hdrs(r.headers)) for r in recs)
+        polled = Polled(expect, timeout)
+        while polled.wanting():
+            polled.add(c.poll(timeout_ms=200))
+        polled.add(c.poll(timeout_ms=EXTRA_POLL_MS))  # anything beyond `expect`?
         lows = c.beginning_offsets(tps)
         # highwater(): from the last Fetch response (see ck_consume_assigned about ListOffsets)
-        return got, {tp.partition: (lows[tp], c.highwater(tp)) for tp in tps}
+        return polled.got, {tp.partition: (lows[tp], c.highwater(tp)) for tp in tps}
     finally:
         c.close(autocommit=False)
 
@@ -289,12 +331,7 @@ def kp_consume_assigned(
 
 
 def aio_common(bootstrap: str) -> dict[str, Any]:
-    return {
-        "bootstrap_servers": bootstrap,
-        "request_timeout_ms": REQUEST_TIMEOUT_MS,
-        "client_id": "kipside-it-aiokafka",
-        "retry_backoff_ms": 50,
-    }
+    return python_client_common(bootstrap, "aiokafka", retry_backoff_ms=50)
 
 
 def run_async(coro: Any, timeout: float = 60.0) -> Any:
@@ -324,39 +361,24 @@ async def aio_produce(bootstrap: str, topic: str, msgs: Sequence[Msg], **conf: A
 
 
 async def aio_consume_assigned(
-    bootstrap: str,
-    topic: str,
-    partitions: int,
-    expect: int,
-    isolation: str = "read_uncommitted",
-    deadline_s: float = CONSUME_TIMEOUT,
+    bootstrap: str, topic: str, partitions: int, expect: int
 ) -> tuple[list[Msg], Watermarks]:
+    """ck_consume_assigned with aiokafka, read_uncommitted: aiokafka's transactions fail on
+    Tansu 0.6.0, so nothing here reads with read_committed through it."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    c = AIOKafkaConsumer(
-        **aio_common(bootstrap),
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        isolation_level=isolation,
-        fetch_max_wait_ms=100,
-    )
+    c = AIOKafkaConsumer(**assigned_conf(aio_common(bootstrap), "read_uncommitted"))
     try:
         await c.start()
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         c.assign(tps)
         await c.seek_to_beginning(*tps)
-        got: list[Msg] = []
-        deadline = time.monotonic() + deadline_s
-        while len(got) < expect:
-            assert time.monotonic() < deadline, f"got {len(got)}/{expect} after {deadline_s} s"
-            for recs in (await c.getmany(timeout_ms=200)).values():
-                got.extend(Msg(r.partition, r.key, r.value, _hdrs(r.headers)) for r in recs)
-        for recs in (await c.getmany(timeout_ms=EXTRA_POLL_MS)).values():  # beyond `expect`?
-            got.extend(Msg(r.partition, r.key, r.value, _hdrs(r.headers)) for r in recs)
+        polled = Polled(expect, CONSUME_TIMEOUT)
+        while polled.wanting():
+            polled.add(await c.getmany(timeout_ms=200))
+        polled.add(await c.getmany(timeout_ms=EXTRA_POLL_MS))  # anything beyond `expect`?
         lows = await c.beginning_offsets(tps)
-        # highwater(): from the last Fetch response (see ck_consume_assigned about ListOffsets)
-        return got, {tp.partition: (lows[tp], c.highwater(tp)) for tp in tps}
+        return polled.got, {tp.partition: (lows[tp], c.highwater(tp)) for tp in tps}
     finally:
         await c.stop()
 
@@ -389,6 +411,7 @@ def call_with_deadline(fn: Any, timeout: float, what: str) -> Any:
 
 # --------------------------------------------------------------------------- raw record batches
 
+RAW_FETCH_BYTES = 16 << 20
 CODECS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 
 
@@ -405,67 +428,54 @@ class BatchInfo(NamedTuple):
     base_sequence: int
 
 
+def fetch_partition(
+    sock: socket.socket, topic: str, partition: int, offset: int, correlation_id: int
+) -> PartitionData:
+    """One Fetch v4 (read_uncommitted) of one partition from `offset` on a plain socket: what
+    the broker stored, which client APIs hide. Written and read by kipside's own codec."""
+    fetch = FetchPartition(topic, partition, offset, RAW_FETCH_BYTES)
+    body = encode_fetch_request(
+        4, [fetch], max_wait_ms=100, min_bytes=1, max_bytes=RAW_FETCH_BYTES, isolation_level=0
+    )
+    header = encode_request_header(ApiKey.FETCH, 4, correlation_id, "kipside-it-raw")
+    sock.sendall(build_frame(header, body))
+    frame = read_frame(sock)
+    answer = parse_response_header(frame, ApiKey.FETCH, 4)
+    assert answer.correlation_id == correlation_id, (answer.correlation_id, correlation_id)
+    (data,) = parse_fetch_response(frame, answer.body_offset, 4).partitions
+    assert data.error_code == 0, f"Fetch error {data.error_code} for {topic}[{partition}]"
+    return data
+
+
 def raw_fetch_batches(
     bootstrap: str, topic: str, partition: int, timeout: float = 5.0
 ) -> list[BatchInfo]:
-    """Fetch (v4, read_uncommitted) one partition from offset 0 with a plain socket and return
-    the headers of the stored batches: shows what the broker stored (codec, producer id,
-    transactional and control bits), which client APIs hide."""
-    import socket
-    import struct
-
+    """The headers of the batches stored in one partition from offset 0 (one Fetch)."""
     host, port = bootstrap.rsplit(":", 1)
-    name = topic.encode()
-    client_id = b"kipside-it-raw"
-    body = struct.pack(">hhih", 1, 4, 7, len(client_id)) + client_id
-    body += struct.pack(">iiiib", -1, 100, 1, 16 << 20, 0)  # replica, wait, min, max, isolation
-    body += struct.pack(">ih", 1, len(name)) + name
-    body += struct.pack(">iiqi", 1, partition, 0, 16 << 20)
-    with socket.create_connection((host, int(port)), timeout=timeout) as s:
-        s.sendall(struct.pack(">i", len(body)) + body)
-        size_bytes = _recv_exact(s, 4)
-        data = _recv_exact(s, struct.unpack(">i", size_bytes)[0])
-    pos = 4 + 4  # correlation id, throttle time
-    (n_topics,) = struct.unpack_from(">i", data, pos)
-    assert n_topics == 1, n_topics
-    (name_len,) = struct.unpack_from(">h", data, pos + 4)
-    pos += 6 + name_len
-    (n_parts,) = struct.unpack_from(">i", data, pos)
-    assert n_parts == 1, n_parts
-    _part, error, _hw, _lso = struct.unpack_from(">ihqq", data, pos + 4)
-    assert error == 0, f"Fetch error {error} for {topic}[{partition}]"
-    pos += 4 + 4 + 2 + 8 + 8
-    (n_aborted,) = struct.unpack_from(">i", data, pos)
-    pos += 4 + max(n_aborted, 0) * 16
-    (records_len,) = struct.unpack_from(">i", data, pos)
-    pos += 4
-    end = pos + max(records_len, 0)
-    batches = []
-    while pos + 61 <= end:
-        base_offset, batch_len = struct.unpack_from(">qi", data, pos)
-        if pos + 12 + batch_len > end:
-            break  # a partial batch at the end of the response
-        magic = data[pos + 16]
-        assert magic == 2, f"magic {magic} at offset {base_offset}"
-        (attributes,) = struct.unpack_from(">h", data, pos + 21)
-        pid, epoch, seq, count = struct.unpack_from(">qhii", data, pos + 43)
-        batches.append(
-            BatchInfo(
-                base_offset,
-                count,
-                attributes & 0x7,
-                bool(attributes & 0x10),
-                bool(attributes & 0x20),
-                pid,
-                epoch,
-                seq,
-            )
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        records = fetch_partition(sock, topic, partition, 0, 7).records
+    return [
+        BatchInfo(
+            b.base_offset,
+            b.records_count,
+            int(b.compression),
+            b.is_transactional,
+            b.is_control,
+            b.producer_id,
+            b.producer_epoch,
+            b.base_sequence,
         )
-        pos += 12 + batch_len
-    return batches
+        for b in iter_batches(records, allow_partial_tail=True)
+    ]
 
 
-def _recv_exact(sock: Any, n: int) -> bytes:
+def read_frame(sock: socket.socket) -> bytes:
+    """One whole frame, its size prefix included, from a blocking socket."""
+    head = _recv_exact(sock, 4)
+    return head + _recv_exact(sock, struct.unpack(">i", head)[0])
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
     buf = b""
     while len(buf) < n:
         chunk = sock.recv(n - len(buf))

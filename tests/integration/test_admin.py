@@ -20,9 +20,7 @@ Run: .venv/bin/pytest tests/integration/test_admin.py -q -p no:cacheprovider
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import shlex
 import shutil
 import signal
 import socket
@@ -39,7 +37,7 @@ from typing import Any
 import confluent_kafka as ck
 import psutil
 import pytest
-from conftest import DIRECT, Kipside, create_topics, start_kipside, unique_name
+from conftest import DIRECT, ONE_TO_ONE, Kipside, create_topics, start_kipside, unique_name
 from testkit.broker import Broker
 from testkit.http import Answer, Exchange, Request, curl_answer, status_of
 from testkit.metrics import Metrics, parse
@@ -56,7 +54,6 @@ pytestmark = [
 
 CURL = shutil.which("curl") or "/usr/bin/curl"
 HTTP_TIMEOUT = 10.0
-ONE_TO_ONE = "--one-to-one" in shlex.split(os.environ.get("KIPSIDE_TEST_SERVE_ARGS", ""))
 
 
 # --------------------------------------------------------------------------- HTTP clients

@@ -58,9 +58,9 @@ from typing import Any
 
 import pytest
 from conftest import (
-    DIRECT,
     Kipside,
     create_topics,
+    skip_unless_shared_lanes,
     start_kipside,
     unique_name,
 )
@@ -118,10 +118,7 @@ RDKAFKA_TRANSPORT_FAILED = re.compile(
 
 @pytest.fixture(autouse=True)
 def _needs_kipside_coalescing() -> None:
-    if DIRECT:
-        pytest.skip("KIPSIDE_TEST_DIRECT=1: coalescing is kipside's; nothing to test directly")
-    if "--one-to-one" in os.environ.get("KIPSIDE_TEST_SERVE_ARGS", ""):
-        pytest.skip("kipside runs with --one-to-one: no lanes, no coalescing")
+    skip_unless_shared_lanes("coalescing")
 
 
 # --------------------------------------------------------------------------- the stack

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
-import os
 import re
 import socket
 import struct
@@ -49,10 +49,10 @@ import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions
 from confluent_kafka.admin import AdminClient
 from conftest import (
-    DIRECT,
     DirectProbe,
     Kipside,
     create_topics,
+    skip_unless_shared_lanes,
     start_kipside,
     unique_name,
 )
@@ -81,9 +81,11 @@ from .clients import (
     ck_config,
     ck_consume_assigned,
     ck_consumer,
+    fetch_partition,
     kp_common,
     kp_consume_assigned,
     kp_producer,
+    read_frame,
 )
 
 pytestmark = pytest.mark.integration
@@ -104,13 +106,6 @@ TIMEOUT_HOLD_MAX_MS = 100
 RDKAFKA_CONCURRENT = re.compile(
     r"CONCURRENT_TRANSACTIONS|another concurrent operation on the same transaction"
 )
-
-
-def _needs_kipside_transactions() -> None:
-    if DIRECT:
-        pytest.skip("KIPSIDE_TEST_DIRECT=1: transaction pre-registration is kipside's")
-    if "--one-to-one" in os.environ.get("KIPSIDE_TEST_SERVE_ARGS", ""):
-        pytest.skip("kipside runs with --one-to-one: no shared lanes, no transaction rules")
 
 
 # --------------------------------------------------------------------------- the stack
@@ -169,7 +164,7 @@ def assert_no_kipside_errors(kipside: Kipside) -> list[str]:
 def make_stack(tmp_path: Path) -> Iterator[StackFactory]:
     """make_stack(rules_text, window_ms=WINDOW_MS) -> a new TxnStack; all stopped at the end
     (kipside must exit 0 on SIGTERM)."""
-    _needs_kipside_transactions()
+    skip_unless_shared_lanes("transaction pre-registration")
     made: list[Kipside] = []
     brokers = contextlib.ExitStack()
 
@@ -338,50 +333,19 @@ def read_log(bootstrap: str, topic: str, partition: int, timeout: float = 30.0) 
     """Every record of one partition, control records included: Fetch v4, read_uncommitted,
     over a plain socket, from offset 0 to the high watermark."""
     host, port = bootstrap.rsplit(":", 1)
-    name = topic.encode()
     out: list[LogRecord] = []
-    offset, high = 0, None
+    offset = 0
     deadline = time.monotonic() + timeout
     with socket.create_connection((host, int(port)), timeout=10) as sock:
-        for correlation_id in range(1, 100_000):
+        for correlation_id in itertools.count(1):
             assert time.monotonic() < deadline, f"{topic}[{partition}]: log not read in time"
-            client_id = b"kipside-it-txn-raw"
-            body = struct.pack(">hhih", 1, 4, correlation_id, len(client_id)) + client_id
-            body += struct.pack(">iiiib", -1, 100, 1, 4 << 20, 0)
-            body += struct.pack(">ih", 1, len(name)) + name
-            body += struct.pack(">iiqi", 1, partition, offset, 4 << 20)
-            sock.sendall(struct.pack(">i", len(body)) + body)
-            (size,) = struct.unpack(">i", _recv_exact(sock, 4))
-            data = _recv_exact(sock, size)
-            (got,) = struct.unpack_from(">i", data, 0)
-            assert got == correlation_id, (got, correlation_id)
-            pos = 8  # correlation id, throttle time
-            (name_len,) = struct.unpack_from(">h", data, pos + 4)
-            pos += 4 + 2 + name_len + 4  # topics count, name, partitions count
-            _p, error, high, _lso = struct.unpack_from(">ihqq", data, pos)
-            assert error == 0, f"Fetch error {error} for {topic}[{partition}]"
-            pos += 4 + 2 + 8 + 8
-            (n_aborted,) = struct.unpack_from(">i", data, pos)
-            pos += 4 + max(n_aborted, 0) * 16
-            (records_len,) = struct.unpack_from(">i", data, pos)
-            pos += 4
-            blob = memoryview(data)[pos : pos + max(records_len, 0)]
-            for batch in iter_batches(blob, allow_partial_tail=True):
+            data = fetch_partition(sock, topic, partition, offset, correlation_id)
+            for batch in iter_batches(data.records, allow_partial_tail=True):
                 out.extend(r for r in _records(batch) if r.offset >= offset)
                 offset = max(offset, batch.base_offset + batch.last_offset_delta + 1)
-            if offset >= high:
+            if offset >= data.high_watermark:
                 return out
     raise AssertionError("unreachable")
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError(f"connection closed after {len(buf)} of {n} bytes")
-        buf += chunk
-    return buf
 
 
 def resolve(records: list[LogRecord]) -> ResolvedLog:
@@ -1168,11 +1132,6 @@ def _add_partitions_request(version: int, txn_id: str, topics: dict[str, list[in
     )
 
 
-def _read_frame(sock: socket.socket) -> bytes:
-    head = _recv_exact(sock, 4)
-    return head + _recv_exact(sock, struct.unpack(">i", head)[0])
-
-
 def _partition_codes(frame: bytes, version: int) -> list[tuple[str, int, int]]:
     header = parse_response_header(frame, ApiKey.ADD_PARTITIONS_TO_TXN, version)
     response = decode_response(ApiKey.ADD_PARTITIONS_TO_TXN, version, frame, header.body_offset)
@@ -1218,7 +1177,7 @@ def test_relay_answers_in_order_with_right_headers(request: pytest.FixtureReques
                 )
                 + _request(ApiKey.ADD_OFFSETS_TO_TXN, 0, 103, add_offsets)
             )
-            frames = [_read_frame(sock) for _ in range(4)]
+            frames = [read_frame(sock) for _ in range(4)]
             fetch_seconds = time.monotonic() - sent
             assert [response_correlation_id(f) for f in frames] == [100, 101, -7, 103]
             want = [(t, p, CONCURRENT_TRANSACTIONS) for t, ps in wanted.items() for p in ps]
@@ -1241,7 +1200,7 @@ def test_relay_answers_in_order_with_right_headers(request: pytest.FixtureReques
                     _add_partitions_request(3, other_id, wanted),
                 )
             )
-            refused = _partition_codes(_read_frame(sock), 3)
+            refused = _partition_codes(read_frame(sock), 3)
             assert refused == [(topic, p, 55) for p in wanted[topic]] + [("other", 7, 3)]
             relay.unknown_topics = frozenset()
             sock.sendall(
@@ -1252,7 +1211,7 @@ def test_relay_answers_in_order_with_right_headers(request: pytest.FixtureReques
                     _add_partitions_request(3, other_id, {topic: [0]}),
                 )
             )
-            forwarded = _read_frame(sock)
+            forwarded = read_frame(sock)
             assert response_correlation_id(forwarded) == 105
             _partition_codes(forwarded, 3)  # the broker's answer decodes
 
@@ -1274,7 +1233,7 @@ def test_relay_answers_in_order_with_right_headers(request: pytest.FixtureReques
             ):
                 sent = time.monotonic()
                 sock.sendall(frame)
-                assert response_correlation_id(_read_frame(sock)) == correlation_id
+                assert response_correlation_id(read_frame(sock)) == correlation_id
                 round_trips.append(time.monotonic() - sent)
             assert min(round_trips) >= 0.055, round_trips
             relay.delay_ms = 0.0
