@@ -6,12 +6,13 @@ The result is an immutable :class:`RuleSet`; anything wrong with a file is raise
 :class:`RuleError` listing every problem as ``FILE:LINE: KEY: MESSAGE``. The schema is
 documented in docs/rules.md, and rules/examples/kipside.yaml uses every section.
 
-This package must never import trio, ``proxy`` or ``protocol``, never do I/O other than
-reading the rule file it is asked to load, and never use an unsafe YAML loader: the proxy
-depends on the rules, not the other way round, and a rule file is data, not code.
+This package must never import trio, sockets, ``kipside.proxy`` or ``kipside.pipeline``,
+never do I/O other than reading the rule file it is asked to load, and never use an unsafe
+YAML loader: the proxy depends on the rules, not the other way round, and a rule file is
+data, not code. Other packages import only the names in ``__all__``.
 """
 
-from kipside.rules.errors import FILE_KEY, RuleError, RuleProblem
+from kipside.rules.errors import FILE_KEY, NO_LINE, RuleError, RuleProblem
 from kipside.rules.loader import default_rules, load_rules, parse_rules
 from kipside.rules.model import (
     DEFAULT_SOURCE,
@@ -28,6 +29,7 @@ from kipside.rules.model import (
 __all__ = [
     "DEFAULT_SOURCE",
     "FILE_KEY",
+    "NO_LINE",
     "CoalescingRule",
     "CoalescingRules",
     "HoldBegin",

@@ -5,8 +5,8 @@ one ``FILE:LINE: KEY: MESSAGE`` line: editors and CI logs can jump to it, and a 
 fix it without reading kipside's source. A file is checked completely before failing, so
 one :class:`RuleError` carries every problem found in it, in file order.
 
-This module must never import trio, ``proxy`` or ``protocol``: the rule model is pure data
-and is used by the CLI before any networking exists.
+This module must never import trio, sockets, ``kipside.proxy`` or ``kipside.pipeline``: the
+rule model is pure data and is used by the CLI before any networking exists.
 """
 
 from __future__ import annotations
@@ -14,21 +14,24 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["FILE_KEY", "SYNTAX_KEY", "TOP_LEVEL_KEY", "RuleError", "RuleProblem"]
+__all__ = ["FILE_KEY", "NO_LINE", "SYNTAX_KEY", "TOP_LEVEL_KEY", "RuleError", "RuleProblem"]
 
 # Placeholders used in the KEY position when a problem is not about one key. They are in
 # parentheses so they can never be mistaken for a real dotted key path.
 FILE_KEY = "(file)"
 SYNTAX_KEY = "(syntax)"
 TOP_LEVEL_KEY = "(top level)"
+# The line of a problem no line can be blamed for (the file does not exist or cannot be
+# read): FILE:0, as compilers write it.
+NO_LINE = 0
 
 
 @dataclass(frozen=True, slots=True)
 class RuleProblem:
     """One problem in a rule file.
 
-    ``line`` is 1-based. It is 0 only for problems about the file as a whole that no line
-    can be blamed for (the file does not exist or cannot be read). ``column`` (1-based) is
+    ``line`` is 1-based. It is NO_LINE (0) only for problems about the file as a whole that
+    no line can be blamed for (the file does not exist or cannot be read). ``column`` (1-based) is
     set only for YAML syntax errors, where the position inside the line matters.
     """
 

@@ -28,7 +28,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 from yaml.nodes import ScalarNode
 
-from kipside.rules.errors import FILE_KEY, RuleError, RuleProblem
+from kipside.rules.errors import FILE_KEY, NO_LINE, RuleError, RuleProblem
 from kipside.rules.model import (
     CoalescingRule,
     CoalescingRules,
@@ -86,13 +86,13 @@ def load_rules(path: str | os.PathLike[str]) -> RuleSet:
         with open(source, "rb") as f:
             data = f.read()
     except FileNotFoundError:
-        raise _file_error(source, 0, "no such file; check the path") from None
+        raise _file_error(source, NO_LINE, "no such file; check the path") from None
     except IsADirectoryError:
         message = "is a directory, not a rule file; give the file's path"
-        raise _file_error(source, 0, message) from None
+        raise _file_error(source, NO_LINE, message) from None
     except OSError as e:
         message = f"cannot read the file ({e.strerror or e}); check its permissions"
-        raise _file_error(source, 0, message) from None
+        raise _file_error(source, NO_LINE, message) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -121,7 +121,6 @@ def parse_rules(text: str, source: str) -> RuleSet:
 
 
 def _file_error(source: str, line: int, message: str) -> RuleError:
-    # Line 0: the file as a whole, no line of it to blame.
     return RuleError([RuleProblem(source, line, FILE_KEY, message)])
 
 
