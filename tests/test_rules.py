@@ -324,6 +324,62 @@ def test_empty_and_negative_partitions() -> None:
     )
 
 
+def test_every_repeat_is_reported() -> None:
+    text = (
+        "transactions:\n"
+        "- transactional_id: t\n"
+        "  outputs:\n"
+        "  - {topic: a, partitions: [1, 2, 1, 2]}\n"
+        "  - {topic: a}\n"
+    )
+    assert problems_of(text).splitlines() == [
+        "kipside.yaml:4: transactions[0].outputs[0].partitions[2]: duplicate partition 1 "
+        "(already listed as partitions[0]); list each partition once",
+        "kipside.yaml:4: transactions[0].outputs[0].partitions[3]: duplicate partition 2 "
+        "(already listed as partitions[1]); list each partition once",
+    ]
+    # The topics are checked once each output is valid on its own.
+    assert problems_of(text.replace("1, 2, 1, 2", "1, 2")) == (
+        "kipside.yaml:5: transactions[0].outputs[1].topic: topic 'a' is already listed at "
+        "transactions[0].outputs[0] (line 4); list each topic once, with all its partitions"
+    )
+
+
+def test_inside_a_refused_value_nothing_more_is_said() -> None:
+    # A list where a mapping belongs is one problem, whatever its items hold.
+    assert problems_of("limits:\n- {1: 2, 3: !!int x}\n") == (
+        "kipside.yaml:2: limits: expected a mapping of limits, got a list"
+    )
+    assert problems_of("limit:\n  1: 2\n") == (
+        "kipside.yaml:1: limit: unknown key 'limit' (did you mean 'limits'?); "
+        "allowed keys here are: limits, coalescing, transactions, tracing"
+    )
+
+
+def test_empty_optional_value_names_the_default() -> None:
+    text = "transactions:\n- transactional_id: t\n  outputs: [{topic: a, partitions: }]\n"
+    assert problems_of(text) == (
+        "kipside.yaml:3: transactions[0].outputs[0].partitions: expected a list of partition "
+        "numbers, got an empty value (null); remove the key to use the default (every partition)"
+    )
+    text = "transactions:\n- transactional_id:\n  outputs: []\n"
+    assert problems_of(text) == (
+        "kipside.yaml:2: transactions[0].transactional_id: expected a glob pattern (a non-empty "
+        "string such as 'orders.*'), got an empty value (null); fill in a value"
+    )
+
+
+def test_alias_bomb_is_refused_before_it_is_expanded() -> None:
+    levels = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 10)}]\n" for i in range(9)
+    )
+    # 10**10 values once expanded: refused at the first line whose list is too big.
+    assert problems_of(levels) == (
+        "kipside.yaml:6: (file): the file expands to more than 1000000 values (aliases "
+        "reused many times?); write the rules out without repeated aliases"
+    )
+
+
 def test_duplicate_output_topic() -> None:
     text = (
         "transactions:\n"
@@ -607,6 +663,14 @@ def test_coalescing_first_matching_rule_wins() -> None:
     assert coalescing.applies("Orders.1", "app-a") is False  # case-sensitive
     assert coalescing.applies("anything/at all", "batch-") is True  # * may match nothing
     assert coalescing.applies("x", "") is False  # no client id; falls back to enabled
+
+
+def test_client_without_client_id_matches_only_star() -> None:
+    text = "coalescing:\n  enabled: false\n  rules:\n  - {client_id: '*', coalesce: true}\n"
+    assert parse_rules(text, "c.yaml").coalescing.applies("t", None) is True
+    narrow = parse_rules(text.replace("'*'", "'a*'"), "c.yaml").coalescing
+    assert narrow.applies("t", None) is False
+    assert narrow.applies("t", "ab") is True
 
 
 def test_coalescing_enabled_is_the_fallback() -> None:
