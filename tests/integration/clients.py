@@ -217,6 +217,33 @@ def ck_msg(m: Any) -> Msg:
     return Msg(m.partition(), m.key(), m.value(), _hdrs(m.headers()))
 
 
+def ck_read_to_end(
+    consumer: ck.Consumer, partitions: int, expect: int, timeout: float
+) -> list[Any]:
+    """The messages of an assigned consumer (with enable.partition.eof) until `expect` arrived
+    AND each of its `partitions` reported its end after that, so an extra (duplicate or
+    aborted) message is caught rather than left unread."""
+    got: list[Any] = []
+    at_end: set[tuple[str, int]] = set()
+    deadline = time.monotonic() + timeout
+    while len(got) < expect or len(at_end) < partitions:
+        assert time.monotonic() < deadline, (
+            f"got {len(got)}/{expect} after {timeout} s, at end: {sorted(at_end)}"
+        )
+        m = consumer.poll(0.2)
+        if m is None:
+            continue
+        err, where = m.error(), (str(m.topic()), m.partition() or 0)
+        if err is not None and err.code() == ck.KafkaError._PARTITION_EOF:
+            at_end.add(where)
+        elif err is not None:
+            raise AssertionError(f"consumer error: {err}")
+        else:
+            at_end.discard(where)
+            got.append(m)
+    return got
+
+
 def ck_consume_assigned(
     bootstrap: str,
     topic: str,
@@ -233,26 +260,7 @@ def ck_consume_assigned(
     )
     try:
         c.assign([ck.TopicPartition(topic, p, ck.OFFSET_BEGINNING) for p in range(partitions)])
-        got: list[Msg] = []
-        at_end: set[int] = set()
-        deadline = time.monotonic() + timeout
-        # Stop only when `expect` arrived AND every partition reported its end after that, so
-        # an extra (duplicate or aborted) message is caught rather than left unread.
-        while len(got) < expect or len(at_end) < partitions:
-            assert time.monotonic() < deadline, (
-                f"got {len(got)}/{expect} after {timeout} s, at end: {sorted(at_end)}"
-            )
-            m = c.poll(0.2)
-            if m is None:
-                continue
-            err = m.error()
-            if err is not None:
-                if err.code() == ck.KafkaError._PARTITION_EOF:
-                    at_end.add(m.partition() or 0)
-                    continue
-                raise AssertionError(f"consumer error: {err}")
-            at_end.discard(m.partition() or 0)
-            got.append(ck_msg(m))
+        got = [ck_msg(m) for m in ck_read_to_end(c, partitions, expect, timeout)]
         # cached=True: the high watermark of the last Fetch response. Tansu 0.6.0 answers
         # ListOffsets(latest) with (base offset of the last batch) + 1, which is wrong for
         # multi-record batches (a broker bug, seen without kipside), so ListOffsets is not used.

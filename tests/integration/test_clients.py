@@ -300,6 +300,16 @@ def _admin_committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
     return {tp.partition: tp.offset for tp in res.topic_partitions if tp.topic == topic}
 
 
+def _unbalanced(a: Any, b: Any, parts: int) -> str | None:
+    """None once members A and B hold disjoint partitions that cover the topic; else what they
+    hold (confluent-kafka's and aiokafka's assignment() alike)."""
+    pa = {tp.partition for tp in a.assignment()}
+    pb = {tp.partition for tp in b.assignment()}
+    if pa and pb and not pa & pb and pa | pb == set(range(parts)):
+        return None
+    return f"A has {sorted(pa)}, B has {sorted(pb)}"
+
+
 def test_confluent_group_rebalance(bootstrap: str, new_topic: NewTopicFactory) -> None:
     """Member A consumes alone; member B joins; both get partitions; every message is consumed
     exactly once across the members; committed offsets equal the end offsets."""
@@ -348,12 +358,8 @@ def test_confluent_group_rebalance(bootstrap: str, new_topic: NewTopicFactory) -
 
         b = member("B")
         deadline = time.monotonic() + 30
-        while True:
-            pa = {tp.partition for tp in a.assignment()}
-            pb = {tp.partition for tp in b.assignment()}
-            if pa and pb and not pa & pb and pa | pb == set(range(parts)):
-                break
-            assert time.monotonic() < deadline, f"no rebalance: A has {pa}, B has {pb}"
+        while (held := _unbalanced(a, b, parts)) is not None:
+            assert time.monotonic() < deadline, f"no rebalance: {held}"
             poll("A", a)
             poll("B", b)
 
@@ -455,12 +461,8 @@ def test_aiokafka_group_rebalance(bootstrap: str, new_topic: NewTopicFactory) ->
 
             b = await start_member("B")
             deadline = time.monotonic() + 30
-            while True:
-                pa = {tp.partition for tp in a.assignment()}
-                pb = {tp.partition for tp in b.assignment()}
-                if pa and pb and not pa & pb and pa | pb == set(range(parts)):
-                    break
-                assert time.monotonic() < deadline, f"no rebalance: A has {pa}, B has {pb}"
+            while (held := _unbalanced(a, b, parts)) is not None:
+                assert time.monotonic() < deadline, f"no rebalance: {held}"
                 await asyncio.gather(poll("A", a), poll("B", b))
 
             await aio_produce(bootstrap, topic, second)

@@ -76,6 +76,8 @@ from kipside.protocol.framing import FrameDecoder
 from kipside.protocol.headers import parse_request_header
 from kipside.protocol.records import Compression
 
+from .clients import ck_read_to_end
+
 pytestmark = pytest.mark.integration
 
 LANES = 2
@@ -481,6 +483,27 @@ def _run_confluent(
     outcome["undelivered"] = producer.flush(PRODUCE_TIMEOUT)
 
 
+def _python_producer_conf(spec: ProducerSpec, bootstrap: str, **extra: Any) -> dict[str, Any]:
+    """kafka-python's and aiokafka's producer settings for a spec (they take the same names)."""
+    return {
+        "bootstrap_servers": bootstrap,
+        "client_id": spec.name,
+        "acks": "all" if spec.acks == -1 else spec.acks,
+        "enable_idempotence": spec.idempotent,
+        "compression_type": None if spec.compression == "none" else spec.compression,
+        "linger_ms": 0,
+        "request_timeout_ms": REQUEST_TIMEOUT_MS,
+        **extra,
+        **spec.conf,
+    }
+
+
+def _failure(seq: int, topic: str, partition: int, exc: BaseException) -> list[Any]:
+    """A failed send as the outcome records it: kafka-python's and aiokafka's errors alike."""
+    errno, retriable = getattr(exc, "errno", None), bool(getattr(exc, "retriable", False))
+    return [seq, topic, partition, errno, type(exc).__name__, retriable]
+
+
 def _run_kafka_python(
     spec: ProducerSpec, bootstrap: str, outcome: dict[str, Any], ready: Any, go: Any, stop: Any
 ) -> None:
@@ -488,16 +511,7 @@ def _run_kafka_python(
 
     _keep_client_log(outcome, "kafka")
     producer = KafkaProducer(
-        bootstrap_servers=bootstrap,
-        client_id=spec.name,
-        acks="all" if spec.acks == -1 else spec.acks,
-        enable_idempotence=spec.idempotent,
-        compression_type=None if spec.compression == "none" else spec.compression,
-        linger_ms=0,
-        batch_size=512,
-        request_timeout_ms=REQUEST_TIMEOUT_MS,
-        max_block_ms=15000,
-        **spec.conf,
+        **_python_producer_conf(spec, bootstrap, batch_size=512, max_block_ms=15000)
     )
     try:
         for topic in {t for t, _ in spec.targets}:
@@ -513,14 +527,7 @@ def _run_kafka_python(
             )
             future.add_errback(
                 lambda exc, seq=seq, t=topic, p=partition: outcome["failed"].append(
-                    [
-                        seq,
-                        t,
-                        p,
-                        getattr(exc, "errno", None),
-                        type(exc).__name__,
-                        bool(getattr(exc, "retriable", False)),
-                    ]
+                    _failure(seq, t, p, exc)
                 )
             )
 
@@ -538,17 +545,7 @@ async def _run_aiokafka(
     from aiokafka import AIOKafkaProducer
 
     _keep_client_log(outcome, "aiokafka")
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap,
-        client_id=spec.name,
-        acks="all" if spec.acks == -1 else spec.acks,
-        enable_idempotence=spec.idempotent,
-        compression_type=None if spec.compression == "none" else spec.compression,
-        linger_ms=0,
-        max_batch_size=1024,
-        request_timeout_ms=REQUEST_TIMEOUT_MS,
-        **spec.conf,
-    )
+    producer = AIOKafkaProducer(**_python_producer_conf(spec, bootstrap, max_batch_size=1024))
     await producer.start()
     try:
         for topic in {t for t, _ in spec.targets}:
@@ -573,16 +570,7 @@ async def _run_aiokafka(
                 else:
                     outcome["delivered"].append([seq, md.topic, md.partition])
             except Exception as exc:
-                outcome["failed"].append(
-                    [
-                        seq,
-                        topic,
-                        partition,
-                        getattr(exc, "errno", None),
-                        type(exc).__name__,
-                        bool(getattr(exc, "retriable", False)),
-                    ]
-                )
+                outcome["failed"].append(_failure(seq, topic, partition, exc))
     finally:
         await producer.stop()
 
@@ -595,6 +583,14 @@ class Outcome:
     undelivered: int
     log: list[str]
     error: str | None
+
+    def assert_all_delivered(self) -> None:
+        """The producer finished and saw every message delivered."""
+        name = self.spec.name
+        assert self.error is None, f"{name} crashed:\n{self.error}"
+        assert not self.failed, f"{name}: {len(self.failed)} failed, first {self.failed[:3]}"
+        assert self.undelivered == 0, f"{name}: {self.undelivered} never delivered"
+        assert len(self.delivered) == self.spec.messages, f"{name}: {len(self.delivered)}"
 
 
 class ProducerFleet:
@@ -700,26 +696,11 @@ def consume_everything(
     )
     try:
         consumer.assign([ck.TopicPartition(t, p, ck.OFFSET_BEGINNING) for t, p in targets])
-        got: list[LogRecord] = []
-        at_end: set[tuple[str, int]] = set()
-        deadline = time.monotonic() + timeout
-        while len(got) < at_least or len(at_end) < len(targets):
-            assert time.monotonic() < deadline, (
-                f"read {len(got)}/{at_least} records in {timeout} s; at end: {len(at_end)}"
-            )
-            msg = consumer.poll(0.2)
-            if msg is None:
-                continue
-            err = msg.error()
-            key = (str(msg.topic()), int(msg.partition() or 0))
-            if err is not None:
-                if err.code() == ck.KafkaError._PARTITION_EOF:
-                    at_end.add(key)
-                    continue
-                raise AssertionError(f"consumer error: {err}")
-            at_end.discard(key)
+        got = []
+        for msg in ck_read_to_end(consumer, len(targets), at_least, timeout):
             producer, seq = _parse_value(msg.value() or b"")
-            got.append(LogRecord(producer, seq, key[0], key[1], int(msg.offset() or 0)))
+            where = (str(msg.topic()), int(msg.partition() or 0), int(msg.offset() or 0))
+            got.append(LogRecord(producer, seq, *where))
         return got
     finally:
         consumer.close()
@@ -727,6 +708,25 @@ def consume_everything(
 
 def _log_index(records: list[LogRecord]) -> Counter[tuple[str, int]]:
     return Counter((r.producer, r.seq) for r in records)
+
+
+def assert_logged_once(
+    bootstrap: str,
+    targets: list[tuple[str, int]],
+    sent: set[tuple[str, int]],
+    specs: list[ProducerSpec],
+) -> list[LogRecord]:
+    """The partitions hold each sent (producer, seq) exactly once, nothing else, and each
+    producer's records in send order; returns what they hold."""
+    records = consume_everything(bootstrap, targets, at_least=len(sent))
+    counts = _log_index(records)
+    dups = {k: n for k, n in counts.items() if n > 1}
+    assert not dups, f"{len(dups)} messages duplicated, e.g. {list(dups.items())[:5]}"
+    assert set(counts) == sent, (
+        f"missing {sorted(sent - set(counts))[:10]}, unexpected {sorted(set(counts) - sent)[:10]}"
+    )
+    assert_order_per_partition(records, {s.name for s in specs})
+    return records
 
 
 def assert_order_per_partition(records: list[LogRecord], producers: set[str]) -> None:
@@ -767,54 +767,23 @@ MESSAGES = 240
 
 
 def _fleet_specs(targets: list[tuple[str, int]]) -> list[ProducerSpec]:
-    modes = ("idempotent", "acks=all", "acks=1", "acks=0")
-    specs = []
-    for i in range(16):
-        mode = modes[i % 4]
-        acks = {"acks=1": 1, "acks=0": 0}.get(mode, -1)
-        specs.append(
-            ProducerSpec(
-                name=f"ck{i:02d}",
-                library="confluent-kafka",
-                acks=acks,
-                idempotent=mode == "idempotent",
-                compression=CODECS[i % len(CODECS)],
-                conf={},
-                targets=_rotated(targets, i),
-                messages=MESSAGES,
-                pause_every=8,
-                pause=0.002,
-            )
-        )
-    specs.append(
+    # (acks, idempotent) by turn: idempotent, acks=all, acks=1, acks=0
+    modes = [(-1, True), (-1, False), (1, False), (0, False)]
+    # name, library, acks, idempotent, compression, turn of the targets, pause every N messages
+    rows = [
+        (f"ck{i:02d}", "confluent-kafka", *modes[i % 4], CODECS[i % len(CODECS)], i, 8)
+        for i in range(16)
+    ]
+    rows += [
+        ("kp00", "kafka-python", -1, True, "snappy", 5, 4),
+        ("aio00", "aiokafka", 1, False, "zstd", 7, 4),
+    ]
+    return [
         ProducerSpec(
-            name="kp00",
-            library="kafka-python",
-            acks=-1,
-            idempotent=True,
-            compression="snappy",
-            conf={},
-            targets=_rotated(targets, 5),
-            messages=MESSAGES,
-            pause_every=4,
-            pause=0.002,
+            name, lib, acks, idem, codec, {}, _rotated(targets, turn), MESSAGES, every, 0.002
         )
-    )
-    specs.append(
-        ProducerSpec(
-            name="aio00",
-            library="aiokafka",
-            acks=1,
-            idempotent=False,
-            compression="zstd",
-            conf={},
-            targets=_rotated(targets, 7),
-            messages=MESSAGES,
-            pause_every=4,
-            pause=0.002,
-        )
-    )
-    return specs
+        for name, lib, acks, idem, codec, turn, every in rows
+    ]
 
 
 def test_many_producers_coalesce_without_loss_or_change(
@@ -848,25 +817,14 @@ def test_many_producers_coalesce_without_loss_or_change(
 
     # Every producer finished and saw every message delivered.
     for o in outcomes:
-        assert o.error is None, f"{o.spec.name} crashed:\n{o.error}"
-        assert not o.failed, f"{o.spec.name}: {len(o.failed)} failed, first {o.failed[:3]}"
-        assert o.undelivered == 0, f"{o.spec.name}: {o.undelivered} never delivered"
-        assert len(o.delivered) == o.spec.messages, f"{o.spec.name}: {len(o.delivered)}"
+        o.assert_all_delivered()
 
     # Every message (acks=0 ones too: nothing failed here) is in the log exactly once, where
     # its producer sent it, and nothing else is.
     sent = {(o.spec.name, seq): (t, p) for o in outcomes for seq, t, p in o.delivered}
-    records = consume_everything(stack.kipside.bootstrap, targets, at_least=len(sent))
-    counts = _log_index(records)
-    dups = {k: n for k, n in counts.items() if n > 1}
-    assert not dups, f"{len(dups)} messages duplicated, e.g. {list(dups.items())[:5]}"
-    assert set(counts) == set(sent), (
-        f"missing {sorted(set(sent) - set(counts))[:10]}, "
-        f"unexpected {sorted(set(counts) - set(sent))[:10]}"
-    )
+    records = assert_logged_once(stack.kipside.bootstrap, targets, set(sent), specs)
     for r in records:
         assert sent[(r.producer, r.seq)] == (r.topic, r.partition), r
-    assert_order_per_partition(records, {s.name for s in specs})
 
     # The batches arrived unchanged: what the clients sent (captured on lo) is, CRC for CRC
     # and partition for partition, what kipside forwarded to the broker (seen by the relay).
@@ -1338,10 +1296,7 @@ def test_acks0_producers_through_kipside_to_tansu_deliver_and_fail_no_lane(
     counts = stack.relay.counts()  # before the checker's consumer adds its own connection
     metrics = stack.metrics()
     for o in outcomes:
-        assert o.error is None, f"{o.spec.name} crashed:\n{o.error}"
-        assert not o.failed, f"{o.spec.name}: {len(o.failed)} failed, first {o.failed[:3]}"
-        assert o.undelivered == 0, f"{o.spec.name}: {o.undelivered} never delivered"
-        assert len(o.delivered) == o.spec.messages, f"{o.spec.name}: {len(o.delivered)}"
+        o.assert_all_delivered()
     # No answer nobody asked for took a lane down (kipside dropped each), none was re-dialled.
     assert metrics.value("kipside_lane_failures_total") == 0
     assert counts.accepted == accepted_before, (accepted_before, counts)
@@ -1351,15 +1306,7 @@ def test_acks0_producers_through_kipside_to_tansu_deliver_and_fail_no_lane(
     assert stack.relay.problems() == []
     # Every message is in the log exactly once, in order.
     sent = {(o.spec.name, seq) for o in outcomes for seq, _, _ in o.delivered}
-    records = consume_everything(stack.kipside.bootstrap, targets, at_least=len(sent))
-    in_log = _log_index(records)
-    dups = {k: n for k, n in in_log.items() if n > 1}
-    assert not dups, f"{len(dups)} messages duplicated, e.g. {list(dups.items())[:5]}"
-    assert set(in_log) == set(sent), (
-        f"missing {sorted(set(sent) - set(in_log))[:10]}, "
-        f"unexpected {sorted(set(in_log) - set(sent))[:10]}"
-    )
-    assert_order_per_partition(records, {s.name for s in specs})
+    records = assert_logged_once(stack.kipside.bootstrap, targets, sent, specs)
     # Tansu did answer kipside's acks=0 requests, every one, and the relay swallowed none.
     counts = stack.relay.counts()
     assert counts.acks0_requests > 0 and counts.swallowed_acks0_responses == 0, counts
