@@ -85,27 +85,42 @@ class TxnEvent:
     group: str | None = None  # ADD_OFFSETS
 
 
+# The counted adds, each by the (kind, outcome) of the events it counts.
+_ADD_COUNTS: Final = {
+    "accepted_add_partitions": (ADD_PARTITIONS, ACCEPTED),
+    "rejected_add_partitions": (ADD_PARTITIONS, REJECTED),
+    "refused_add_partitions": (ADD_PARTITIONS, REFUSED),
+    "accepted_add_offsets": (ADD_OFFSETS, ACCEPTED),
+    "rejected_add_offsets": (ADD_OFFSETS, REJECTED),
+}
+
+
 @dataclass(frozen=True, slots=True)
-class TxnSegment:
-    """What the relay saw for one transaction of one id: the events up to its EndTxn."""
+class AddCounts:
+    """How many AddPartitionsToTxn / AddOffsetsToTxn requests went which way (_ADD_COUNTS)."""
 
     accepted_add_partitions: int
     rejected_add_partitions: int
     refused_add_partitions: int
     accepted_add_offsets: int
     rejected_add_offsets: int
+
+
+def _add_counts(kinds: Counter[tuple[str, str]]) -> dict[str, Any]:
+    return {name: kinds[kind] for name, kind in _ADD_COUNTS.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class TxnSegment(AddCounts):
+    """What the relay saw for one transaction of one id: the events up to its EndTxn."""
+
     end: TxnEvent | None  # None: the transaction had not ended (yet)
 
 
 @dataclass(frozen=True, slots=True)
-class TxnCounts:
+class TxnCounts(AddCounts):
     """A consistent copy of the relay's counters (all transactional ids together)."""
 
-    accepted_add_partitions: int
-    rejected_add_partitions: int
-    refused_add_partitions: int
-    accepted_add_offsets: int
-    rejected_add_offsets: int
     end_txn: int
     end_txn_ok: int
     forwarded: Counter[int]  # every forwarded request, by API key
@@ -179,11 +194,7 @@ class MarkerWindowRelay(Relay):
             every = [e for events in self._events.values() for e in events]
             kinds = Counter((e.kind, e.outcome) for e in every)
             return TxnCounts(
-                accepted_add_partitions=kinds[ADD_PARTITIONS, ACCEPTED],
-                rejected_add_partitions=kinds[ADD_PARTITIONS, REJECTED],
-                refused_add_partitions=kinds[ADD_PARTITIONS, REFUSED],
-                accepted_add_offsets=kinds[ADD_OFFSETS, ACCEPTED],
-                rejected_add_offsets=kinds[ADD_OFFSETS, REJECTED],
+                **_add_counts(kinds),
                 end_txn=kinds[END_TXN, ACCEPTED],
                 end_txn_ok=sum(1 for e in every if e.kind == END_TXN and e.error_code == 0),
                 forwarded=Counter(self._forwarded),
@@ -288,14 +299,7 @@ class MarkerWindowRelay(Relay):
 
 
 def _segment(counts: Counter[tuple[str, str]], end: TxnEvent | None) -> TxnSegment:
-    return TxnSegment(
-        accepted_add_partitions=counts[ADD_PARTITIONS, ACCEPTED],
-        rejected_add_partitions=counts[ADD_PARTITIONS, REJECTED],
-        refused_add_partitions=counts[ADD_PARTITIONS, REFUSED],
-        accepted_add_offsets=counts[ADD_OFFSETS, ACCEPTED],
-        rejected_add_offsets=counts[ADD_OFFSETS, REJECTED],
-        end=end,
-    )
+    return TxnSegment(**_add_counts(counts), end=end)
 
 
 # --------------------------------------------------------------------------- local answers
