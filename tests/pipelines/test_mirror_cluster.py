@@ -41,7 +41,11 @@ def test_progress_events_carry_batches_bytes_and_lag(
 ) -> None:
     topic = unique_name("mirror-progress")
     create_topics(source_broker.bootstrap, [topic], 2)
-    sent = produce_plain(source_broker.bootstrap, topic, 2, 2_000)
+    # Ten flushes: at least ten batches per partition whatever the producer's timing (a mirror
+    # copies whole batches, so one big batch would make one micro-batch whatever the limit).
+    sent = []
+    for chunk in range(10):
+        sent += produce_plain(source_broker.bootstrap, topic, 2, 200, start=200 * chunk)
     clusters = source_broker.bootstrap, dest_broker.bootstrap
     job = mirror_once(*clusters, topic, tmp_path / "ck", rename="pe.", max_bytes_per_trigger=4096)
     query = start_query(spark, job)
