@@ -6,21 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kipside.protocol import headers
 from kipside.protocol.apis import ApiKey, is_flexible
 from kipside.protocol.errors import DecodeError
-from kipside.protocol.headers import (
-    RequestHeader,
-    ResponseHeader,
-    build_frame,
-    encode_request_header,
-    encode_response_header,
-    parse_request_header,
-    parse_response_header,
-    request_correlation_id,
-    response_correlation_id,
-    with_request_correlation_id,
-    with_response_correlation_id,
-)
 
 # Metadata v1 request (not flexible: request header v1), correlation id 7, client id "kip",
 # body = an empty topics array.
@@ -86,11 +74,14 @@ correlation_ids = st.integers(min_value=-(2**31), max_value=2**31 - 1)
 # Each golden request frame and its header: api key, version, correlation id, client id,
 # header version, body offset.
 GOLDEN_REQUESTS = {
-    "metadata-v1": (METADATA_V1_REQUEST, RequestHeader(3, 1, 7, "kip", 1, 17)),
-    "heartbeat-v0-null-client": (HEARTBEAT_V0_NULL_CLIENT, RequestHeader(12, 0, -2, None, 1, 14)),
+    "metadata-v1": (METADATA_V1_REQUEST, headers.RequestHeader(3, 1, 7, "kip", 1, 17)),
+    "heartbeat-v0-null-client": (
+        HEARTBEAT_V0_NULL_CLIENT,
+        headers.RequestHeader(12, 0, -2, None, 1, 14),
+    ),
     "metadata-v12-unknown-tags": (
         METADATA_V12_REQUEST,
-        RequestHeader(3, 12, 0x01020304, "c", 2, 25),
+        headers.RequestHeader(3, 12, 0x01020304, "c", 2, 25),
     ),
 }
 
@@ -98,15 +89,15 @@ GOLDEN_REQUESTS = {
 @pytest.mark.parametrize("name", GOLDEN_REQUESTS)
 def test_request_header_golden(name: str) -> None:
     frame, expected = GOLDEN_REQUESTS[name]
-    assert parse_request_header(frame) == expected
+    assert headers.parse_request_header(frame) == expected
 
 
 @pytest.mark.parametrize("name", ["metadata-v1", "heartbeat-v0-null-client"])
 def test_request_header_v1_encodes_its_golden_frame(name: str) -> None:
     frame, h = GOLDEN_REQUESTS[name]
-    head = encode_request_header(h.api_key, h.api_version, h.correlation_id, h.client_id)
+    head = headers.encode_request_header(h.api_key, h.api_version, h.correlation_id, h.client_id)
     assert head == frame[4 : h.body_offset]
-    assert build_frame(head, frame[h.body_offset :]) == frame
+    assert headers.build_frame(head, frame[h.body_offset :]) == frame
 
 
 def test_request_bodies_follow_their_headers() -> None:
@@ -117,7 +108,7 @@ def test_request_bodies_follow_their_headers() -> None:
 
 
 def test_request_header_v2_encoded_with_empty_tag_section() -> None:
-    assert encode_request_header(3, 12, 0x01020304, "c") == bytes.fromhex(
+    assert headers.encode_request_header(3, 12, 0x01020304, "c") == bytes.fromhex(
         "0003"  # api key
         "000c"  # version 12
         "01020304"  # correlation id
@@ -127,26 +118,28 @@ def test_request_header_v2_encoded_with_empty_tag_section() -> None:
 
 
 def test_response_header_v0_golden() -> None:
-    header = parse_response_header(METADATA_V1_RESPONSE, ApiKey.METADATA, 1)
-    assert header == ResponseHeader(correlation_id=7, header_version=0, body_offset=8)
-    assert encode_response_header(ApiKey.METADATA, 1, 7) == bytes.fromhex("00000007")
-    assert build_frame(encode_response_header(3, 1, 7), METADATA_V1_RESPONSE[8:]) == (
-        METADATA_V1_RESPONSE
-    )
+    header = headers.parse_response_header(METADATA_V1_RESPONSE, ApiKey.METADATA, 1)
+    assert header == headers.ResponseHeader(correlation_id=7, header_version=0, body_offset=8)
+    assert headers.encode_response_header(ApiKey.METADATA, 1, 7) == bytes.fromhex("00000007")
+    assert headers.build_frame(
+        headers.encode_response_header(3, 1, 7), METADATA_V1_RESPONSE[8:]
+    ) == (METADATA_V1_RESPONSE)
 
 
 def test_response_header_v1_golden_skips_unknown_tags() -> None:
-    header = parse_response_header(METADATA_V12_RESPONSE, ApiKey.METADATA, 12)
-    assert header == ResponseHeader(correlation_id=7, header_version=1, body_offset=13)
+    header = headers.parse_response_header(METADATA_V12_RESPONSE, ApiKey.METADATA, 12)
+    assert header == headers.ResponseHeader(correlation_id=7, header_version=1, body_offset=13)
     assert METADATA_V12_RESPONSE[header.body_offset :] == b"\x00\x00"
-    assert encode_response_header(ApiKey.METADATA, 12, 7) == bytes.fromhex("0000000700")
+    assert headers.encode_response_header(ApiKey.METADATA, 12, 7) == bytes.fromhex("0000000700")
 
 
 @pytest.mark.parametrize("version", [0, 1, 2, 3, 4, 5])
 def test_api_versions_response_header_is_always_v0(version: int) -> None:
     # KIP-511: a client that sent a too-new ApiVersions must still be able to read the answer,
     # so the response header never has a tagged-field section, even for flexible v3+.
-    assert encode_response_header(ApiKey.API_VERSIONS, version, 7) == bytes.fromhex("00000007")
+    assert headers.encode_response_header(ApiKey.API_VERSIONS, version, 7) == bytes.fromhex(
+        "00000007"
+    )
     # The body of a v3 response starts with error_code 0x0000: not a tag section to skip.
     body = bytes.fromhex(
         "0000"  # error_code
@@ -154,26 +147,26 @@ def test_api_versions_response_header_is_always_v0(version: int) -> None:
         "00000000"  # throttle_time_ms
         "00"  # no tagged fields
     )
-    frame = build_frame(bytes.fromhex("00000007"), body)
-    header = parse_response_header(frame, ApiKey.API_VERSIONS, version)
-    assert header == ResponseHeader(correlation_id=7, header_version=0, body_offset=8)
+    frame = headers.build_frame(bytes.fromhex("00000007"), body)
+    header = headers.parse_response_header(frame, ApiKey.API_VERSIONS, version)
+    assert header == headers.ResponseHeader(correlation_id=7, header_version=0, body_offset=8)
 
 
 def test_api_versions_v3_request_header_is_v2() -> None:
     # Only the response is special: the request header follows flexibility as usual.
-    frame = build_frame(encode_request_header(ApiKey.API_VERSIONS, 3, 1, "x"), b"")
+    frame = headers.build_frame(headers.encode_request_header(ApiKey.API_VERSIONS, 3, 1, "x"), b"")
     assert frame.endswith(b"\x00")
-    assert parse_request_header(frame).header_version == 2
+    assert headers.parse_request_header(frame).header_version == 2
 
 
 @given(api_keys, api_versions, correlation_ids, client_ids, st.binary(max_size=20))
 def test_request_header_round_trip(
     api_key: int, api_version: int, correlation_id: int, client_id: str | None, body: bytes
 ) -> None:
-    head = encode_request_header(api_key, api_version, correlation_id, client_id)
-    frame = build_frame(head, body)
-    header = parse_request_header(frame)
-    assert header == RequestHeader(
+    head = headers.encode_request_header(api_key, api_version, correlation_id, client_id)
+    frame = headers.build_frame(head, body)
+    header = headers.parse_request_header(frame)
+    assert header == headers.RequestHeader(
         api_key=api_key,
         api_version=api_version,
         correlation_id=correlation_id,
@@ -182,38 +175,42 @@ def test_request_header_round_trip(
         body_offset=4 + len(head),
     )
     assert frame[header.body_offset :] == body
-    assert request_correlation_id(frame) == correlation_id
+    assert headers.request_correlation_id(frame) == correlation_id
 
 
 @given(api_keys, api_versions, correlation_ids, st.binary(max_size=20))
 def test_response_header_round_trip(
     api_key: int, api_version: int, correlation_id: int, body: bytes
 ) -> None:
-    head = encode_response_header(api_key, api_version, correlation_id)
-    frame = build_frame(head, body)
-    header = parse_response_header(frame, api_key, api_version)
+    head = headers.encode_response_header(api_key, api_version, correlation_id)
+    frame = headers.build_frame(head, body)
+    header = headers.parse_response_header(frame, api_key, api_version)
     flexible = is_flexible(api_key, api_version) and api_key != ApiKey.API_VERSIONS
-    assert header == ResponseHeader(
+    assert header == headers.ResponseHeader(
         correlation_id=correlation_id,
         header_version=1 if flexible else 0,
         body_offset=4 + len(head),
     )
     assert frame[header.body_offset :] == body
-    assert response_correlation_id(frame) == correlation_id
+    assert headers.response_correlation_id(frame) == correlation_id
 
 
 @given(correlation_ids, correlation_ids)
 def test_correlation_id_rewrites(original: int, replacement: int) -> None:
-    request = build_frame(encode_request_header(ApiKey.PRODUCE, 9, original, "p"), b"body")
-    moved = with_request_correlation_id(request, replacement)
-    assert request_correlation_id(moved) == replacement
+    request = headers.build_frame(
+        headers.encode_request_header(ApiKey.PRODUCE, 9, original, "p"), b"body"
+    )
+    moved = headers.with_request_correlation_id(request, replacement)
+    assert headers.request_correlation_id(moved) == replacement
     assert len(moved) == len(request)
-    assert with_request_correlation_id(moved, original) == request
+    assert headers.with_request_correlation_id(moved, original) == request
 
-    response = build_frame(encode_response_header(ApiKey.PRODUCE, 9, original), b"body")
-    moved = with_response_correlation_id(response, replacement)
-    assert response_correlation_id(moved) == replacement
-    assert with_response_correlation_id(moved, original) == response
+    response = headers.build_frame(
+        headers.encode_response_header(ApiKey.PRODUCE, 9, original), b"body"
+    )
+    moved = headers.with_response_correlation_id(response, replacement)
+    assert headers.response_correlation_id(moved) == replacement
+    assert headers.with_response_correlation_id(moved, original) == response
 
 
 @pytest.mark.parametrize(
@@ -236,11 +233,11 @@ def test_correlation_id_rewrites(original: int, replacement: int) -> None:
 )
 def test_malformed_request_headers(frame: bytes, why: str) -> None:
     with pytest.raises(DecodeError, match=why):
-        parse_request_header(frame)
+        headers.parse_request_header(frame)
 
 
 def test_malformed_response_headers() -> None:
     with pytest.raises(DecodeError, match="shorter than"):
-        parse_response_header(bytes.fromhex("000000020000"), ApiKey.METADATA, 1)
+        headers.parse_response_header(bytes.fromhex("000000020000"), ApiKey.METADATA, 1)
     with pytest.raises(DecodeError, match="past the end"):
-        parse_response_header(bytes.fromhex("0000000700000001010009"), ApiKey.METADATA, 12)
+        headers.parse_response_header(bytes.fromhex("0000000700000001010009"), ApiKey.METADATA, 12)

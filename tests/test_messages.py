@@ -14,19 +14,10 @@ from kio.schema.metadata.v12 import response as metadata_v12
 from kio.schema.types import BrokerId, TopicName
 from kio.static.primitive import i32, i32Timedelta
 
+from kipside.protocol import messages
 from kipside.protocol.apis import ApiKey
 from kipside.protocol.errors import DecodeError
 from kipside.protocol.headers import build_frame, encode_response_header, parse_response_header
-from kipside.protocol.messages import (
-    build,
-    build_request,
-    decode_request,
-    decode_response,
-    encode_message,
-    known_versions,
-    request_class,
-    response_class,
-)
 
 TOPIC_ID = uuid.UUID("9f1c4b7e-2d3a-4c5b-8e6f-0a1b2c3d4e5f")
 
@@ -68,7 +59,7 @@ def metadata_v12_response() -> metadata_v12.MetadataResponse:
 
 def metadata_v12_frame() -> bytes:
     header = encode_response_header(ApiKey.METADATA, 12, 41)
-    return build_frame(header, encode_message(metadata_v12_response()))
+    return build_frame(header, messages.encode_message(metadata_v12_response()))
 
 
 BODY_OFFSET = 9  # size prefix, correlation id, empty tag section of response header v1
@@ -82,18 +73,18 @@ def test_body_offset() -> None:
 
 def test_metadata_v12_round_trip() -> None:
     message = metadata_v12_response()
-    body = encode_message(message)
-    assert decode_response(ApiKey.METADATA, 12, body, 0) == message
+    body = messages.encode_message(message)
+    assert messages.decode_response(ApiKey.METADATA, 12, body, 0) == message
     frame = metadata_v12_frame()
     header = parse_response_header(frame, ApiKey.METADATA, 12)
-    decoded = decode_response(ApiKey.METADATA, 12, frame, header.body_offset)
+    decoded = messages.decode_response(ApiKey.METADATA, 12, frame, header.body_offset)
     assert decoded == message
-    assert encode_message(decoded) == body
+    assert messages.encode_message(decoded) == body
 
 
 def test_body_ends_with_an_empty_tag_section() -> None:
     # The property the next test relies on: the last byte is the top-level tag count.
-    assert encode_message(metadata_v12_response())[-1:] == b"\x00"
+    assert messages.encode_message(metadata_v12_response())[-1:] == b"\x00"
 
 
 @pytest.mark.parametrize(
@@ -111,7 +102,7 @@ def test_unknown_tagged_field_is_a_decode_error(tagged_section: str) -> None:
     body = frame[header.body_offset : -1] + bytes.fromhex(tagged_section)
     tampered = build_frame(frame[4 : header.body_offset], body)
     with pytest.raises(DecodeError, match="Metadata v12") as info:
-        decode_response(ApiKey.METADATA, 12, tampered, header.body_offset)
+        messages.decode_response(ApiKey.METADATA, 12, tampered, header.body_offset)
     assert type(info.value) is DecodeError  # not kio's KeyError leaking out
 
 
@@ -119,56 +110,56 @@ def test_removed_version_is_a_decode_error() -> None:
     # Kafka 4.0 removed Produce v0-v2; kio no longer ships them.
     frame = build_frame(encode_response_header(ApiKey.PRODUCE, 2, 1), b"\x00\x00\x00\x00")
     with pytest.raises(DecodeError, match=r"Produce v2"):
-        decode_response(ApiKey.PRODUCE, 2, frame, 8)
+        messages.decode_response(ApiKey.PRODUCE, 2, frame, 8)
     with pytest.raises(DecodeError, match=r"Produce v2"):
-        decode_request(ApiKey.PRODUCE, 2, frame, 8)
+        messages.decode_request(ApiKey.PRODUCE, 2, frame, 8)
     with pytest.raises(DecodeError):
-        response_class(ApiKey.PRODUCE, 2)
+        messages.response_class(ApiKey.PRODUCE, 2)
 
 
 def test_unknown_api_key_is_a_decode_error() -> None:
     with pytest.raises(DecodeError, match="api key 4000"):
-        decode_response(4000, 0, b"", 0)
-    assert known_versions(4000) is None
+        messages.decode_response(4000, 0, b"", 0)
+    assert messages.known_versions(4000) is None
 
 
 @pytest.mark.parametrize("cut", [1, 2, 5, 17, 40])
 def test_truncated_body_is_a_decode_error(cut: int) -> None:
     frame = metadata_v12_frame()
     with pytest.raises(DecodeError, match="Metadata v12"):
-        decode_response(ApiKey.METADATA, 12, frame[:-cut], BODY_OFFSET)
+        messages.decode_response(ApiKey.METADATA, 12, frame[:-cut], BODY_OFFSET)
 
 
 def test_truncated_to_the_header_is_a_decode_error() -> None:
     frame = metadata_v12_frame()
     with pytest.raises(DecodeError):
-        decode_response(ApiKey.METADATA, 12, frame[:BODY_OFFSET], BODY_OFFSET)
+        messages.decode_response(ApiKey.METADATA, 12, frame[:BODY_OFFSET], BODY_OFFSET)
 
 
 def test_trailing_bytes_are_a_decode_error() -> None:
     frame = metadata_v12_frame() + b"\x00"
     with pytest.raises(DecodeError, match="1 trailing bytes"):
-        decode_response(ApiKey.METADATA, 12, frame, BODY_OFFSET)
+        messages.decode_response(ApiKey.METADATA, 12, frame, BODY_OFFSET)
 
 
 def test_invalid_utf8_is_a_decode_error() -> None:
-    body = bytearray(encode_message(metadata_v12_response()))
+    body = bytearray(messages.encode_message(metadata_v12_response()))
     at = body.index(b"broker-1")
     body[at] = 0xFF
     with pytest.raises(DecodeError):
-        decode_response(ApiKey.METADATA, 12, bytes(body), 0)
+        messages.decode_response(ApiKey.METADATA, 12, bytes(body), 0)
 
 
 def test_unknown_error_code_is_a_decode_error() -> None:
     # A v0 ApiVersions response whose error code is not one Kafka (or kio) knows.
     with pytest.raises(DecodeError):
-        decode_response(ApiKey.API_VERSIONS, 0, bytes.fromhex("7fff00000000"), 0)
+        messages.decode_response(ApiKey.API_VERSIONS, 0, bytes.fromhex("7fff00000000"), 0)
 
 
 def test_classes_and_known_versions() -> None:
-    assert response_class(ApiKey.METADATA, 12) is metadata_v12.MetadataResponse
-    assert request_class(ApiKey.METADATA, 12).__name__ == "MetadataRequest"
-    low, high = known_versions(ApiKey.PRODUCE) or (None, None)
+    assert messages.response_class(ApiKey.METADATA, 12) is metadata_v12.MetadataResponse
+    assert messages.request_class(ApiKey.METADATA, 12).__name__ == "MetadataRequest"
+    low, high = messages.known_versions(ApiKey.PRODUCE) or (None, None)
     assert low == 3
     assert high is not None and high >= 12
 
@@ -209,8 +200,8 @@ def fetch_fields() -> dict[str, Any]:
 
 @pytest.mark.parametrize("version", range(4, 13))
 def test_build_nested_entities(version: int) -> None:
-    message = build_request(ApiKey.FETCH, version, fetch_fields())
-    cls = request_class(ApiKey.FETCH, version)
+    message = messages.build_request(ApiKey.FETCH, version, fetch_fields())
+    cls = messages.request_class(ApiKey.FETCH, version)
     assert type(message) is cls
     (topic,) = message.topics
     (partition,) = topic.partitions
@@ -237,13 +228,13 @@ def test_build_nested_entities(version: int) -> None:
 
 @pytest.mark.parametrize("version", range(4, 13))
 def test_build_encodes_and_decodes_back(version: int) -> None:
-    message = build_request(ApiKey.FETCH, version, fetch_fields())
-    body = encode_message(message)
-    assert decode_request(ApiKey.FETCH, version, body, 0) == message
+    message = messages.build_request(ApiKey.FETCH, version, fetch_fields())
+    body = messages.encode_message(message)
+    assert messages.decode_request(ApiKey.FETCH, version, body, 0) == message
 
 
 def test_build_response_with_nullable_and_durations() -> None:
-    cls = response_class(ApiKey.FETCH, 12)
+    cls = messages.response_class(ApiKey.FETCH, 12)
     partition = {
         "partition_index": 0,
         "error_code": 6,  # an int becomes kio's ErrorCode
@@ -252,7 +243,7 @@ def test_build_response_with_nullable_and_durations() -> None:
         "records": None,
         "current_leader": {"leader_id": 2, "leader_epoch": 9},
     }
-    message = build(
+    message = messages.build(
         cls,
         {
             "throttle_time": 1500,
@@ -265,13 +256,15 @@ def test_build_response_with_nullable_and_durations() -> None:
     assert data.error_code is ErrorCode.not_leader_or_follower
     assert data.aborted_transactions is None and data.records is None
     assert (data.current_leader.leader_id, data.current_leader.leader_epoch) == (2, 9)
-    assert decode_response(ApiKey.FETCH, 12, encode_message(message), 0) == message
+    assert (
+        messages.decode_response(ApiKey.FETCH, 12, messages.encode_message(message), 0) == message
+    )
 
 
 def test_build_keeps_values_already_typed() -> None:
     delay = datetime.timedelta(milliseconds=250)
-    message = build(
-        response_class(ApiKey.API_VERSIONS, 3),
+    message = messages.build(
+        messages.response_class(ApiKey.API_VERSIONS, 3),
         {"error_code": ErrorCode.none, "api_keys": (), "throttle_time": delay},
     )
     assert message.throttle_time is delay
@@ -284,16 +277,20 @@ def test_build_metadata_round_trip() -> None:
         "allow_auto_topic_creation": False,
         "include_topic_authorized_operations": True,
     }
-    message = build_request(ApiKey.METADATA, 12, fields)
+    message = messages.build_request(ApiKey.METADATA, 12, fields)
     assert message.topics[0].topic_id == TOPIC_ID
-    assert decode_request(ApiKey.METADATA, 12, encode_message(message), 0) == message
-    every_topic = build_request(ApiKey.METADATA, 12, {**fields, "topics": None})
+    assert (
+        messages.decode_request(ApiKey.METADATA, 12, messages.encode_message(message), 0) == message
+    )
+    every_topic = messages.build_request(ApiKey.METADATA, 12, {**fields, "topics": None})
     assert every_topic.topics is None  # a null array stays null
 
 
 def test_build_refuses_what_kio_refuses() -> None:
     # A field the version needs is never silently defaulted.
     with pytest.raises(TypeError, match="min_bytes"):
-        build_request(ApiKey.FETCH, 4, {"max_wait": 1, "topics": []})
+        messages.build_request(ApiKey.FETCH, 4, {"max_wait": 1, "topics": []})
     with pytest.raises(ValueError, match="12345"):
-        build(response_class(ApiKey.API_VERSIONS, 0), {"error_code": 12345, "api_keys": []})
+        messages.build(
+            messages.response_class(ApiKey.API_VERSIONS, 0), {"error_code": 12345, "api_keys": []}
+        )
