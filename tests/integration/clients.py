@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 import confluent_kafka as ck
+from testkit.produce import send_all
 
 from kipside.protocol import (
     ApiKey,
@@ -171,26 +172,16 @@ def ck_produce(
         ck_config(bootstrap, **{"linger.ms": 5, "message.timeout.ms": 20000, **(conf or {})})
     )
     errors: list[str] = []
-
-    def on_delivery(err: Any, _msg: Any) -> None:
-        if err is not None:
-            errors.append(str(err))
-
-    for m in msgs:
-        while True:
-            try:
-                p.produce(
-                    topic,
-                    value=m.value,
-                    key=m.key,
-                    partition=m.partition,
-                    headers=list(m.headers) or None,
-                    on_delivery=on_delivery,
-                )
-                break
-            except BufferError:
-                p.poll(0.05)
-        p.poll(0)
+    records = (
+        {
+            "value": m.value,
+            "key": m.key,
+            "partition": m.partition,
+            "headers": list(m.headers) or None,
+        }
+        for m in msgs
+    )
+    send_all(p, topic, records, errors)
     left = p.flush(flush_timeout)
     assert left == 0, f"{left} messages undelivered after {flush_timeout} s (errors: {errors[:3]})"
     assert not errors, f"{len(errors)} delivery errors, first: {errors[:3]}"
@@ -244,15 +235,24 @@ def ck_read_to_end(
     return got
 
 
-def ck_consume_assigned(
+def consume_assigned(
     bootstrap: str,
     topic: str,
     partitions: int,
     expect: int,
     isolation: str = "read_uncommitted",
     timeout: float = CONSUME_TIMEOUT,
+    *,
+    client: str = "confluent-kafka",
 ) -> tuple[list[Msg], Watermarks]:
-    """Read every partition from the beginning (no group) until `expect` messages arrived."""
+    """Read every partition from the beginning (no group) until `expect` messages arrived, with
+    confluent-kafka (which then waits for every partition's end, see ck_read_to_end) or with
+    kafka-python (which stops at `expect` and polls once more)."""
+    if client == "kafka-python":
+        return _kp_consume_assigned(
+            bootstrap, topic, partitions, isolation, Polled(expect, timeout)
+        )
+    assert client == "confluent-kafka", f"no assigned reader for {client!r}"
     c = ck_consumer(
         bootstrap,
         f"unused-{topic}",
@@ -308,15 +308,10 @@ def kp_produce(bootstrap: str, topic: str, msgs: Sequence[Msg], **conf: Any) -> 
         producer.close(timeout=5)
 
 
-def kp_consume_assigned(
-    bootstrap: str,
-    topic: str,
-    partitions: int,
-    expect: int,
-    isolation: str = "read_uncommitted",
-    timeout: float = CONSUME_TIMEOUT,
+def _kp_consume_assigned(
+    bootstrap: str, topic: str, partitions: int, isolation: str, polled: Polled
 ) -> tuple[list[Msg], Watermarks]:
-    """ck_consume_assigned with kafka-python; the stop condition is `expect` alone."""
+    """consume_assigned with kafka-python."""
     from kafka import KafkaConsumer, TopicPartition
 
     c = KafkaConsumer(**assigned_conf(kp_common(bootstrap), isolation))
@@ -324,12 +319,11 @@ def kp_consume_assigned(
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         c.assign(tps)
         c.seek_to_beginning(*tps)
-        polled = Polled(expect, timeout)
         while polled.wanting():
             polled.add(c.poll(timeout_ms=200))
         polled.add(c.poll(timeout_ms=EXTRA_POLL_MS))  # anything beyond `expect`?
         lows = c.beginning_offsets(tps)
-        # highwater(): from the last Fetch response (see ck_consume_assigned about ListOffsets)
+        # highwater(): from the last Fetch response (see consume_assigned about ListOffsets)
         return polled.got, {tp.partition: (lows[tp], c.highwater(tp)) for tp in tps}
     finally:
         c.close(autocommit=False)
@@ -371,7 +365,7 @@ async def aio_produce(bootstrap: str, topic: str, msgs: Sequence[Msg], **conf: A
 async def aio_consume_assigned(
     bootstrap: str, topic: str, partitions: int, expect: int
 ) -> tuple[list[Msg], Watermarks]:
-    """ck_consume_assigned with aiokafka, read_uncommitted: aiokafka's transactions fail on
+    """consume_assigned with aiokafka, read_uncommitted: aiokafka's transactions fail on
     Tansu 0.6.0, so nothing here reads with read_committed through it."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 

@@ -48,12 +48,11 @@ from .clients import (
     assert_exactly_once_in_order,
     call_with_deadline,
     ck_config,
-    ck_consume_assigned,
     ck_consumer,
     ck_msg,
     ck_produce,
+    consume_assigned,
     kp_common,
-    kp_consume_assigned,
     kp_produce,
     kp_producer,
     kp_send,
@@ -112,10 +111,10 @@ def test_produce_consume_exactly_once(
             "acks": "all",
         }
         ck_produce(bootstrap, topic, sent, conf=conf)
-        got, marks = ck_consume_assigned(bootstrap, topic, PARTITIONS, len(sent))
+        got, marks = consume_assigned(bootstrap, topic, PARTITIONS, len(sent))
     elif client == "kafka-python":
         kp_produce(bootstrap, topic, sent, compression_type=codec, enable_idempotence=idempotent)
-        got, marks = kp_consume_assigned(bootstrap, topic, PARTITIONS, len(sent))
+        got, marks = consume_assigned(bootstrap, topic, PARTITIONS, len(sent), client=client)
     else:
 
         async def roundtrip() -> tuple[list[Msg], dict[int, tuple[int, int]]]:
@@ -150,7 +149,7 @@ def test_produce_acks(client: str, acks: int, bootstrap: str, new_topic: NewTopi
         kp_produce(bootstrap, topic, sent, acks=acks, enable_idempotence=False)
     else:
         run_async(aio_produce(bootstrap, topic, sent, acks=acks))
-    got, marks = ck_consume_assigned(bootstrap, topic, PARTITIONS, len(sent))
+    got, marks = consume_assigned(bootstrap, topic, PARTITIONS, len(sent))
     assert_exactly_once_in_order(sent, got, marks)
 
 
@@ -175,7 +174,7 @@ def test_many_partitions_and_large_records(
         kp_produce(bootstrap, topic, sent, max_request_size=2_000_000)
     else:
         run_async(aio_produce(bootstrap, topic, sent, max_request_size=2_000_000))
-    got, marks = ck_consume_assigned(bootstrap, topic, parts, len(sent))
+    got, marks = consume_assigned(bootstrap, topic, parts, len(sent))
     assert_exactly_once_in_order(sent, got, marks)
 
 
@@ -223,7 +222,7 @@ def test_concurrent_producers_share_partitions(bootstrap: str, new_topic: NewTop
     assert not any(t.is_alive() for t in threads), "a producer did not finish within 60 s"
     assert not failures, failures
     total = sum(len(v) for v in sent.values())
-    got, marks = ck_consume_assigned(bootstrap, topic, parts, total)
+    got, marks = consume_assigned(bootstrap, topic, parts, total)
     assert sum(hi - lo for lo, hi in marks.values()) == total, marks
     for tag, msgs in sent.items():
         mine = [m for m in got if m.value.startswith(tag.encode() + b"-")]
@@ -285,7 +284,7 @@ def _kcat_roundtrip(target: Target, topic: str) -> None:
 
 def _high_watermarks(bootstrap: str, topic: str, partitions: int, expect: int) -> dict[int, int]:
     """High watermarks as Fetch reports them (Tansu's ListOffsets(latest) is wrong)."""
-    _, marks = ck_consume_assigned(bootstrap, topic, partitions, expect)
+    _, marks = consume_assigned(bootstrap, topic, partitions, expect)
     return {p: hi for p, (_lo, hi) in marks.items()}
 
 
@@ -562,10 +561,8 @@ def _run_kafka_python_txn(bootstrap: str, run: TxnRun) -> None:
 
 def _observe_open_transaction(bootstrap: str, run: TxnRun) -> None:
     before = len(run.committed1) + len(run.aborted)
-    run.view_while_open, _ = ck_consume_assigned(
-        bootstrap, run.topic, PARTITIONS, 0, "read_committed"
-    )
-    run.uncommitted_while_open, _ = ck_consume_assigned(
+    run.view_while_open, _ = consume_assigned(bootstrap, run.topic, PARTITIONS, 0, "read_committed")
+    run.uncommitted_while_open, _ = consume_assigned(
         bootstrap, run.topic, PARTITIONS, before + len(run.committed2)
     )
 
@@ -588,9 +585,9 @@ def txn_run(request: pytest.FixtureRequest, target: Target) -> TxnRun:
 def _read_committed(bootstrap: str, run: TxnRun, expect: int) -> list[tuple[str, list[Msg]]]:
     """read_committed views by confluent-kafka and, for kafka-python runs, by kafka-python."""
     args = (bootstrap, run.topic, PARTITIONS, expect, "read_committed")
-    views = [("confluent-kafka", ck_consume_assigned(*args)[0])]
+    views = [("confluent-kafka", consume_assigned(*args)[0])]
     if run.client == "kafka-python":
-        views.append(("kafka-python", kp_consume_assigned(*args)[0]))
+        views.append(("kafka-python", consume_assigned(*args, client="kafka-python")[0]))
     return views
 
 
@@ -611,7 +608,7 @@ def test_transactions_commit_abort(txn_run: TxnRun, bootstrap: str) -> None:
     )
 
     everything = run.committed1 + run.aborted + run.committed2
-    got, marks = ck_consume_assigned(bootstrap, run.topic, PARTITIONS, len(everything))
+    got, marks = consume_assigned(bootstrap, run.topic, PARTITIONS, len(everything))
     assert_exactly_once_in_order(everything, got)
     # Each of the 3 transactions touched every partition: one control record (commit or abort
     # marker) per partition per transaction, after the data records.
@@ -709,7 +706,7 @@ def test_confluent_consume_transform_produce(bootstrap: str, new_topic: NewTopic
     finally:
         call_with_deadline(consumer.close, 15, "consumer close")
     want = [Msg(m.partition, m.key, m.value.upper()) for m in inputs]
-    got, _ = ck_consume_assigned(bootstrap, sink, parts, len(want), "read_committed")
+    got, _ = consume_assigned(bootstrap, sink, parts, len(want), "read_committed")
     assert_exactly_once_in_order(want, got)
     assert _admin_committed(bootstrap, group, source) == {p: 100 for p in range(parts)}
 
@@ -1048,5 +1045,5 @@ def test_not_kafka_bytes_are_rejected(
         bg.join(30)
     assert not bg.is_alive(), "background producer did not finish flushing"
     assert bg.undelivered == 0 and not bg.errors, (bg.undelivered, bg.errors[:3])
-    got, marks = ck_consume_assigned(bootstrap, bg.topic, 2, len(bg.sent))
+    got, marks = consume_assigned(bootstrap, bg.topic, 2, len(bg.sent))
     assert_exactly_once_in_order(bg.sent, got, marks)

@@ -79,11 +79,10 @@ from .clients import (
     assert_exactly_once_in_order,
     call_with_deadline,
     ck_config,
-    ck_consume_assigned,
     ck_consumer,
+    consume_assigned,
     fetch_partition,
     kp_common,
-    kp_consume_assigned,
     kp_producer,
     read_frame,
 )
@@ -741,14 +740,11 @@ def test_consume_transform_produce(
 
     # -- read_committed consumers
     expect = INPUT_RECORDS * OUT_PARTITIONS
-    view, _ = ck_consume_assigned(
-        stack.bootstrap, run.output_topic, OUT_PARTITIONS, expect, "read_committed", timeout=60
-    )
+    read = (stack.bootstrap, run.output_topic, OUT_PARTITIONS, expect, "read_committed", 60)
+    view, _ = consume_assigned(*read)
     shown_aborted = _assert_read_committed_view("confluent-kafka", view, run, direct_probe)
     if client == "kafka-python":
-        view, _ = kp_consume_assigned(
-            stack.bootstrap, run.output_topic, OUT_PARTITIONS, expect, "read_committed", 60
-        )
+        view, _ = consume_assigned(*read, client="kafka-python")
         _assert_read_committed_view("kafka-python", view, run, direct_probe)
 
     # -- the group's offsets, as an admin client reads them

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import confluent_kafka as ck
+from testkit.produce import send_all
 
 FLUSH_TIMEOUT = 30.0
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
@@ -76,26 +77,18 @@ def _producer(bootstrap: str, **extra: Any) -> ck.Producer:
 
 
 def _send(producer: ck.Producer, topic: str, records: Sequence[Rec], errors: list[str]) -> None:
-    def on_delivery(err: Any, _msg: Any) -> None:
-        if err is not None:
-            errors.append(str(err))
+    send_all(producer, topic, (_produced(r) for r in records), errors)
 
-    for r in records:
-        while True:
-            try:
-                producer.produce(
-                    topic,
-                    key=r.key,
-                    value=r.value,
-                    partition=r.partition,
-                    headers=list(r.headers) or None,
-                    timestamp=r.timestamp,
-                    on_delivery=on_delivery,
-                )
-                break
-            except BufferError:
-                producer.poll(0.05)
-        producer.poll(0)
+
+def _produced(r: Rec) -> dict[str, Any]:
+    """`r` as the keyword arguments of confluent-kafka's Producer.produce."""
+    return {
+        "key": r.key,
+        "value": r.value,
+        "partition": r.partition,
+        "headers": list(r.headers) or None,
+        "timestamp": r.timestamp,
+    }
 
 
 def _flush(producer: ck.Producer, errors: list[str]) -> None:

@@ -6,6 +6,8 @@
 - testkit.cpu      CPU seconds of a process tree (psutil) and of this process.
 - testkit.http     the admin endpoint's HTTP: one h11 client exchange (sans-I/O), curl's answer.
 - testkit.metrics  scrape kipside's /metrics and parse it with prometheus_client.parser.
+- testkit.produce  confluent-kafka: produce known records, waiting out a full queue, and
+                   collect every failed delivery.
 - testkit.procs    every child process a harness started, so a watchdog can kill them all.
 - testkit.tools    external tools (kcat, chromium, haproxy, tshark, java): a skip or an error that
                    names the missing tool and how to install it.
