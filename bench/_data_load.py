@@ -208,9 +208,9 @@ def baseline(a: dict[str, Any]) -> dict[str, Any]:
 
 def logsize(a: dict[str, Any]) -> dict[str, Any]:
     from kipside.pipeline.kafka.client import ClientConfig, KafkaClient
-    from kipside.pipeline.kafka.connection import Address
     from kipside.pipeline.kafka.fetcher import FetchConfig, RangeReader
     from kipside.pipeline.kafka.offsets import EARLIEST, list_offsets, watermarks
+    from kipside.protocol import Address
 
     address = Address.parse(a["bootstrap"], what="bootstrap")
     with KafkaClient([address], role="bench cluster", config=ClientConfig()) as client:

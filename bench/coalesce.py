@@ -30,7 +30,8 @@ from _report import Report, Target, doc_args, facts, run_notes, table
 from testkit.metrics import scrape
 from testkit.ports import free_port
 
-from kipside.pipeline.kafka.connection import Address, BrokerConnection
+from kipside.pipeline.kafka.connection import BrokerConnection
+from kipside.protocol import Address
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,8 @@ from opentelemetry.trace import SpanKind  # noqa: E402
 from testkit.broker import start_tansu  # noqa: E402
 from txn_relay import MarkerWindowRelay  # noqa: E402
 
+from kipside.protocol import Address  # noqa: E402
 from kipside.proxy.devbroker import free_port  # noqa: E402
-from kipside.proxy.network.nodes import Address  # noqa: E402
 from kipside.proxy.server import Server, ServerConfig  # noqa: E402
 from kipside.proxy.telemetry.tracing import TraceConfig, Tracer  # noqa: E402
 from kipside.rules import parse_rules  # noqa: E402

@@ -4,6 +4,7 @@ The proxy (kipside.proxy, on trio) and the pipelines (kipside.pipeline, on block
 two shells over this one codec, and they import only the names listed in ``__all__`` below; the
 modules behind them are free to change. The pieces:
 
+- ``Address`` (HOST:PORT, a plain value);
 - framing: ``FrameDecoder`` (size-prefixed frames, foreign-protocol sniffing, a size cap);
 - headers: request and response headers, correlation ids, ``build_frame``;
 - ``ApiKey`` and ``api_name``; ``Message`` and the kio adapter (``decode_response`` ...);
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from kipside.protocol.address import Address
 from kipside.protocol.apis import ApiKey, api_name
 from kipside.protocol.batch_builder import Record, encode_batch
 from kipside.protocol.client import ClientConnection, Response, VersionRange, pick_version
@@ -122,6 +124,7 @@ __all__ = [
     "PRODUCE_MIN_VERSION",
     "READ_COMMITTED",
     "READ_UNCOMMITTED",
+    "Address",
     "ApiKey",
     "Binary",
     "ClientConnection",

@@ -11,7 +11,7 @@ telemetry/ (stats, metrics, tracing). server.py sits above them all, cli.py on t
 This package must never import kipside.pipeline: the pipelines are found through entry points.
 """
 
-from kipside.proxy.network.nodes import Address
+from kipside.protocol import Address
 from kipside.proxy.server import Server, ServerConfig, StartupError, run
 
 __all__ = ["Address", "Server", "ServerConfig", "StartupError", "run"]

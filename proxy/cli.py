@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import entry_points
 
-from kipside.proxy.network.nodes import Address
+from kipside.protocol import Address
 from kipside.proxy.server import ServerConfig, run
 from kipside.proxy.telemetry.tracing import TraceConfig
 from kipside.rules import RuleError, RuleSet, default_rules, load_rules

@@ -15,9 +15,9 @@ from typing import Final
 
 import trio
 
+from kipside.protocol import Address
 from kipside.proxy.console import LiveConsole, is_terminal, live_console
 from kipside.proxy.devbroker import free_port, start_tansu
-from kipside.proxy.network.nodes import Address
 from kipside.proxy.server import Server, ServerConfig, StartupError
 
 BROKER_HOST: Final = "127.0.0.1"

@@ -21,6 +21,7 @@ import trio
 
 from kipside.protocol import (
     INT32,
+    Address,
     ApiKey,
     FrameDecoder,
     ProtocolError,
@@ -35,7 +36,7 @@ from kipside.proxy.features.transactions import TransactionManager
 from kipside.proxy.features.versions import VersionPolicy
 from kipside.proxy.network.addresses import AddressRewriter
 from kipside.proxy.network.lanes import LanePool
-from kipside.proxy.network.nodes import Address, NodeMap
+from kipside.proxy.network.nodes import NodeMap
 from kipside.proxy.network.session import Session
 from kipside.proxy.operations.admin import AdminApp, serve_admin
 from kipside.proxy.operations.reload import ProduceOrder, RuleReloader

@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from testkit.broker import TANSU_NODE_ID
 from testkit.ports import free_port
 
-from kipside.proxy.network.nodes import Address
+from kipside.protocol import Address
 from kipside.proxy.server import Server, ServerConfig
 from kipside.proxy.telemetry.tracing import TraceConfig, Tracer
 from kipside.rules import parse_rules

@@ -12,6 +12,7 @@ import pytest
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i32Timedelta
 
+from kipside.protocol import Address
 from kipside.protocol.apis import ApiKey, api_name
 from kipside.protocol.errors import DecodeError
 from kipside.protocol.headers import build_frame, encode_response_header, parse_response_header
@@ -22,7 +23,7 @@ from kipside.protocol.messages import (
     response_class,
 )
 from kipside.proxy.network.addresses import AddressRewriter, address_apis, carries_addresses
-from kipside.proxy.network.nodes import Address, NodeMap, NodeMapError
+from kipside.proxy.network.nodes import NodeMap, NodeMapError
 
 ADVERTISE = "kipside.local"
 PORT_BASE = 30000

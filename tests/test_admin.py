@@ -32,11 +32,11 @@ import trio.testing
 from testkit.http import Answer, Exchange, Request, curl_answer, status_of
 from testkit.metrics import parse
 
+from kipside.protocol import Address
 from kipside.protocol.apis import ApiKey
 from kipside.proxy.cli import _admin_address, main
 from kipside.proxy.features.coalesce import Coalescer
 from kipside.proxy.network.hooks import Routed
-from kipside.proxy.network.nodes import Address
 from kipside.proxy.network.upstream import Pending
 from kipside.proxy.operations.admin import MAX_BODY_BYTES, AdminApp, RateWindow, serve_admin
 from kipside.proxy.operations.admin import httpd as httpd_module

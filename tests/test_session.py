@@ -18,6 +18,7 @@ import trio
 import trio.testing
 
 from kipside.protocol import (
+    Address,
     ApiKey,
     FrameDecoder,
     decode_response,
@@ -29,7 +30,7 @@ from kipside.protocol import (
 from kipside.protocol.headers import build_frame, encode_request_header, encode_response_header
 from kipside.proxy.features.versions import VersionPolicy
 from kipside.proxy.network.addresses import AddressRewriter
-from kipside.proxy.network.nodes import Address, NodeMap
+from kipside.proxy.network.nodes import NodeMap
 from kipside.proxy.network.session import Session
 
 # Every test runs on trio's autojump clock (the autojump_clock fixture): once every task waits,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
 from kipside.protocol import (
+    Address,
     ApiKey,
     ProtocolError,
     Response,
@@ -28,7 +29,7 @@ from kipside.protocol import (
     pick_version,
 )
 
-from .connection import Address, BrokerConnection, ConnectionFailed
+from .connection import BrokerConnection, ConnectionFailed
 from .errors import BrokerError, RetriableError
 from .retry import RetryPolicy, call_with_retries
 

@@ -12,39 +12,14 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from kipside.protocol import ClientConnection, ProtocolError, Response
+from kipside.protocol import Address, ClientConnection, ProtocolError, Response
 
-__all__ = ["Address", "BrokerConnection", "ConnectionFailed"]
+__all__ = ["BrokerConnection", "ConnectionFailed"]
 
 _READ_SIZE = 1 << 20
 _IOV_MAX = 512  # well under Linux's 1024 iovecs per sendmsg
 Chunk = bytes | bytearray | memoryview
-
-
-@dataclass(frozen=True, slots=True)
-class Address:
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    @classmethod
-    def parse(cls, text: str, *, what: str) -> Address:
-        """HOST:PORT, or a ValueError that names `what` (an option or argument)."""
-        host, sep, port_text = text.strip().rpartition(":")
-        host = host.strip("[]")
-        if not sep or not host or not port_text:
-            raise ValueError(f"{what}: {text!r} is not HOST:PORT (e.g. 127.0.0.1:9092)")
-        try:
-            port = int(port_text)
-        except ValueError:
-            raise ValueError(f"{what}: port {port_text!r} in {text!r} is not a number") from None
-        if not 0 < port <= 65535:
-            raise ValueError(f"{what}: port {port} in {text!r} is outside 1..65535")
-        return cls(host, port)
 
 
 class ConnectionFailed(OSError):

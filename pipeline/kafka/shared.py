@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kipside.protocol import Address
+
 from .client import ClientConfig, KafkaClient
-from .connection import Address
 
 __all__ = ["drop_client", "shared_client"]
 

@@ -24,11 +24,11 @@ from typing import Any, Final, TextIO
 from kipside.pipeline import jobrun
 from kipside.pipeline.jobrun import JobFiles
 from kipside.pipeline.kafka.client import ClientConfig, KafkaClient
-from kipside.pipeline.kafka.connection import Address
 from kipside.pipeline.kafka.errors import KafkaError
 from kipside.pipeline.kafka.retry import RetryPolicy
 from kipside.pipeline.progress import Totals, describe_lag
 from kipside.pipeline.spark import start_session
+from kipside.protocol import Address
 
 from .offset_sync import DEFAULT_TOPIC
 from .sink import MirrorSink
@@ -100,7 +100,7 @@ def preflight(job: MirrorJob) -> list[tuple[str, int]]:
         job.source_options(), timeout_ms=job.timeout_ms, flag="--topics", client_id="kipside-mirror"
     )
     config = ClientConfig(client_id="kipside-mirror", retry=RetryPolicy(timeout_ms=job.timeout_ms))
-    dest_bootstrap = [Address.parse(p, what="--dest") for p in job.dest.split(",") if p.strip()]
+    dest_bootstrap = Address.parse_list(job.dest, what="--dest")
     with KafkaClient(dest_bootstrap, role="destination cluster", config=config) as dest:
         dest.retrying("reading the destination's metadata", dest.metadata)
     return partitions

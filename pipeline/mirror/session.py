@@ -20,10 +20,9 @@ import pyarrow as pa
 
 from kipside.pipeline.kafka.admin import NewTopic, create_topics, partition_counts
 from kipside.pipeline.kafka.client import ClientConfig
-from kipside.pipeline.kafka.connection import Address
 from kipside.pipeline.kafka.producer import IdempotentProducer, ProduceConfig, Written
 from kipside.pipeline.kafka.shared import drop_client, shared_client
-from kipside.protocol import Record, RecordBatchView, encode_batch
+from kipside.protocol import Address, Record, RecordBatchView, encode_batch
 
 from .offset_sync import TOPIC_CONFIGS, OffsetSync, encode_sync
 from .topics import DestinationTopics

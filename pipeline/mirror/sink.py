@@ -25,10 +25,10 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from kipside.pipeline.kafka.client import ClientConfig
-from kipside.pipeline.kafka.connection import Address
 from kipside.pipeline.kafka.producer import ProduceConfig
 from kipside.pipeline.source.batch_rows import BATCH_STRUCT
 from kipside.pipeline.source.options import OptionError
+from kipside.protocol import Address
 
 from .offset_sync import DEFAULT_TOPIC
 from .session import SinkOptions, discard_session, session_for
@@ -52,7 +52,7 @@ def _addresses(options: Mapping[str, str], key: str) -> tuple[Address, ...]:
     if not text or not text.strip():
         raise OptionError(f"option {key} must be set for the kipside-mirror sink")
     try:
-        return tuple(Address.parse(p, what=f"option {key}") for p in text.split(",") if p.strip())
+        return Address.parse_list(text, what=f"option {key}")
     except ValueError as exc:
         raise OptionError(str(exc)) from None
 

@@ -16,12 +16,11 @@ from typing import TextIO
 
 from kipside.pipeline.kafka.admin import commit_group_offsets, group_offsets, partition_counts
 from kipside.pipeline.kafka.client import ClientConfig, KafkaClient
-from kipside.pipeline.kafka.connection import Address
 from kipside.pipeline.kafka.errors import KafkaError
 from kipside.pipeline.kafka.fetcher import FetchConfig, RangeReader
 from kipside.pipeline.kafka.offsets import EARLIEST, list_offsets, watermarks
 from kipside.pipeline.kafka.retry import RetryPolicy
-from kipside.protocol import decode_batch_records
+from kipside.protocol import Address, decode_batch_records
 
 from .offset_sync import OffsetSync, SyncIndex, Translation, decode_sync, translate_all
 
@@ -66,12 +65,12 @@ def read_syncs(dest: KafkaClient, topic: str) -> tuple[list[OffsetSync], int]:
 def _clients(job: TranslateJob) -> tuple[KafkaClient, KafkaClient]:
     config = ClientConfig(client_id="kipside-mirror", retry=RetryPolicy(timeout_ms=job.timeout_ms))
     source = KafkaClient(
-        [Address.parse(p, what="--source") for p in job.source.split(",") if p.strip()],
+        Address.parse_list(job.source, what="--source"),
         role="source cluster",
         config=config,
     )
     dest = KafkaClient(
-        [Address.parse(p, what="--dest") for p in job.dest.split(",") if p.strip()],
+        Address.parse_list(job.dest, what="--dest"),
         role="destination cluster",
         config=config,
     )

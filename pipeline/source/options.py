@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from kipside.pipeline.kafka.client import ClientConfig
-from kipside.pipeline.kafka.connection import Address
 from kipside.pipeline.kafka.fetcher import FetchConfig
 from kipside.pipeline.kafka.offsets import EARLIEST, LATEST, TopicPartition
 from kipside.pipeline.kafka.retry import RetryPolicy
+from kipside.protocol import Address
 
 __all__ = [
     "EARLIEST",
@@ -427,11 +427,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
     servers = raw.get("kafka.bootstrap.servers") or ""
     name = raw.name("kafka.bootstrap.servers")
     try:
-        bootstrap = tuple(
-            Address.parse(part, what=f"option {name}")
-            for part in servers.split(",")
-            if part.strip()
-        )
+        bootstrap = Address.parse_list(servers, what=f"option {name}")
     except ValueError as exc:
         raise OptionError(str(exc)) from None
     if not bootstrap:

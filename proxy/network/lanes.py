@@ -17,6 +17,7 @@ from collections.abc import Callable, Hashable
 import trio
 
 from kipside.protocol import (
+    Address,
     ApiKey,
     ErrorCode,
     build_frame,
@@ -24,7 +25,6 @@ from kipside.protocol import (
     encode_request_header,
     parse_response_header,
 )
-from kipside.proxy.network.nodes import Address
 from kipside.proxy.network.upstream import UpstreamConnection, UpstreamFailed
 from kipside.proxy.telemetry.stats import Stats
 

@@ -11,18 +11,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+
+from kipside.protocol import Address
 
 log = logging.getLogger("kipside.nodes")
-
-
-@dataclass(frozen=True, slots=True)
-class Address:
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
 
 
 class NodeMapError(ValueError):

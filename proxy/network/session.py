@@ -26,6 +26,7 @@ from kipside.protocol import (
     INT16,
     PRODUCE_MAX_VERSION,
     PRODUCE_MIN_VERSION,
+    Address,
     ApiKey,
     DecodeError,
     FrameDecoder,
@@ -40,7 +41,6 @@ from kipside.protocol import (
 )
 from kipside.proxy.network.addresses import AddressRewriter, carries_addresses
 from kipside.proxy.network.hooks import ApiVersionsPolicy, SharedRoute
-from kipside.proxy.network.nodes import Address
 from kipside.proxy.network.upstream import Pending, UpstreamConnection, UpstreamFailed
 from kipside.proxy.network.wire import WRITE_GRACE_SECONDS, Wire, WireBroken
 from kipside.proxy.telemetry.stats import Stats

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import trio
 
 from kipside.protocol import (
+    Address,
     FrameDecoder,
     ProtocolError,
     api_name,
@@ -28,7 +29,6 @@ from kipside.protocol import (
     with_request_correlation_id,
     with_response_correlation_id,
 )
-from kipside.proxy.network.nodes import Address
 from kipside.proxy.network.wire import Chunk, Wire, WireBroken
 
 log = logging.getLogger("kipside.upstream")

@@ -22,11 +22,11 @@ from testkit.broker import Broker
 from testkit.ports import free_port
 
 from kipside.pipeline.kafka.client import KafkaClient
-from kipside.pipeline.kafka.connection import Address
 from kipside.pipeline.kafka.fetcher import FetchConfig, RangeReader
 from kipside.pipeline.kafka.offsets import watermarks
 from kipside.pipeline.mirror.job import OBSERVED
 from kipside.pipeline.mirror.offset_sync import DEFAULT_TOPIC, decode_sync
+from kipside.protocol import Address
 from kipside.protocol.records import RecordBatchView
 
 from .conftest import CliResult, mirror_once, run_cli, run_in_process

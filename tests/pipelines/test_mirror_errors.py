@@ -15,8 +15,8 @@ from testkit.ports import free_port
 from kipside.pipeline.jobrun import root_cause
 from kipside.pipeline.kafka.admin import partition_counts
 from kipside.pipeline.kafka.client import KafkaClient
-from kipside.pipeline.kafka.connection import Address
 from kipside.pipeline.mirror.job import MirrorJob
+from kipside.protocol import Address
 
 from .conftest import mirror_once, run_cli, run_in_process
 from .fault_relays import (

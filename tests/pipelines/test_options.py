@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from kipside.pipeline.kafka.client import ClientConfig
-from kipside.pipeline.kafka.connection import Address
 from kipside.pipeline.kafka.fetcher import FetchConfig
 from kipside.pipeline.kafka.retry import RetryPolicy
 from kipside.pipeline.source.options import (
@@ -26,6 +25,7 @@ from kipside.pipeline.source.options import (
     Subscription,
     parse_source_options,
 )
+from kipside.protocol import Address
 
 BOOTSTRAP = {"kafka.bootstrap.servers": "broker-1:9092"}
 BASE = {**BOOTSTRAP, "subscribe": "orders"}

@@ -21,8 +21,7 @@ from typing import Final, Protocol
 
 import trio
 
-from kipside.protocol import ApiKey, api_name
-from kipside.proxy.network.nodes import Address
+from kipside.protocol import Address, ApiKey, api_name
 from kipside.proxy.operations.admin.httpd import REQUEST_DEADLINE_SECONDS, Reply, serve_http
 from kipside.proxy.operations.admin.rates import RATE_SAMPLE_SECONDS, RateWindow
 from kipside.proxy.operations.reload import RuleReloader
