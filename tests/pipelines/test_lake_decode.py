@@ -13,8 +13,6 @@ from typing import Any
 import pytest
 from pyspark.sql.types import (
     ArrayType,
-    BooleanType,
-    DateType,
     DoubleType,
     IntegerType,
     LongType,
@@ -25,16 +23,11 @@ from pyspark.sql.types import (
 from kipside.pipeline.lake.decode import decode, explain, good_rows, quarantine_rows
 from kipside.pipeline.lake.schema import LakeSchema
 
-from .spark_schema import ITEM, struct
+from .spark_schema import ITEM, SCALARS, struct
 
 SCHEMA = struct(
-    ("id", LongType()),
+    *SCALARS,
     ("count", IntegerType()),
-    ("price", DoubleType()),
-    ("ok", BooleanType()),
-    ("at", TimestampType()),
-    ("day", DateType()),
-    ("name", StringType()),
     ("items", ArrayType(ITEM, True)),
     ("customer", struct(("name", StringType()), ("address", struct(("zip", IntegerType()))))),
 )

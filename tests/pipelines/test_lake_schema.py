@@ -28,7 +28,7 @@ from pyspark.sql.types import (
 
 from kipside.pipeline.lake.schema import RESERVED, LakeSchema, SchemaError, load_schema
 
-from .spark_schema import ITEM, struct
+from .spark_schema import ITEM, SCALARS, struct
 
 
 def write(tmp_path: Path, name: str, *lines: str) -> str:
@@ -47,12 +47,7 @@ def fail(path: str, line: int, parse_ddl: Any = None) -> str:
 
 
 EXPECTED = struct(
-    ("id", LongType()),
-    ("name", StringType()),
-    ("at", TimestampType()),
-    ("day", DateType()),
-    ("price", DoubleType()),
-    ("ok", BooleanType()),
+    *SCALARS,
     ("tags", ArrayType(StringType(), True)),
     ("items", ArrayType(ITEM, True)),
     ("customer", struct(("name", StringType()), ("address", struct(("zip", StringType()))))),
