@@ -8,6 +8,7 @@ test, so the decoders in protocol/ are checked against the format and not agains
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 from typing import Final
 
 import crc32c
@@ -29,35 +30,38 @@ _COVERED: Final = struct.Struct(">hiqqqhii")
 _HEADER_SIZE: Final = 61
 
 
-def assemble(
-    records: bytes,
-    *,
-    records_count: int,
-    base_offset: int = 0,
-    attributes: int = 0,
-    last_offset_delta: int = 0,
-    base_timestamp: int = TIMESTAMP,
-    max_timestamp: int = TIMESTAMP,
-    producer_id: int = -1,
-    producer_epoch: int = -1,
-    base_sequence: int = -1,
-    leader_epoch: int = -1,
-) -> bytes:
-    """A magic-v2 batch around already encoded `records`, with a correct CRC-32C."""
-    covered = _COVERED.pack(
-        attributes,
-        last_offset_delta,
-        base_timestamp,
-        max_timestamp,
-        producer_id,
-        producer_epoch,
-        base_sequence,
-        records_count,
-    )
-    crc = crc32c.crc32c(covered + records)
-    batch_length = _HEADER_SIZE - 12 + len(records)
-    head = _HEAD.pack(base_offset, batch_length, leader_epoch, 2)
-    return head + struct.pack(">I", crc) + covered + records
+@dataclass(frozen=True)
+class Header:
+    """The fields of a magic-v2 batch header a test chooses (the length and CRC are computed)."""
+
+    # In the order they are on the wire.
+    base_offset: int = 0
+    leader_epoch: int = -1
+    attributes: int = 0
+    last_offset_delta: int = 0
+    base_timestamp: int = TIMESTAMP
+    max_timestamp: int = TIMESTAMP
+    producer_id: int = -1
+    producer_epoch: int = -1
+    base_sequence: int = -1
+    records_count: int = 1
+
+    def around(self, records: bytes) -> bytes:
+        """A batch with this header around already encoded `records`, with a correct CRC-32C."""
+        covered = _COVERED.pack(
+            self.attributes,
+            self.last_offset_delta,
+            self.base_timestamp,
+            self.max_timestamp,
+            self.producer_id,
+            self.producer_epoch,
+            self.base_sequence,
+            self.records_count,
+        )
+        crc = crc32c.crc32c(covered + records)
+        batch_length = _HEADER_SIZE - 12 + len(records)
+        head = _HEAD.pack(self.base_offset, batch_length, self.leader_epoch, 2)
+        return head + struct.pack(">I", crc) + covered + records
 
 
 def control_record(kind: int, coordinator_epoch: int = 0, *, key_version: int = 0) -> bytes:
@@ -87,14 +91,13 @@ def control_batch(
     coordinator_epoch: int = 0,
 ) -> bytes:
     """A COMMIT or ABORT marker as a broker writes it: transactional and control bits set."""
-    return assemble(
-        control_record(kind, coordinator_epoch),
-        records_count=1,
+    header = Header(
         base_offset=base_offset,
         attributes=TRANSACTIONAL | CONTROL,
         producer_id=producer_id,
         producer_epoch=producer_epoch,
     )
+    return header.around(control_record(kind, coordinator_epoch))
 
 
 def data_batch(
@@ -108,8 +111,7 @@ def data_batch(
 ) -> bytes:
     """A data batch of one record per value, re-headed with the producer fields given."""
     built = encode_batch([Record(b"k", v) for v in values], base_timestamp=TIMESTAMP)
-    return assemble(
-        built[_HEADER_SIZE:],
+    header = Header(
         records_count=len(values),
         base_offset=base_offset,
         attributes=TRANSACTIONAL if transactional else 0,
@@ -118,6 +120,7 @@ def data_batch(
         producer_epoch=producer_epoch,
         base_sequence=base_sequence,
     )
+    return header.around(built[_HEADER_SIZE:])
 
 
 # What re-stamping a batch's producer (or stripping it) must leave as it was.

@@ -16,7 +16,7 @@ from batches import (
     COMMIT,
     CONTROL,
     TRANSACTIONAL,
-    assemble,
+    Header,
     assert_same_but_producer,
     control_batch,
     control_record,
@@ -122,7 +122,7 @@ def test_restamp(codec: Compression, transactional: bool) -> None:
 def test_restamp_any_header(
     attributes: int, body: bytes, producer_id: int, producer_epoch: int, base_sequence: int
 ) -> None:
-    source = assemble(body, records_count=3, attributes=attributes, producer_id=8)
+    source = Header(records_count=3, attributes=attributes, producer_id=8).around(body)
     view = RecordBatchView.from_buffer(source)
     header, records = restamp(view, producer_id, producer_epoch, base_sequence)
     new = RecordBatchView.from_buffer(header + bytes(records))
@@ -200,7 +200,7 @@ def control_with_records(
     records: bytes, *, attributes: int = TRANSACTIONAL | CONTROL, count: int = 1
 ) -> RecordBatchView:
     return RecordBatchView.from_buffer(
-        assemble(records, records_count=count, attributes=attributes, producer_id=1)
+        Header(records_count=count, attributes=attributes, producer_id=1).around(records)
     )
 
 
