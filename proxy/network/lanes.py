@@ -142,18 +142,16 @@ class LanePool:
             address = self._address()
             if address is None:
                 raise UpstreamFailed(f"node {self.node_id} has no known address")
-            connection = UpstreamConnection(
-                address,
-                name=f"lane {index} to node {self.node_id} ({address})",
-                max_frame_bytes=self._max_frame_bytes,
-                on_closed=self._lane_closed,
-            )
             try:
-                await connection.start(self._nursery)
-            except (OSError, trio.TooSlowError) as exc:
-                raise UpstreamFailed(
-                    f"cannot reach node {self.node_id} at {address}: {exc}"
-                ) from exc
+                connection = await UpstreamConnection.open(
+                    address,
+                    self._nursery,
+                    name=f"lane {index} to node {self.node_id} ({address})",
+                    max_frame_bytes=self._max_frame_bytes,
+                    on_closed=self._lane_closed,
+                )
+            except UpstreamFailed as exc:
+                raise UpstreamFailed(f"cannot reach node {self.node_id} at {exc}") from exc
             self._stats.upstream_connections += 1
             if self.produce_versions is None:
                 try:

@@ -42,15 +42,12 @@ from kipside.protocol import (
 from kipside.proxy.network.addresses import AddressRewriter, carries_addresses
 from kipside.proxy.network.hooks import ApiVersionsPolicy, SharedRoute
 from kipside.proxy.network.upstream import Pending, UpstreamConnection, UpstreamFailed
-from kipside.proxy.network.wire import WRITE_GRACE_SECONDS, Wire, WireBroken
+from kipside.proxy.network.wire import BACKLOG_LIMIT_BYTES, WRITE_GRACE_SECONDS, Wire, WireBroken
 from kipside.proxy.telemetry.stats import Stats
 from kipside.proxy.telemetry.tracing import Tracer, finish
 
 log = logging.getLogger("kipside.session")
 
-READ_SIZE = 256 * 1024
-# The reader stops taking requests while this much of the client's answers is unsent.
-CLIENT_BACKLOG_LIMIT_BYTES = 4 * 1024 * 1024
 # How long a closing session lets the broker finish what it was sent (acks=0 produce has no
 # answer to wait for, and closing first would make the broker drop it).
 DEDICATED_CLOSE_GRACE_SECONDS = 1.0
@@ -209,11 +206,11 @@ class Session:
         decoder = FrameDecoder(max_frame_bytes=self.max_frame_bytes, min_frame_bytes=8)
         wire = self.wire
         while True:
-            if wire.backlog_bytes > CLIENT_BACKLOG_LIMIT_BYTES:
+            if wire.backlog_bytes > BACKLOG_LIMIT_BYTES:
                 # The client is not reading its answers: read no more requests until it does,
                 # as a broker mutes such a connection.
                 await wire.drained()
-            data = await wire.receive(READ_SIZE)
+            data = await wire.receive()
             if not data:
                 # The client is done sending. Requests already forwarded still run (acks=0
                 # ones included); the session closes once the owed answers are out.
@@ -306,16 +303,17 @@ class Session:
         assert self._nursery is not None
         problems = []
         for candidate in self.upstream_candidates:
-            connection = UpstreamConnection(
-                candidate,
-                name=f"upstream {candidate} for {self.describe()}",
-                max_frame_bytes=self.max_frame_bytes,
-                on_closed=self._dedicated_closed,
-            )
             try:
-                await connection.start(self._nursery, self.connect_timeout)
-            except (OSError, trio.TooSlowError) as exc:
-                problems.append(f"{candidate}: {exc or 'timed out'}")
+                connection = await UpstreamConnection.open(
+                    candidate,
+                    self._nursery,
+                    name=f"upstream {candidate} for {self.describe()}",
+                    max_frame_bytes=self.max_frame_bytes,
+                    on_closed=self._dedicated_closed,
+                    connect_timeout=self.connect_timeout,
+                )
+            except UpstreamFailed as exc:
+                problems.append(str(exc))
                 continue
             self.dedicated = connection
             self.stats.upstream_connections += 1

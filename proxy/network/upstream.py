@@ -29,13 +29,9 @@ from kipside.protocol import (
     with_request_correlation_id,
     with_response_correlation_id,
 )
-from kipside.proxy.network.wire import Chunk, Wire, WireBroken
+from kipside.proxy.network.wire import BACKLOG_LIMIT_BYTES, Chunk, Wire, WireBroken
 
 log = logging.getLogger("kipside.upstream")
-
-READ_SIZE = 256 * 1024
-# A requester waits once this much is written but not yet taken by the broker.
-BACKLOG_LIMIT_BYTES = 4 * 1024 * 1024
 
 
 class UpstreamFailed(Exception):
@@ -156,14 +152,33 @@ class UpstreamConnection:
         """Bytes written but not yet taken by the kernel (the broker is not reading)."""
         return self._wire.backlog_bytes if self._wire is not None else 0
 
-    async def start(self, nursery: trio.Nursery, connect_timeout: float = 10.0) -> None:
-        """Connect and start the reader in nursery; raises OSError/TooSlowError if unreachable."""
-        with trio.fail_after(connect_timeout):
-            wire = await Wire.connect(self.address.host, self.address.port)
-        wire.on_broken(lambda reason: self._close(f"{self.name}: {reason}"))
-        self._wire = wire
-        nursery.start_soon(self._read_responses, wire)
+    @classmethod
+    async def open(
+        cls,
+        address: Address,
+        nursery: trio.Nursery,
+        *,
+        name: str,
+        max_frame_bytes: int,
+        on_closed: Callable[[UpstreamConnection, str], None] | None = None,
+        connect_timeout: float = 10.0,
+    ) -> UpstreamConnection:
+        """Dial `address` and start the connection's reader and flusher in nursery.
+
+        Raises UpstreamFailed ("HOST:PORT: why") if the broker can't be reached within
+        connect_timeout.
+        """
+        connection = cls(address, name=name, max_frame_bytes=max_frame_bytes, on_closed=on_closed)
+        try:
+            with trio.fail_after(connect_timeout):
+                wire = await Wire.connect(address.host, address.port)
+        except (OSError, trio.TooSlowError) as exc:
+            raise UpstreamFailed(f"{address}: {exc or 'timed out'}") from exc
+        wire.on_broken(lambda reason: connection._close(f"{name}: {reason}"))
+        connection._wire = wire
+        nursery.start_soon(connection._read_responses, wire)
         nursery.start_soon(wire.run_flusher)
+        return connection
 
     def _take_correlation_id(self) -> int:
         correlation_id = self._next_correlation_id
@@ -224,7 +239,7 @@ class UpstreamConnection:
         reason = f"{self.name}: broker closed the connection"
         try:
             while True:
-                data = await wire.receive(READ_SIZE)
+                data = await wire.receive()
                 if not data:
                     if wire.broken_reason is not None:
                         reason = f"{self.name}: {wire.broken_reason}"

@@ -35,6 +35,12 @@ Chunk = bytes | bytearray | memoryview
 WRITE_GRACE_SECONDS: Final = 10.0
 # sendmsg takes at most IOV_MAX (1024 on Linux) buffers per call.
 MAX_CHUNKS_PER_CALL: Final = 512
+# What one read takes from the kernel at most; every whole frame in it is handled before the
+# next read.
+READ_SIZE: Final = 256 * 1024
+# Past this much unsent backlog, whoever adds to a connection waits for the peer to read: a
+# session stops reading its client's requests, a requester stops writing to a broker.
+BACKLOG_LIMIT_BYTES: Final = 4 * 1024 * 1024
 
 
 class WireBroken(Exception):
@@ -92,7 +98,7 @@ class Wire:
 
     # Reading ---------------------------------------------------------------------------
 
-    async def receive(self, max_bytes: int) -> bytes:
+    async def receive(self, max_bytes: int = READ_SIZE) -> bytes:
         """The next bytes from the peer; b"" once it has finished sending or the connection
         is closed or reset (then `broken_reason` says which). Waits first: a proxy reads
         after the peer had time to send."""
