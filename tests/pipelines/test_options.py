@@ -8,7 +8,7 @@ cases are one table: the options, whether the query streams, and what the messag
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
@@ -73,28 +73,6 @@ def test_defaults_of_a_streaming_read() -> None:
 def test_several_bootstrap_servers() -> None:
     opts = parse({"kafka.bootstrap.servers": " a:1, b:2 ,[::1]:3"})
     assert opts.bootstrap == (Address("a", 1), Address("b", 2), Address("::1", 3))
-
-
-def test_option_names_are_case_insensitive() -> None:
-    opts = parse_source_options(
-        {
-            "KAFKA.BOOTSTRAP.SERVERS": "a:1",
-            "SubscribePattern": "orders-.*",
-            "STARTINGOFFSETS": "earliest",
-            "endingoffsets": '{"orders-1": {"0": 5}}',
-            "MinPartitions": "4",
-            "Kafka.Isolation.Level": "READ_UNCOMMITTED",
-            "ROWS": "Batches",
-        },
-        streaming=False,
-    )
-    assert opts.bootstrap == (Address("a", 1),)
-    assert opts.subscription == Subscription("subscribePattern", pattern="orders-.*")
-    assert opts.starting.kind == "earliest"
-    assert opts.ending == OffsetSpec("offsets", {("orders-1", 0): 5}, option="endingOffsets")
-    assert opts.min_partitions == 4
-    assert opts.committed_only is False
-    assert opts.rows == "batches"
 
 
 @pytest.mark.parametrize(
@@ -247,21 +225,38 @@ def test_accepted_and_ignored_options(option: str) -> None:
     assert parse({option: "10"}).subscription.topics == ("orders",)
 
 
-def test_kafka_client_settings_land_in_their_configs() -> None:
-    opts = parse(
-        {
-            "kafka.client.id": "etl-7",
-            "kafka.request.timeout.ms": "1234",
-            "kafka.default.api.timeout.ms": "5678",
-            "kafka.retry.backoff.ms": "11",
-            "kafka.retry.backoff.max.ms": "22",
-            "kafka.socket.connection.setup.timeout.ms": "333",
-            "kafka.max.partition.fetch.bytes": "2048",
-            "kafka.fetch.max.bytes": "4096",
-            "kafka.fetch.max.wait.ms": "77",
-            "kafka.transaction.marker.timeout.ms": "888",
-        }
-    )
+# A valid batch read with every option below set away from its default; the values Spark
+# compares without case (rows, isolation level) written in another case.
+EVERY_OPTION = {
+    "kafka.bootstrap.servers": "a:1",
+    "subscribePattern": "orders-.*",
+    "startingOffsets": "earliest",
+    "endingOffsets": '{"orders-1": {"0": 5}}',
+    "minPartitions": "4",
+    "kafka.isolation.level": "READ_UNCOMMITTED",
+    "rows": "Batches",
+    "kafka.client.id": "etl-7",
+    "kafka.request.timeout.ms": "1234",
+    "kafka.default.api.timeout.ms": "5678",
+    "kafka.retry.backoff.ms": "11",
+    "kafka.retry.backoff.max.ms": "22",
+    "kafka.socket.connection.setup.timeout.ms": "333",
+    "kafka.max.partition.fetch.bytes": "2048",
+    "kafka.fetch.max.bytes": "4096",
+    "kafka.fetch.max.wait.ms": "77",
+    "kafka.transaction.marker.timeout.ms": "888",
+}
+
+
+def test_every_option_lands_in_its_setting() -> None:
+    opts = parse_source_options(EVERY_OPTION, streaming=False)
+    assert opts.bootstrap == (Address("a", 1),)
+    assert opts.subscription == Subscription("subscribePattern", pattern="orders-.*")
+    assert opts.starting.kind == "earliest"
+    assert opts.ending == OffsetSpec("offsets", {("orders-1", 0): 5}, option="endingOffsets")
+    assert opts.min_partitions == 4
+    assert opts.committed_only is False
+    assert opts.rows == "batches"
     assert opts.client == ClientConfig(
         client_id="etl-7",
         connect_timeout_ms=333,
@@ -272,7 +267,16 @@ def test_kafka_client_settings_land_in_their_configs() -> None:
         max_partition_fetch_bytes=2048,
         fetch_max_bytes=4096,
         fetch_max_wait_ms=77,
+        committed_only=False,
         marker_timeout_ms=888,
+    )
+
+
+@pytest.mark.parametrize("spell", [str.upper, str.lower, str.swapcase, str.title])
+def test_option_names_are_case_insensitive(spell: Callable[[str], str]) -> None:
+    respelled = {spell(name): value for name, value in EVERY_OPTION.items()}
+    assert parse_source_options(respelled, streaming=False) == parse_source_options(
+        EVERY_OPTION, streaming=False
     )
 
 
