@@ -14,11 +14,11 @@ This module must never be called per request, and never blocks trio.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from importlib.metadata import version
 from operator import attrgetter
-from typing import Final, Protocol
+from typing import Final, NamedTuple, Protocol, TypeAlias, TypeVar
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from opentelemetry.sdk.metrics import MeterProvider
@@ -39,51 +39,22 @@ from kipside.rules import RuleSet
 KIPSIDE_VERSION: Final = version("kipside")
 """The installed distribution's version (pyproject.toml's, one place)."""
 
-Read = Callable[[Stats], int | float]
+S = TypeVar("S")
+# What a metric reads when a reader collects: a number, a count per API key (each labelled
+# api="Produce", ...), or the observations themselves.
+Reading = float | Mapping[int, int] | list[Observation]
+# (name, unit, help, read). A name ending in _total is a counter, any other a gauge (the
+# OpenMetrics naming rule).
+Metric: TypeAlias = tuple[str, str, str, Callable[[S], Reading]]
 
-_COUNTERS: Final[tuple[tuple[str, str, Read], ...]] = (
-    (
-        "kipside_lane_failures_total",
-        "Shared broker connections that ended.",
-        attrgetter("lane_failures"),
-    ),
-    (
-        "kipside_coalesced_batches_total",
-        "Partition batches sent inside coalesced ProduceRequests.",
-        attrgetter("coalesced_batches"),
-    ),
-    (
-        "kipside_round_trips_saved_total",
-        "Broker round trips clients did not cost: coalesced Produce plus locally answered "
-        "transaction calls.",
-        Stats.round_trips_saved,
-    ),
-    (
-        "kipside_txn_local_answers_total",
-        "AddPartitionsToTxn/AddOffsetsToTxn answered without a broker round trip.",
-        attrgetter("txn_local_answers"),
-    ),
-    (
-        "kipside_txn_preregistrations_total",
-        "Transactions whose declared outputs and group kipside registered up front.",
-        attrgetter("txn_preregistrations"),
-    ),
-    (
-        "kipside_holds_total",
-        "Transaction-begin holds (a registration that met CONCURRENT_TRANSACTIONS).",
-        attrgetter("holds"),
-    ),
-    (
-        "kipside_hold_retries_total",
-        "Upstream retries made while holding.",
-        attrgetter("hold_retries"),
-    ),
-    (
-        "kipside_rule_problems_total",
-        "Declared transaction outputs the broker refused or doesn't know.",
-        attrgetter("rule_problems"),
-    ),
-)
+
+def _frame_bytes(stats: Stats) -> list[Observation]:
+    sent, received = dict(stats.client_request_bytes), dict(stats.client_response_bytes)
+    return [
+        Observation(count.get(k, 0), {"api": api_name(k), "direction": direction})
+        for k in sorted(sent.keys() | received.keys())
+        for direction, count in (("request", sent), ("response", received))
+    ]
 
 
 def _coalescing_ratio(stats: Stats) -> float:
@@ -91,18 +62,93 @@ def _coalescing_ratio(stats: Stats) -> float:
     return stats.client_requests[ApiKey.PRODUCE] / upstream if upstream else 0.0
 
 
-_GAUGES: Final[tuple[tuple[str, str, Read], ...]] = (
-    ("kipside_client_connections", "Open client connections.", attrgetter("client_connections")),
+def _build_info(_stats: Stats) -> list[Observation]:
+    return [Observation(1, {"version": KIPSIDE_VERSION})]
+
+
+# Stats' metrics, in the order /metrics lists them.
+_STATS_METRICS: Final[tuple[Metric[Stats], ...]] = (
+    ("kipside_build_info", "", "kipside build information.", _build_info),
+    (
+        "kipside_lane_failures_total",
+        "",
+        "Shared broker connections that ended.",
+        attrgetter("lane_failures"),
+    ),
+    (
+        "kipside_coalesced_batches_total",
+        "",
+        "Partition batches sent inside coalesced ProduceRequests.",
+        attrgetter("coalesced_batches"),
+    ),
+    (
+        "kipside_round_trips_saved_total",
+        "",
+        "Broker round trips clients did not cost: coalesced Produce plus locally answered "
+        "transaction calls.",
+        Stats.round_trips_saved,
+    ),
+    (
+        "kipside_txn_local_answers_total",
+        "",
+        "AddPartitionsToTxn/AddOffsetsToTxn answered without a broker round trip.",
+        attrgetter("txn_local_answers"),
+    ),
+    (
+        "kipside_txn_preregistrations_total",
+        "",
+        "Transactions whose declared outputs and group kipside registered up front.",
+        attrgetter("txn_preregistrations"),
+    ),
+    (
+        "kipside_holds_total",
+        "",
+        "Transaction-begin holds (a registration that met CONCURRENT_TRANSACTIONS).",
+        attrgetter("holds"),
+    ),
+    (
+        "kipside_hold_retries_total",
+        "",
+        "Upstream retries made while holding.",
+        attrgetter("hold_retries"),
+    ),
+    (
+        "kipside_rule_problems_total",
+        "",
+        "Declared transaction outputs the broker refused or doesn't know.",
+        attrgetter("rule_problems"),
+    ),
+    (
+        "kipside_client_connections",
+        "",
+        "Open client connections.",
+        attrgetter("client_connections"),
+    ),
     (
         "kipside_upstream_connections",
+        "",
         "Open broker connections.",
         attrgetter("upstream_connections"),
     ),
     (
         "kipside_coalescing_ratio",
+        "",
         "Client ProduceRequests per upstream ProduceRequest since start.",
         _coalescing_ratio,
     ),
+    (
+        "kipside_client_requests_total",
+        "",
+        "Requests received from clients.",
+        attrgetter("client_requests"),
+    ),
+    (
+        "kipside_upstream_requests_total",
+        "",
+        "Requests sent to brokers (a coalesced ProduceRequest counts once).",
+        attrgetter("upstream_requests"),
+    ),
+    ("kipside_bytes_total", "By", "Kafka frame bytes to and from clients, by api.", _frame_bytes),
 )
 
 
@@ -115,85 +161,60 @@ class ReloadCounts(Protocol):
     def rule_reload_errors(self) -> int: ...
 
 
-Callback = Callable[[CallbackOptions], Iterable[Observation]]
+class _RuleSource(NamedTuple):
+    rules: Callable[[], RuleSet]
+    reloads: ReloadCounts
 
 
-def _one(read: Callable[[], float]) -> Callback:
-    return lambda _options: [Observation(read())]
+def _rules_info(source: _RuleSource) -> list[Observation]:
+    ruleset = source.rules()
+    return [Observation(1, {"version": ruleset.version, "source": ruleset.source})]
 
 
-def _by_api(counter: Callable[[], dict[int, int]]) -> Callback:
-    # dict(...) copies in one C call: consistent even while the OTLP reader's thread collects.
-    return lambda _options: [
-        Observation(v, {"api": api_name(k)}) for k, v in sorted(dict(counter()).items())
-    ]
-
-
-def _frame_bytes(stats: Stats) -> Callback:
-    def observe(_options: CallbackOptions) -> list[Observation]:
-        sent, received = dict(stats.client_request_bytes), dict(stats.client_response_bytes)
-        return [
-            Observation(count.get(k, 0), {"api": api_name(k), "direction": direction})
-            for k in sorted(sent.keys() | received.keys())
-            for direction, count in (("request", sent), ("response", received))
-        ]
-
-    return observe
-
-
-def _observe_stats(meter: Meter, stats: Stats) -> None:
-    build = {"version": KIPSIDE_VERSION}
-    meter.create_observable_gauge(
-        "kipside_build_info", [lambda _o: [Observation(1, build)]], "", "kipside build information."
-    )
-    for name, help_text, read in _COUNTERS:
-        meter.create_observable_counter(name, [_one(partial(read, stats))], "", help_text)
-    for name, help_text, read in _GAUGES:
-        meter.create_observable_gauge(name, [_one(partial(read, stats))], "", help_text)
-    meter.create_observable_counter(
-        "kipside_client_requests_total",
-        [_by_api(lambda: stats.client_requests)],
-        "",
-        "Requests received from clients.",
-    )
-    meter.create_observable_counter(
-        "kipside_upstream_requests_total",
-        [_by_api(lambda: stats.upstream_requests)],
-        "",
-        "Requests sent to brokers (a coalesced ProduceRequest counts once).",
-    )
-    meter.create_observable_counter(
-        "kipside_bytes_total",
-        [_frame_bytes(stats)],
-        "By",
-        "Kafka frame bytes to and from clients, by api.",
-    )
-
-
-def _observe_rules(meter: Meter, rules: Callable[[], RuleSet], reloads: ReloadCounts) -> None:
-    def info(_options: CallbackOptions) -> list[Observation]:
-        ruleset = rules()
-        return [Observation(1, {"version": ruleset.version, "source": ruleset.source})]
-
-    meter.create_observable_gauge(
+_RULE_METRICS: Final[tuple[Metric[_RuleSource], ...]] = (
+    (
         "kipside_rules_info",
-        [info],
         "",
         "The rule set in force (version: first 12 hex digits of the SHA-256 of the file).",
-    )
-    meter.create_observable_counter(
+        _rules_info,
+    ),
+    (
         "kipside_rule_reloads_total",
-        [_one(lambda: reloads.rule_reloads)],
         "",
         "Rule reloads that read a valid file (SIGHUP, file change or POST /rules/reload).",
-    )
-    meter.create_observable_counter(
+        attrgetter("reloads.rule_reloads"),
+    ),
+    (
         "kipside_rule_reload_errors_total",
-        [_one(lambda: reloads.rule_reload_errors)],
         "",
         "Rule reloads rejected because the file was invalid or unreadable; the rules in force "
         "stayed.",
-    )
+        attrgetter("reloads.rule_reload_errors"),
+    ),
+)
+
+
+def _observations(
+    read: Callable[[S], Reading], source: S, _options: CallbackOptions
+) -> list[Observation]:
+    value = read(source)
+    if isinstance(value, list):
+        return value
+    if isinstance(value, Mapping):
+        # dict(...) copies in one C call: consistent even while the OTLP reader's thread
+        # collects.
+        return [Observation(n, {"api": api_name(k)}) for k, n in sorted(dict(value).items())]
+    return [Observation(value)]
+
+
+def _observe(meter: Meter, metrics: Iterable[Metric[S]], source: S) -> None:
+    """One observable instrument per metric, reading `source` when a reader collects."""
+    for name, unit, help_text, read in metrics:
+        callbacks = [partial(_observations, read, source)]
+        if name.endswith("_total"):
+            meter.create_observable_counter(name, callbacks, unit, help_text)
+        else:
+            meter.create_observable_gauge(name, callbacks, unit, help_text)
 
 
 def kipside_resource() -> Resource:
@@ -225,9 +246,9 @@ class Metrics:
             metric_readers=readers, resource=kipside_resource(), shutdown_on_exit=False
         )
         meter = self._provider.get_meter(scope.name, scope.version)
-        _observe_stats(meter, stats)
+        _observe(meter, _STATS_METRICS, stats)
         if rules is not None and reloads is not None:
-            _observe_rules(meter, rules, reloads)
+            _observe(meter, _RULE_METRICS, _RuleSource(rules, reloads))
 
     def prometheus_text(self) -> bytes:
         """Every metric now, in Prometheus text format (metric_readers.PROMETHEUS_CONTENT_TYPE)."""
