@@ -17,7 +17,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Annotated, Any
 
 from annotated_types import Ge, Interval, MinLen
@@ -149,9 +149,6 @@ class Limits:
     max_frame_bytes: ByteSize = DEFAULT_MAX_FRAME_BYTES
     max_connections: Annotated[StrictInt, Ge(1)] = 10_000
 
-    def describe(self) -> dict[str, Any]:
-        return {"max_frame_bytes": self.max_frame_bytes, "max_connections": self.max_connections}
-
 
 @_closed
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -175,9 +172,6 @@ class CoalescingRule:
             self._topic_re.match(topic) is not None
             and self._client_id_re.match(client_id or "") is not None
         )
-
-    def describe(self) -> dict[str, Any]:
-        return {"topic": self.topic, "client_id": self.client_id, "coalesce": self.coalesce}
 
 
 @_closed
@@ -205,15 +199,6 @@ class CoalescingRules:
                 return rule.coalesce
         return self.enabled
 
-    def describe(self) -> dict[str, Any]:
-        return {
-            "enabled": self.enabled,
-            "lanes": self.lanes,
-            "linger_ms": self.linger_ms,
-            "max_request_bytes": self.max_request_bytes,
-            "rules": [rule.describe() for rule in self.rules],
-        }
-
 
 @_closed
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -223,13 +208,6 @@ class TransactionOutput:
     topic: TopicName
     partitions: Partitions | None = field(default=None, metadata={"absent": "every partition"})
 
-    def describe(self) -> dict[str, Any]:
-        # Absent rather than null, so describe() output is itself a valid rule file.
-        out: dict[str, Any] = {"topic": self.topic}
-        if self.partitions is not None:
-            out["partitions"] = list(self.partitions)
-        return out
-
 
 @_closed
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -237,9 +215,6 @@ class HoldBegin:
     """How long the proxy may hold a transaction's first request while it pre-registers."""
 
     max_ms: Annotated[StrictInt, Interval(ge=1, le=300_000)] = 5_000
-
-    def describe(self) -> dict[str, Any]:
-        return {"max_ms": self.max_ms}
 
 
 @_closed
@@ -263,16 +238,6 @@ class TransactionRule:
     def matches(self, transactional_id: str) -> bool:
         return self._transactional_id_re.match(transactional_id) is not None
 
-    def describe(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "transactional_id": self.transactional_id,
-            "outputs": [output.describe() for output in self.outputs],
-        }
-        if self.consumer_group is not None:
-            out["consumer_group"] = self.consumer_group
-        out["hold_begin"] = self.hold_begin.describe()
-        return out
-
 
 @_closed
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -284,9 +249,6 @@ class Tracing:
     api_keys: Annotated[
         tuple[ApiKeyRef, ...], Field(description="a list of API keys (numbers or names)")
     ] = DEFAULT_TRACED_API_KEYS
-
-    def describe(self) -> dict[str, Any]:
-        return {"enabled": self.enabled, "api_keys": list(self.api_keys)}
 
 
 @_closed
@@ -318,11 +280,17 @@ class RuleSet:
         the result is itself a valid rule file: dumping it with ``yaml.safe_dump`` and
         parsing it again gives an equal ``RuleSet``.
         """
-        return {
-            "source": self.source,
-            "version": self.version,
-            "limits": self.limits.describe(),
-            "coalescing": self.coalescing.describe(),
-            "transactions": [rule.describe() for rule in self.transactions],
-            "tracing": self.tracing.describe(),
-        }
+        described: dict[str, Any] = _plain(self)
+        return described
+
+
+def _plain(value: Any) -> Any:
+    """A model value as plain dicts, lists and scalars: a dataclass as its fields in
+    declaration order (derived caches left out, and an optional field that is None too:
+    absent rather than null, so the output is itself a valid rule file), a tuple as a list."""
+    if isinstance(value, tuple):
+        return [_plain(item) for item in value]
+    if not is_dataclass(value):
+        return value
+    plain = {f.name: _plain(getattr(value, f.name)) for f in fields(value) if f.init}
+    return {key: item for key, item in plain.items() if item is not None}

@@ -22,7 +22,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Final, Literal, Protocol
 
 import trio
@@ -66,14 +66,8 @@ class ReloadResult:
         return self.outcome in ("applied", "unchanged")
 
     def describe(self) -> dict[str, object]:
-        return {
-            "ok": self.ok,
-            "outcome": self.outcome,
-            "version": self.version,
-            "previous_version": self.previous_version,
-            "source": self.source,
-            "problems": list(self.problems),
-        }
+        """The result as JSON-ready data: ok, then the fields in order."""
+        return {"ok": self.ok, **asdict(self), "problems": list(self.problems)}
 
 
 class _Sharing(Protocol):
