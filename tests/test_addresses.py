@@ -38,11 +38,12 @@ UPSTREAM: list[Endpoint] = [
 ENDPOINT_FIELD = {
     ApiKey.METADATA: ("brokers", "node_id"),
     ApiKey.DESCRIBE_CLUSTER: ("brokers", "broker_id"),
-    ApiKey.PRODUCE: ("node_endpoints", "node_id"),
-    ApiKey.FETCH: ("node_endpoints", "node_id"),
-    ApiKey.SHARE_FETCH: ("node_endpoints", "node_id"),
-    ApiKey.SHARE_ACKNOWLEDGE: ("node_endpoints", "node_id"),
     ApiKey.FIND_COORDINATOR: ("coordinators", "node_id"),  # v4+
+    # KIP-951: the new leaders' endpoints, in the responses that can name a new leader.
+    **dict.fromkeys(
+        (ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.SHARE_FETCH, ApiKey.SHARE_ACKNOWLEDGE),
+        ("node_endpoints", "node_id"),
+    ),
 }
 ZERO = i32Timedelta.parse(datetime.timedelta(0))
 # Values for every required top-level field any of these responses has; _fit picks the ones
