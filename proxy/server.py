@@ -31,6 +31,7 @@ from kipside.protocol import (
     parse_response_header,
 )
 from kipside.proxy.features.coalesce import Coalescer
+from kipside.proxy.features.context import FeatureContext
 from kipside.proxy.features.routing import Router
 from kipside.proxy.features.transactions import TransactionManager
 from kipside.proxy.features.versions import VersionPolicy
@@ -288,22 +289,17 @@ class Server:
         async with trio.open_nursery() as service_nursery:
             self._service_nursery = service_nursery
             if self.config.share_connections:
-                coalescer = Coalescer(
+                context = FeatureContext(
                     self.pool,
-                    self.nodes,
-                    self.rules.coalescing,
+                    self.default_node,
+                    lambda: self.rules,
                     self.stats,
                     service_nursery,
                     self.tracer if self.tracer.active else None,
                 )
-                self.coalescer = coalescer
-                transactions = TransactionManager(
-                    self.pool, lambda: self.rules, self.default_node, self.stats, service_nursery
-                )
-                self.transactions = transactions
-                self.router = Router(
-                    self.pool, coalescer, transactions, self.stats, self.default_node
-                )
+                self.coalescer = Coalescer(context, self.nodes)
+                self.transactions = TransactionManager(context)
+                self.router = Router(context, self.coalescer, self.transactions)
             await self._serve_sessions(bootstrap, found, task_status)
             service_nursery.cancel_scope.cancel()
         self.tracer.shutdown()

@@ -36,6 +36,7 @@ from kipside.protocol import Address
 from kipside.protocol.apis import ApiKey
 from kipside.proxy.cli import _admin_address, main
 from kipside.proxy.features.coalesce import Coalescer
+from kipside.proxy.features.context import FeatureContext
 from kipside.proxy.network.hooks import Routed
 from kipside.proxy.network.upstream import Pending
 from kipside.proxy.operations.admin import MAX_BODY_BYTES, AdminApp, RateWindow, serve_admin
@@ -603,11 +604,14 @@ async def test_apply_reaches_every_reader_of_the_rules(
     path.write_text(RULES_V1)
     server = make_server(path, 9)
     coalescer = Coalescer(
-        lambda node_id: object(),  # type: ignore[arg-type,return-value]
+        FeatureContext(
+            lambda node_id: object(),  # type: ignore[arg-type,return-value]
+            server.default_node,
+            lambda: server.rules,
+            server.stats,
+            nursery,
+        ),
         server.nodes,
-        server.rules.coalescing,
-        server.stats,
-        nursery,
     )
     server.coalescer = coalescer
     existing_lane = coalescer._lane(111, 0)

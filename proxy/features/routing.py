@@ -1,8 +1,8 @@
 """Which upstream connection carries each client request.
 
-- ProduceRequests that may be coalesced go to the produce lanes (proxy.coalesce).
+- ProduceRequests that may be coalesced go to the produce lanes (features.coalesce).
 - Short request/response APIs are multiplexed over the node's lanes, correlation ids remapped.
-- Transaction requests of rule-matched transactional ids go to proxy.transactions.
+- Transaction requests of rule-matched transactional ids go to features.transactions.
 - Everything else, and every request of a client that authenticated with SASL, goes on the
   client's own upstream connection, opened lazily: APIs that can park a broker connection
   (Fetch, JoinGroup, SyncGroup, ...) must not stall other clients, and a SASL identity belongs
@@ -11,15 +11,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Final
 
 from kipside.protocol import ApiKey, RequestHeader
 from kipside.proxy.features.coalesce import Coalescer
+from kipside.proxy.features.context import FeatureContext
 from kipside.proxy.features.transactions import TransactionManager
 from kipside.proxy.network.hooks import Routed, RoutedClient
-from kipside.proxy.network.lanes import LanePool
-from kipside.proxy.telemetry.stats import Stats
 
 # Answered by the broker straight away, whatever else is going on: safe to share a connection.
 SHORT_APIS: Final = frozenset(
@@ -51,20 +50,13 @@ SHORT_APIS: Final = frozenset(
 SASL_APIS: Final = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
 
 
+@dataclass(frozen=True, slots=True)
 class Router:
-    def __init__(
-        self,
-        pools: Callable[[int], LanePool],
-        coalescer: Coalescer,
-        transactions: TransactionManager,
-        stats: Stats,
-        default_node: Callable[[], int | None],
-    ) -> None:
-        self._pools = pools
-        self.coalescer = coalescer
-        self.transactions = transactions
-        self.stats = stats
-        self._default_node = default_node
+    """The server's shared route (network.hooks.SharedRoute): the features in turn."""
+
+    context: FeatureContext
+    coalescer: Coalescer
+    transactions: TransactionManager
 
     async def route(
         self, session: RoutedClient, frame: bytes, header: RequestHeader
@@ -76,7 +68,7 @@ class Router:
             session.authenticated = True
         if session.authenticated:
             return None
-        node_id = session.node_id if session.node_id is not None else self._default_node()
+        node_id = self.context.node_for(session.node_id)
         if node_id is None:
             return None
         if self.transactions.active() and self.transactions.takes(header):
@@ -100,8 +92,8 @@ class Router:
                 return None
             return Routed(taken.pending, raw=taken.raw)
         if api_key in SHORT_APIS:
-            pool = self._pools(node_id)
+            pool = self.context.pools(node_id)
             connection = await pool.connection(pool.next_short_lane())
-            self.stats.upstream_requests[api_key] += 1
+            self.context.stats.upstream_requests[api_key] += 1
             return Routed(await connection.send(frame, api_key, header.api_version), raw=True)
         return None

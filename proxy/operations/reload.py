@@ -28,7 +28,6 @@ from typing import Final, Literal, Protocol
 import trio
 
 from kipside.protocol import ApiKey, RequestHeader
-from kipside.proxy.features.coalesce import Coalescer
 from kipside.proxy.features.versions import VersionPolicy
 from kipside.proxy.network.hooks import Routed, RoutedClient
 from kipside.proxy.network.upstream import Pending, UpstreamFailed
@@ -82,16 +81,13 @@ class RuleHolder(Protocol):
     """
 
     rules: RuleSet
-    """The rules in force: sessions, new lane pools and the transactions read them from here."""
+    """The rules in force: sessions, new lane pools and every feature read them from here."""
 
     @property
     def config(self) -> _Sharing: ...
 
     @property
     def versions(self) -> VersionPolicy: ...
-
-    @property
-    def coalescer(self) -> Coalescer | None: ...
 
 
 class _Router(Protocol):
@@ -135,9 +131,6 @@ def apply_rules(server: RuleHolder, new: RuleSet) -> None:
     server.versions.lower_transaction_version = (
         bool(new.transactions) and server.config.share_connections
     )
-    coalescer = server.coalescer
-    if coalescer is not None:
-        coalescer.set_rules(new.coalescing)
     if new.coalescing.lanes != old.coalescing.lanes:
         log.warning(
             "coalescing.lanes changed from %d to %d: brokers kipside already has lanes to keep "

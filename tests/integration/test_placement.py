@@ -14,7 +14,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from inprocess import StartKipside
 from testkit.broker import Broker
 
-from kipside.proxy.network.lanes import LanePlacement, lane_index
+from kipside.proxy.features.coalesce.placement import LanePlacement, lane_index
 
 PARTITIONS = 4
 MESSAGES = 200

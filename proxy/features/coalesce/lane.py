@@ -1,21 +1,7 @@
-"""Multi-batch produce (KIP-712): many clients' ProduceRequests become fewer upstream requests.
+"""One produce lane: the batching queue in front of one shared broker connection.
 
-Each lane has a queue of partition batches. While the lane's ProduceRequest is in flight, new
-batches wait; when it is answered, everything eligible goes out in one request ("natural
-batching": no added latency when idle, bigger requests under load). Apache Kafka's rules decide
-what may share a request:
-- at most one batch per partition per request; a later batch for the same partition waits for
-  the next request, and nothing overtakes an earlier batch of its partition;
-- only batches with the same acks; transactional produce never comes here;
-- record batches are forwarded byte for byte (zero-copy views of the client's frame).
-Each client gets exactly its own partitions back, under its own correlation id and request
-version, with the throttle time copied. If the lane's connection fails, the client connections
-that had a batch in flight or queued on that lane are closed, exactly as a broker disconnect
-would: each client then resends its unanswered batches in order on a new connection (idempotent
-producers under the same sequence numbers, which the broker de-duplicates). Answering with an
-error instead would let a client's later pipelined batch overtake the retry of a failed one
-(OUT_OF_ORDER_SEQUENCE_NUMBER, then an epoch bump that defeats de-duplication). Nothing is
-resent by kipside.
+A state machine, not a task: see ProduceLane. It applies Apache Kafka's rules for what may share
+a request (the package docstring) and must never merge, re-encode or resend a record batch.
 """
 
 from __future__ import annotations
@@ -24,7 +10,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, NamedTuple
+from typing import Final
 
 import trio
 from opentelemetry.trace import Span
@@ -36,100 +22,25 @@ from kipside.protocol import (
     ApiKey,
     DecodeError,
     ErrorCode,
-    NodeEndpointData,
     PartitionBatch,
     PartitionResult,
-    ProduceResponseData,
     RequestHeader,
-    build_frame,
     encode_produce_request,
-    encode_produce_response,
     encode_request_header,
-    encode_response_header,
-    error_name,
-    parse_produce_request,
     parse_produce_response,
     parse_response_header,
 )
-from kipside.proxy.network.lanes import LanePlacement, LanePool
-from kipside.proxy.network.nodes import NodeMap
+from kipside.proxy.features.coalesce.client_produce import ClientProduce, Submitted
+from kipside.proxy.features.coalesce.placement import LanePlacement
+from kipside.proxy.features.context import FeatureContext
+from kipside.proxy.network.lanes import LanePool
 from kipside.proxy.network.upstream import Pending, UpstreamConnection, UpstreamFailed
-from kipside.proxy.telemetry.stats import Stats
-from kipside.proxy.telemetry.tracing import Tracer, finish
+from kipside.proxy.telemetry.tracing import finish
 from kipside.rules import CoalescingRules
 
 log = logging.getLogger("kipside.coalesce")
 
-
 UNKNOWN_SERVER_ERROR: Final = int(ErrorCode.unknown_server_error)
-
-
-class Submitted(NamedTuple):
-    """How the coalescer took a ProduceRequest."""
-
-    pending: Pending | None
-    """The client's answer; None for acks=0 (nothing is owed)."""
-    raw: bool
-    """The answer is the broker's own frame (passed through), still to be rewritten."""
-
-
-class ClientProduce:
-    """One client's ProduceRequest, answered once every one of its partitions is."""
-
-    __slots__ = (
-        "correlation_id",
-        "endpoints",
-        "nodes",
-        "order",
-        "pending",
-        "remaining",
-        "results",
-        "throttle_ms",
-        "version",
-    )
-
-    def __init__(
-        self, correlation_id: int, version: int, order: list[tuple[str, int]], nodes: NodeMap
-    ) -> None:
-        self.correlation_id = correlation_id
-        self.version = version
-        self.order = order
-        self.nodes = nodes
-        self.results: dict[tuple[str, int], PartitionResult] = {}
-        self.remaining = len(order)
-        self.throttle_ms = 0
-        self.endpoints: dict[int, NodeEndpointData] = {}
-        self.pending = Pending()
-
-    def answer(
-        self,
-        result: PartitionResult,
-        throttle_ms: int = 0,
-        endpoints: tuple[NodeEndpointData, ...] = (),
-    ) -> None:
-        key = (result.topic, result.partition)
-        if key in self.results:
-            return
-        self.results[key] = result
-        self.throttle_ms = max(self.throttle_ms, throttle_ms)
-        for endpoint in endpoints:
-            self.endpoints[endpoint.node_id] = endpoint
-        if result.error_code != 0 and self.pending.error_name is None:
-            self.pending.error_name = error_name(result.error_code)
-        self.remaining -= 1
-        if self.remaining == 0:
-            self.pending.resolve(self._frame())
-
-    def _frame(self) -> bytes:
-        endpoints = []
-        for e in self.endpoints.values():
-            local = self.nodes.learn(e.node_id, e.host, e.port)
-            endpoints.append(NodeEndpointData(e.node_id, local.host, local.port, e.rack))
-        response = ProduceResponseData(
-            tuple(self.results[key] for key in self.order), self.throttle_ms, tuple(endpoints)
-        )
-        header = encode_response_header(ApiKey.PRODUCE, self.version, self.correlation_id)
-        return build_frame(header, encode_produce_response(self.version, response))
 
 
 @dataclass(slots=True)
@@ -168,26 +79,23 @@ class ProduceLane:
     """
 
     def __init__(
-        self,
-        pool: LanePool,
-        index: int,
-        rules: CoalescingRules,
-        stats: Stats,
-        placement: LanePlacement,
-        tracer: Tracer | None = None,
+        self, context: FeatureContext, placement: LanePlacement, pool: LanePool, index: int
     ) -> None:
-        self.tracer = tracer
-        self.pool = pool
+        self.context = context
         self.placement = placement
+        self.pool = pool
         self.index = index
-        self.rules = rules
-        self.stats = stats
         self.queue: deque[QueuedBatch] = deque()
         self._busy = False
         """A request is in flight, or the task is getting one ready: new batches queue."""
         self._task_turn = False
         """The task has the lane (dialling or lingering)."""
         self._wake: trio.Event | None = None
+
+    @property
+    def rules(self) -> CoalescingRules:
+        """The coalescing rules in force (linger and request size are read per request)."""
+        return self.context.rules().coalescing
 
     def submit(self, item: QueuedBatch) -> None:
         self.queue.append(item)
@@ -213,8 +121,8 @@ class ProduceLane:
             return None
         if not versions[0] <= header.api_version <= versions[1]:
             return None
-        self.stats.upstream_requests[ApiKey.PRODUCE] += 1
-        self.stats.coalesced_batches += len(batches)
+        self.context.stats.upstream_requests[ApiKey.PRODUCE] += 1
+        self.context.stats.coalesced_batches += len(batches)
         try:
             pending = connection.send_nowait(
                 frame, ApiKey.PRODUCE, header.api_version, expects_response=acks != 0
@@ -366,9 +274,9 @@ class ProduceLane:
         )
         header = encode_request_header(ApiKey.PRODUCE, version, 0, "kipside")
         size = len(header) + sum(len(chunk) for chunk in body)
-        self.stats.upstream_requests[ApiKey.PRODUCE] += 1
-        self.stats.coalesced_batches += len(taken)
-        span = self._span(taken, acks, 4 + size) if self.tracer is not None else None
+        self.context.stats.upstream_requests[ApiKey.PRODUCE] += 1
+        self.context.stats.coalesced_batches += len(taken)
+        span = self._span(taken, acks, 4 + size)
         try:
             pending = connection.send_nowait(
                 INT32.pack(size) + header,
@@ -404,9 +312,10 @@ class ProduceLane:
         self._next()
 
     def _span(self, taken: list[QueuedBatch], acks: int, request_bytes: int) -> Span | None:
-        if self.tracer is None or not self.tracer.active:
+        tracer = self.context.tracer
+        if tracer is None or not tracer.active:
             return None
-        return self.tracer.upstream_span(
+        return tracer.upstream_span(
             ApiKey.PRODUCE,
             self.pool.node_id,
             self.index,
@@ -445,88 +354,3 @@ class ProduceLane:
                 item.fail(UNKNOWN_SERVER_ERROR, "the broker's answer left this partition out")
                 continue
             item.owner.answer(result, response.throttle_time_ms, response.node_endpoints)
-
-
-class Coalescer:
-    """Takes eligible ProduceRequests off client sessions and feeds the lanes."""
-
-    def __init__(
-        self,
-        pools: Callable[[int], LanePool],
-        nodes: NodeMap,
-        rules: CoalescingRules,
-        stats: Stats,
-        nursery: trio.Nursery,
-        tracer: Tracer | None = None,
-    ) -> None:
-        self.tracer = tracer
-        self._pools = pools
-        self.nodes = nodes
-        self.rules = rules
-        self.stats = stats
-        self._nursery = nursery
-        self._lanes: dict[tuple[int, int], ProduceLane] = {}
-        self.placement = LanePlacement()
-
-    def set_rules(self, rules: CoalescingRules) -> None:
-        """New coalescing rules for requests from now on (lanes read linger and caps per
-        request); the lane count of existing pools doesn't change."""
-        self.rules = rules
-        for lane in self._lanes.values():
-            lane.rules = rules
-
-    def _lane(self, node_id: int, index: int) -> ProduceLane:
-        lane = self._lanes.get((node_id, index))
-        if lane is None:
-            lane = ProduceLane(
-                self._pools(node_id), index, self.rules, self.stats, self.placement, self.tracer
-            )
-            self._lanes[(node_id, index)] = lane
-            self._nursery.start_soon(lane.run)
-        return lane
-
-    def eligible(self, header: RequestHeader) -> bool:
-        return (
-            self.rules.enabled and PRODUCE_MIN_VERSION <= header.api_version <= PRODUCE_MAX_VERSION
-        )
-
-    def submit(
-        self,
-        node_id: int,
-        frame: bytes,
-        header: RequestHeader,
-        client_id: str | None,
-        disconnect: Callable[[str], None],
-        span: Span | None = None,
-    ) -> Submitted | None:
-        """Take the request's batches: passed through unchanged to an idle lane, or queued.
-        Returns None when this request must not be coalesced (the caller forwards it as is)."""
-        request = parse_produce_request(frame, header.body_offset, header.api_version)
-        if request.transactional_id is not None or not request.partitions:
-            return None
-        keys = [(p.topic, p.partition) for p in request.partitions]
-        if len(set(keys)) != len(keys) or any(p.records is None for p in request.partitions):
-            return None  # let the broker answer malformed requests itself
-        if not all(self.rules.applies(p.topic, client_id or "") for p in request.partitions):
-            return None
-        acks, timeout_ms = request.acks, request.timeout_ms
-        lanes = self._pools(node_id).lanes
-        # The client connection is known by its disconnect callable (bound methods of one
-        # session compare and hash equal).
-        place = self.placement.place
-        indexes = [
-            place(disconnect, node_id, p.topic, p.partition, acks, lanes)
-            for p in request.partitions
-        ]
-        batches = [QueuedBatch(p, acks, timeout_ms, None, disconnect) for p in request.partitions]
-        if self.tracer is None and indexes.count(indexes[0]) == len(indexes):
-            passed = self._lane(node_id, indexes[0]).pass_through(frame, header, acks, batches)
-            if passed is not None:
-                return passed
-        owner = None
-        if acks != 0:
-            owner = ClientProduce(header.correlation_id, header.api_version, keys, self.nodes)
-        for item, index in zip(batches, indexes, strict=True):
-            item.owner, item.span = owner, span
-            self._lane(node_id, index).submit(item)
-        return Submitted(owner.pending if owner is not None else None, raw=False)

@@ -1,0 +1,97 @@
+"""The coalescer: takes eligible ProduceRequests off client sessions and feeds the lanes.
+
+It decides which requests coalesce (the coalescing rules; never transactional or malformed
+ones), places each batch on a lane and makes the lanes on first use. It never writes to a
+connection itself: the lanes do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from opentelemetry.trace import Span
+
+from kipside.protocol import (
+    PRODUCE_MAX_VERSION,
+    PRODUCE_MIN_VERSION,
+    RequestHeader,
+    parse_produce_request,
+)
+from kipside.proxy.features.coalesce.client_produce import ClientProduce, Submitted
+from kipside.proxy.features.coalesce.lane import ProduceLane, QueuedBatch
+from kipside.proxy.features.coalesce.placement import LanePlacement
+from kipside.proxy.features.context import FeatureContext
+from kipside.proxy.network.nodes import NodeMap
+from kipside.rules import CoalescingRules
+
+
+class Coalescer:
+    """Takes eligible ProduceRequests off client sessions and feeds the lanes."""
+
+    def __init__(self, context: FeatureContext, nodes: NodeMap) -> None:
+        self.context = context
+        self.nodes = nodes
+        """Where the answers' node endpoints are learned and rewritten."""
+        self.placement = LanePlacement()
+        self._lanes: dict[tuple[int, int], ProduceLane] = {}
+
+    @property
+    def rules(self) -> CoalescingRules:
+        """The coalescing rules in force; a reload changes them for requests from then on
+        (the lane count of existing pools doesn't change)."""
+        return self.context.rules().coalescing
+
+    def _lane(self, node_id: int, index: int) -> ProduceLane:
+        lane = self._lanes.get((node_id, index))
+        if lane is None:
+            lane = ProduceLane(self.context, self.placement, self.context.pools(node_id), index)
+            self._lanes[(node_id, index)] = lane
+            self.context.nursery.start_soon(lane.run)
+        return lane
+
+    def eligible(self, header: RequestHeader) -> bool:
+        return (
+            self.rules.enabled and PRODUCE_MIN_VERSION <= header.api_version <= PRODUCE_MAX_VERSION
+        )
+
+    def submit(
+        self,
+        node_id: int,
+        frame: bytes,
+        header: RequestHeader,
+        client_id: str | None,
+        disconnect: Callable[[str], None],
+        span: Span | None = None,
+    ) -> Submitted | None:
+        """Take the request's batches: passed through unchanged to an idle lane, or queued.
+        Returns None when this request must not be coalesced (the caller forwards it as is)."""
+        request = parse_produce_request(frame, header.body_offset, header.api_version)
+        if request.transactional_id is not None or not request.partitions:
+            return None
+        keys = [(p.topic, p.partition) for p in request.partitions]
+        if len(set(keys)) != len(keys) or any(p.records is None for p in request.partitions):
+            return None  # let the broker answer malformed requests itself
+        rules = self.rules
+        if not all(rules.applies(p.topic, client_id or "") for p in request.partitions):
+            return None
+        acks, timeout_ms = request.acks, request.timeout_ms
+        lanes = self.context.pools(node_id).lanes
+        # The client connection is known by its disconnect callable (bound methods of one
+        # session compare and hash equal).
+        place = self.placement.place
+        indexes = [
+            place(disconnect, node_id, p.topic, p.partition, acks, lanes)
+            for p in request.partitions
+        ]
+        batches = [QueuedBatch(p, acks, timeout_ms, None, disconnect) for p in request.partitions]
+        if self.context.tracer is None and indexes.count(indexes[0]) == len(indexes):
+            passed = self._lane(node_id, indexes[0]).pass_through(frame, header, acks, batches)
+            if passed is not None:
+                return passed
+        owner = None
+        if acks != 0:
+            owner = ClientProduce(header.correlation_id, header.api_version, keys, self.nodes)
+        for item, index in zip(batches, indexes, strict=True):
+            item.owner, item.span = owner, span
+            self._lane(node_id, index).submit(item)
+        return Submitted(owner.pending if owner is not None else None, raw=False)

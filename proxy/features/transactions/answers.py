@@ -1,0 +1,69 @@
+"""kipside's own answers to a client's AddPartitionsToTxn (v0-3) and AddOffsetsToTxn.
+
+A local AddPartitionsToTxn answer lists exactly the requested partitions, in request order,
+each with its error (0 if none), throttle 0, under the client's correlation id and header
+version (kafka-rules.md, Transactions). Public: the tests' fault-injecting relays answer for a
+simulated broker with these same frames.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Final
+
+from kio.static.primitive import i32Timedelta
+
+from kipside.protocol import (
+    ApiKey,
+    ErrorCode,
+    Message,
+    RequestHeader,
+    build_frame,
+    encode_message,
+    encode_response_header,
+    response_class,
+)
+from kipside.proxy.features.transactions.messages import field_class
+from kipside.proxy.features.transactions.state import TopicPartition
+
+NONE: Final = 0
+_ZERO = datetime.timedelta(0)
+
+
+def _response_frame(api_key: int, header: RequestHeader, message: Message) -> bytes:
+    response_header = encode_response_header(api_key, header.api_version, header.correlation_id)
+    return build_frame(response_header, encode_message(message))
+
+
+def add_partitions_answer(
+    header: RequestHeader, request: Message, errors: dict[TopicPartition, int]
+) -> bytes:
+    """An AddPartitionsToTxn v0-3 response frame answering `request` (sent with `header`):
+    exactly the requested partitions, in request order, with their error (0 if none)."""
+    cls = response_class(ApiKey.ADD_PARTITIONS_TO_TXN, header.api_version)
+    topic_cls = field_class(cls, "results_by_topic_v3_and_below")
+    partition_cls = field_class(topic_cls, "results_by_partition")
+    message = cls(
+        throttle_time=i32Timedelta.parse(_ZERO),
+        results_by_topic_v3_and_below=tuple(
+            topic_cls(
+                name=topic.name,
+                results_by_partition=tuple(
+                    partition_cls(
+                        partition_index=p,
+                        partition_error_code=ErrorCode(errors.get((topic.name, int(p)), NONE)),
+                    )
+                    for p in topic.partitions
+                ),
+            )
+            for topic in request.v3_and_below_topics
+        ),
+    )
+    return _response_frame(ApiKey.ADD_PARTITIONS_TO_TXN, header, message)
+
+
+def add_offsets_answer(header: RequestHeader, code: int) -> bytes:
+    """An AddOffsetsToTxn response frame answering the request sent with `header`."""
+    cls = response_class(ApiKey.ADD_OFFSETS_TO_TXN, header.api_version)
+    message = cls(throttle_time=i32Timedelta.parse(_ZERO), error_code=ErrorCode(code))
+    return _response_frame(ApiKey.ADD_OFFSETS_TO_TXN, header, message)
