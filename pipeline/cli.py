@@ -13,6 +13,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from kipside.pipeline.mirror.offset_sync import DEFAULT_TOPIC
+
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
@@ -129,7 +131,7 @@ def register_mirror(sub: Any) -> None:
     parser.add_argument(
         "--offset-sync-topic",
         dest="sync_topic",
-        default="kipside-mirror-offset-syncs",
+        default=DEFAULT_TOPIC,
         metavar="TOPIC",
         help="compacted topic on the destination recording where batches landed ('' for none)",
     )

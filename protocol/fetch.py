@@ -20,6 +20,7 @@ from .primitives import (
     INT8,
     INT32,
     INT64,
+    Buffer,
     has_tagged_field,
     iter_tagged_fields,
     read_array_length,
@@ -56,8 +57,6 @@ _CONSUMER_REPLICA_ID: Final = -1
 _NO_SESSION: Final = 0
 _FULL_FETCH_EPOCH: Final = -1  # sessionless fetch (KIP-227)
 _NO_LEADER_EPOCH: Final = -1
-
-Buffer = bytes | bytearray | memoryview
 
 
 @dataclass(frozen=True, slots=True)

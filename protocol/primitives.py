@@ -20,8 +20,11 @@ INT32: Final = struct.Struct(">i")
 INT64: Final = struct.Struct(">q")
 UINT32: Final = struct.Struct(">I")
 
+Buffer = bytes | bytearray | memoryview
+"""What the readers take: a frame, or a zero-copy view into one."""
 
-def read_uvarint(buf: bytes | bytearray | memoryview, offset: int) -> tuple[int, int]:
+
+def read_uvarint(buf: Buffer, offset: int) -> tuple[int, int]:
     """Read an unsigned varint; return (value, offset after it)."""
     end = len(buf)
     if offset < end:
@@ -59,21 +62,19 @@ def write_varint(value: int) -> bytes:
     return write_uvarint((value << 1) ^ (value >> 63))
 
 
-def read_int16(buf: bytes | bytearray | memoryview, offset: int) -> tuple[int, int]:
+def read_int16(buf: Buffer, offset: int) -> tuple[int, int]:
     if offset + 2 > len(buf):
         raise DecodeError("truncated int16")
     return INT16.unpack_from(buf, offset)[0], offset + 2
 
 
-def read_int32(buf: bytes | bytearray | memoryview, offset: int) -> tuple[int, int]:
+def read_int32(buf: Buffer, offset: int) -> tuple[int, int]:
     if offset + 4 > len(buf):
         raise DecodeError("truncated int32")
     return INT32.unpack_from(buf, offset)[0], offset + 4
 
 
-def read_nullable_string(
-    buf: bytes | bytearray | memoryview, offset: int
-) -> tuple[str | None, int]:
+def read_nullable_string(buf: Buffer, offset: int) -> tuple[str | None, int]:
     """A legacy (int16-length) nullable string."""
     length, offset = read_int16(buf, offset)
     if length < 0:
@@ -84,9 +85,7 @@ def read_nullable_string(
     return bytes(buf[offset:end]).decode("utf-8", errors="replace"), end
 
 
-def read_compact_nullable_string(
-    buf: bytes | bytearray | memoryview, offset: int
-) -> tuple[str | None, int]:
+def read_compact_nullable_string(buf: Buffer, offset: int) -> tuple[str | None, int]:
     length, offset = read_uvarint(buf, offset)
     if length == 0:
         return None, offset
@@ -96,9 +95,7 @@ def read_compact_nullable_string(
     return bytes(buf[offset:end]).decode("utf-8", errors="replace"), end
 
 
-def read_string(
-    buf: bytes | bytearray | memoryview, offset: int, flexible: bool
-) -> tuple[str | None, int]:
+def read_string(buf: Buffer, offset: int, flexible: bool) -> tuple[str | None, int]:
     """A nullable string: compact in a flexible version, legacy otherwise."""
     if flexible:
         return read_compact_nullable_string(buf, offset)
@@ -113,9 +110,7 @@ def write_string(value: str | None, flexible: bool) -> bytes:
     return (write_uvarint(len(raw) + 1) if flexible else INT16.pack(len(raw))) + raw
 
 
-def read_array_length(
-    buf: bytes | bytearray | memoryview, offset: int, flexible: bool
-) -> tuple[int, int]:
+def read_array_length(buf: Buffer, offset: int, flexible: bool) -> tuple[int, int]:
     """An array's length (-1 for null): compact in a flexible version, int32 otherwise."""
     if flexible:
         length, offset = read_uvarint(buf, offset)
@@ -128,9 +123,7 @@ def write_array_length(length: int, flexible: bool) -> bytes:
     return write_uvarint(length + 1) if flexible else INT32.pack(length)
 
 
-def iter_tagged_fields(
-    buf: bytes | bytearray | memoryview, offset: int
-) -> Iterator[tuple[int, int, int]]:
+def iter_tagged_fields(buf: Buffer, offset: int) -> Iterator[tuple[int, int, int]]:
     """Yield (tag, start, end) for each field of a tagged-field section starting at offset.
 
     Unknown tags are skipped by size, as the protocol requires. The offset after the section is
@@ -148,12 +141,12 @@ def iter_tagged_fields(
         offset = end
 
 
-def has_tagged_field(buf: bytes | bytearray | memoryview, offset: int, wanted: int) -> bool:
+def has_tagged_field(buf: Buffer, offset: int, wanted: int) -> bool:
     """Whether the tagged-field section starting at offset holds tag `wanted`."""
     return any(tag == wanted for tag, _start, _end in iter_tagged_fields(buf, offset))
 
 
-def skip_tagged_fields(buf: bytes | bytearray | memoryview, offset: int) -> int:
+def skip_tagged_fields(buf: Buffer, offset: int) -> int:
     if offset < len(buf) and buf[offset] == 0:  # the usual case: no tagged fields
         return offset + 1
     count, offset = read_uvarint(buf, offset)

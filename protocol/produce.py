@@ -20,6 +20,7 @@ from .primitives import (
     INT16,
     INT32,
     INT64,
+    Buffer,
     has_tagged_field,
     read_array_length,
     read_compact_nullable_string,
@@ -36,8 +37,6 @@ from .primitives import (
 MIN_VERSION: Final = 3
 MAX_VERSION: Final = 12
 _PARTITION_HEAD = struct.Struct(">ihq")  # index, error_code, base_offset
-
-Buffer = bytes | bytearray | memoryview
 
 
 @dataclass(frozen=True, slots=True)

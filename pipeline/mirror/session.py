@@ -24,7 +24,7 @@ from kipside.pipeline.kafka.producer import IdempotentProducer, ProduceConfig, W
 from kipside.pipeline.kafka.shared import drop_client, shared_client
 from kipside.protocol import Address, Record, RecordBatchView, encode_batch
 
-from .offset_sync import TOPIC_CONFIGS, OffsetSync, encode_sync
+from .offset_sync import DEFAULT_TOPIC, TOPIC_CONFIGS, OffsetSync, encode_sync
 from .topics import DestinationTopics
 
 __all__ = ["MirrorSession", "MirrorStats", "SinkOptions", "discard_session", "session_for"]
@@ -35,7 +35,7 @@ class SinkOptions:
     dest: tuple[Address, ...]
     source: tuple[Address, ...]
     rename: str = ""
-    sync_topic: str | None = "kipside-mirror-offset-syncs"
+    sync_topic: str | None = DEFAULT_TOPIC
     buffer_bytes: int = 64 * 1024 * 1024
     client: ClientConfig = field(default_factory=ClientConfig)
     produce: ProduceConfig = field(default_factory=ProduceConfig)
