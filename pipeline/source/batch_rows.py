@@ -13,6 +13,7 @@ from typing import Final
 
 import numpy as np
 import pyarrow as pa
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
 from kipside.protocol import RecordBatchView
@@ -31,16 +32,9 @@ BATCH_STRUCT: Final = StructType(
         StructField("batch", BinaryType()),
     ]
 )
-BATCH_SCHEMA: Final = pa.schema(
-    [
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("baseOffset", pa.int64()),
-        ("lastOffset", pa.int64()),
-        ("recordCount", pa.int32()),
-        ("batch", pa.binary()),
-    ]
-)
+# The same columns in Arrow's types, by Spark's own conversion (the one it checks the data
+# source's batches with).
+BATCH_SCHEMA: Final = to_arrow_schema(BATCH_STRUCT)
 _MAX_ROWS: Final = 4096
 _MAX_BYTES: Final = 16 * 1024 * 1024
 

@@ -10,10 +10,12 @@ the records whose offsets lie in [start, end); the batches at its edges are trim
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from functools import cache
 from typing import Final
 
 import numpy as np
 import pyarrow as pa
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -33,7 +35,6 @@ __all__ = ["record_arrow_schema", "record_rows", "record_struct"]
 
 _CHUNK_RECORDS: Final = 65_536
 _CHUNK_BYTES: Final = 32 * 1024 * 1024
-_HEADER_STRUCT: Final = pa.struct([("key", pa.string()), ("value", pa.binary())])
 
 
 def record_struct(*, include_headers: bool) -> StructType:
@@ -53,19 +54,15 @@ def record_struct(*, include_headers: bool) -> StructType:
     return StructType(fields)
 
 
+@cache
 def record_arrow_schema(*, include_headers: bool) -> pa.Schema:
-    fields = [
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("timestamp", pa.timestamp("us", tz="UTC")),
-        ("timestampType", pa.int32()),
-    ]
-    if include_headers:
-        fields.append(("headers", pa.list_(pa.field("element", _HEADER_STRUCT))))
-    return pa.schema(fields)
+    """record_struct's columns in Arrow's types, by Spark's own conversion (the one it checks
+    the data source's batches with); timestamps are UTC instants."""
+    return to_arrow_schema(record_struct(include_headers=include_headers), timezone="UTC")
+
+
+# The headers column's type: a list of (key, value) structs.
+_HEADERS: Final = record_arrow_schema(include_headers=True).field("headers").type
 
 
 def record_rows(
@@ -128,9 +125,7 @@ def _headers(columns: Columns) -> pa.Array:
     total = int(columns.header_counts.sum())
     keys = _binary(columns.header_key, total, pa.string())
     values = _binary(columns.header_value, total)
-    items = pa.StructArray.from_arrays([keys, values], fields=list(_HEADER_STRUCT))
+    items = pa.StructArray.from_arrays([keys, values], fields=list(_HEADERS.value_type))
     offsets = np.zeros(len(columns) + 1, dtype=np.int32)
     np.cumsum(columns.header_counts, out=offsets[1:])
-    return pa.ListArray.from_arrays(
-        pa.array(offsets), items, type=pa.list_(pa.field("element", _HEADER_STRUCT))
-    )
+    return pa.ListArray.from_arrays(pa.array(offsets), items, type=_HEADERS)
