@@ -1,38 +1,68 @@
-"""The benchmarks' charts: panels of bars (one per case, or grouped series), matplotlib Agg."""
+"""The benchmarks' charts: panels of bars, a group per label with a bar per series (matplotlib)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 PATH_COLORS = {"direct": "#7f7f7f", "kipside": "#d62728", "tansu-proxy": "#1f77b4"}
 PATH_COLORS |= {"haproxy": "#2ca02c", "relay": "#bcbd22", "kipside-before": "#f4a3a3"}
 SERIES_COLORS = ("#fcae91", "#fb6a4a", "#cb181d", "#67000d")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Panel:
-    """One chart panel: a bar per label, or with `values` a dict, a group of bars per label
-    (one series each). `None` values are drawn as `missing`."""
+    """One chart panel. A series named "" has its bars colored by their labels (paths)."""
 
     title: str
-    ylabel: str
-    labels: list[str]
-    values: Sequence[float | None] | Mapping[str, Sequence[float | None]]
-    fmt: str | Callable[[float], str] = "{:.3g}"
+    labels: Sequence[str]
+    series: Mapping[str, Sequence[float | None]]
+    fmt: str = "{:,.3g}"
     reference: float | None = None
     reference_label: str = ""
-    colors: list[str] = field(default_factory=list)
-    missing: str = "n/a"
     log: bool = False
-    hatched: list[list[bool]] | None = None
-    """Per series, per label: draw the bar hatched (e.g. the run was overloaded)."""
 
 
-def bar_chart(png: Path, panels: Sequence[Panel], title: str, *, cols: int = 2) -> None:
-    """A grid of (grouped) bar panels in one PNG, one legend for the series (matplotlib Agg)."""
+@dataclass(frozen=True)
+class Bars:
+    """A panel of one median per case, with a line at `factor` x `case`'s bar plus `add`."""
+
+    title: str
+    key: str
+    fmt: str = "{:,.3g}"
+    case: str | None = None
+    factor: float = 1.0
+    add: float = 0.0
+    line: str = ""
+
+    def panel(self, med: Mapping[str, dict[str, float] | None], cases: Sequence[str]) -> Panel:
+        shown = [c for c in cases if med.get(c)]
+        base = med.get(self.case) if self.case else None
+        ref = base[self.key] * self.factor + self.add if base else None
+        return grouped(self.title, med, self.key, shown, {"": shown}, self.fmt, ref, self.line)
+
+
+def grouped(
+    title: str,
+    found: Mapping[str, Mapping[str, float] | None],
+    key: str,
+    labels: Sequence[str],
+    series: Mapping[str, Sequence[str]],
+    fmt: str = "{:,.3g}",
+    reference: float | None = None,
+    line: str = "",
+    log: bool = False,
+) -> Panel:
+    """A panel of `key` of the cases in `found`: `series` names each series' case per label."""
+    values = {
+        name: [(found.get(c) or {}).get(key) for c in cases] for name, cases in series.items()
+    }
+    return Panel(title, labels, values, fmt, reference, line, log)
+
+
+def bar_chart(png: Path, title: str, panels: Sequence[Panel], cols: int = 2) -> None:
+    """A grid of panels in one PNG, with one legend for the series."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -43,95 +73,41 @@ def bar_chart(png: Path, panels: Sequence[Panel], title: str, *, cols: int = 2) 
     fig, axes = plt.subplots(rows, cols, figsize=(5.6 * cols, 3.6 * rows + 0.6), squeeze=False)
     legend: dict[str, Patch] = {}
     for ax, panel in zip(axes.flat, panels, strict=False):
-        series = panel.values if isinstance(panel.values, Mapping) else {"": panel.values}
-        n, width = len(series), 0.8 / len(series)
-        series = {k: [None if v is None or v != v else v for v in vs] for k, vs in series.items()}
-        every = [v for vals in series.values() for v in vals if v is not None]
-        for j, (name, values) in enumerate(series.items()):
-            color = SERIES_COLORS[j % len(SERIES_COLORS)] if name else None
-            colors = (
-                [color] * len(values)
-                if color
-                else panel.colors or [PATH_COLORS.get(lbl, "#9467bd") for lbl in panel.labels]
-            )
+        width = 0.8 / len(panel.series)
+        for j, (name, values) in enumerate(panel.series.items()):
+            shown = [None if v is None or v != v else v for v in values]  # NaN: no bar
             if name:
+                color = PATH_COLORS.get(name, SERIES_COLORS[j % len(SERIES_COLORS)])
+                colors = [color] * len(shown)
                 legend.setdefault(name, Patch(facecolor=color, label=name))
-            xs = [i + (j - (n - 1) / 2) * width for i in range(len(values))]
+            else:
+                colors = [PATH_COLORS.get(label, "#9467bd") for label in panel.labels]
+            xs = [i + (j - (len(panel.series) - 1) / 2) * width for i in range(len(shown))]
             floor = 1e-3 if panel.log else 0.0
-            heights = [max(v, floor) if v is not None else floor for v in values]
+            heights = [floor if v is None else max(v, floor) for v in shown]
             bars = ax.bar(xs, heights, width * 0.92, color=colors)
-            for i, (bar, value) in enumerate(zip(bars, values, strict=True)):
-                if panel.hatched is not None and panel.hatched[j][i]:
-                    bar.set_hatch("////")
-                    bar.set_edgecolor("white")
-                    hatch: dict[str, Any] = {
-                        "facecolor": "#999",
-                        "hatch": "////",
-                        "edgecolor": "white",
-                    }
-                    legend.setdefault("~", Patch(**hatch, label="hatched: overloaded"))
-                shown = panel.fmt if callable(panel.fmt) else panel.fmt.format
-                text = panel.missing if value is None else shown(value)
-                xy, size = (
-                    (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                    6.5 if n >= 4 else 8,
-                )
-                style: dict[str, Any] = {
-                    "textcoords": "offset points",
-                    "ha": "center",
-                    "va": "bottom",
-                }
-                ax.annotate(text, xy, xytext=(0, 2), fontsize=size, **style)
+            for bar, value in zip(bars, shown, strict=True):
+                text = "-" if value is None else panel.fmt.format(value)
+                top = (bar.get_x() + bar.get_width() / 2, bar.get_height())
+                ax.annotate(text, top, xytext=(0, 2), textcoords="offset points", ha="center")
         if panel.reference is not None:
             line = ax.axhline(panel.reference, color="black", linestyle="--", linewidth=1)
-            if panel.reference_label:
-                line.set_label(panel.reference_label)
-                ax.legend(handles=[line], loc="upper left", fontsize=8, frameon=False)
-        ax.set_xticks(list(range(len(panel.labels))), panel.labels, fontsize=8.5)
+            line.set_label(panel.reference_label)
+            ax.legend(handles=[line], loc="upper left", fontsize=8, frameon=False)
+        labels = [label.replace("-", "\n").replace(", ", "\n") for label in panel.labels]
+        ax.set_xticks(list(range(len(labels))), labels, fontsize=8)
         ax.set_title(panel.title, fontsize=10.5)
-        ax.set_ylabel(panel.ylabel)
-        top = max([*every, panel.reference or 0.0, 1e-9])
-        if panel.log:
-            ax.set_yscale("log")
-            ax.set_ylim(min([v for v in every if v > 0], default=1.0) / 3, top * 30)
-        else:
-            ax.set_ylim(0, top * 1.3)
+        ax.set_yscale("log" if panel.log else "linear")
+        ax.margins(y=0.25)
         ax.spines[["top", "right"]].set_visible(False)
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
-    height = fig.get_figheight()
-    fig.suptitle(title, fontsize=11.5, y=1 - 0.12 / height)
+    fig.suptitle(title, fontsize=11.5)
     if legend:
-        anchor, handles = (0.5, 1 - 0.42 / height), list(legend.values())
-        place: dict[str, Any] = {"loc": "upper center", "bbox_to_anchor": anchor, "frameon": False}
-        fig.legend(handles=handles, ncol=len(handles), fontsize=9, **place)
-    fig.tight_layout(rect=(0, 0, 1, 1 - (0.75 if legend else 0.4) / height))
+        fig.legend(
+            handles=list(legend.values()), loc="lower center", ncol=len(legend), frameon=False
+        )
+    fig.tight_layout(rect=(0, 0.05 if legend else 0, 1, 1))
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=100)
     plt.close(fig)
-
-
-@dataclass(frozen=True)
-class Bars:
-    """A chart panel of one median per case, with a line at `ref_factor` x `ref_case`'s bar
-    plus `ref_add` (or at `ref_add` alone, with no `ref_case`)."""
-
-    title: str
-    key: str
-    fmt: str = "{:,.3g}"
-    ref_case: str | None = None
-    ref_factor: float = 1.0
-    ref_add: float = 0.0
-    ref_label: str = ""
-
-    def panel(self, med: Mapping[str, dict[str, float] | None], cases: Sequence[str]) -> Panel:
-        shown = [c for c in cases if med.get(c)]
-        values: list[float | None] = [(med[c] or {})[self.key] for c in shown]
-        if self.ref_case is None:
-            ref = self.ref_add if self.ref_label else None
-        else:
-            base = med.get(self.ref_case)
-            ref = base[self.key] * self.ref_factor + self.ref_add if base else None
-        labels = [c.replace("-", "\n") for c in shown]
-        colors = [PATH_COLORS.get(c, "#9467bd") for c in shown]
-        return Panel(self.title, "", labels, values, self.fmt, ref, self.ref_label, colors, "-")

@@ -1,13 +1,14 @@
 """The processes of a benchmark: brokers, the proxies in front of them, and which kipside runs.
 
 A *stack* is one path from a client to a fresh in-memory Tansu: `direct`; through kipside (the
-installed code, a snapshot of the working tree, or the tree of a baseline git ref); through
-`tansu proxy` (Tansu's Rust proxy); through haproxy in plain TCP mode (the floor for any proxy);
-through the bare trio relay (bench/_relay.py, the floor for a proxy in Python on trio).
-`open_stack()` starts one and stops it again. A tests/relaykit relay may stand before Tansu.
+installed code, a snapshot of the working tree, or the tree of a git ref); through `tansu proxy`
+(Tansu's Rust proxy); through haproxy in plain TCP mode (the floor for any proxy); through the
+bare trio relay (bench/_relay.py, the floor for a proxy in Python on trio). `open_stack()`
+starts one and stops it again. A tests/ relay may stand before Tansu.
 
-Loopback only. Never edits the checkout: snapshots and baseline trees are copies in directories
-the caller owns. Brokers, ports, CPU readings and child tracking come from tests/testkit.
+Loopback only. Never edits the checkout: snapshots and trees of a git ref are copies in
+directories the caller owns. Brokers, ports, CPU readings and child tracking come from
+tests/testkit.
 """
 
 from __future__ import annotations
@@ -20,13 +21,10 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO / "tests") not in sys.path:
@@ -35,12 +33,7 @@ if str(REPO / "tests") not in sys.path:
 from testkit import procs, tools  # noqa: E402
 from testkit.broker import TANSU_NODE_ID, start_tansu  # noqa: E402
 from testkit.cpu import tree_cpu_seconds  # noqa: E402
-from testkit.ports import (  # noqa: E402
-    LOOPBACK,
-    PortNotListening,
-    free_port,
-    wait_for_port,
-)
+from testkit.ports import LOOPBACK, PortNotListening, free_port, wait_for_port  # noqa: E402
 
 from kipside.proxy.devbroker import tansu_path  # noqa: E402
 
@@ -48,7 +41,9 @@ HOST = LOOPBACK
 PATHS = ("direct", "kipside", "tansu-proxy", "haproxy", "relay")
 """Every path a stack can take; any path named `kipside...` runs kipside (see KipsideCode)."""
 PACKAGES = ("protocol", "proxy", "rules", "pipeline")
-LOG_PROBLEMS = ("ERROR", "CRITICAL", "WARNING", "Traceback", "panicked")
+PROXY_LOG = "proxy.log"
+"""The proxy's stdout and stderr, in the run's log directory."""
+PROBLEMS = ("ERROR", "CRITICAL", "WARNING", "Traceback", "panicked")
 
 
 class HarnessError(RuntimeError):
@@ -63,58 +58,20 @@ class Managed:
     popen: subprocess.Popen[Any]
     log: Path | None = None
 
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
     def cpu_seconds(self) -> float:
-        return tree_cpu_seconds(self.pid)
-
-    def rss_bytes(self) -> int:
-        with contextlib.suppress(psutil.Error):
-            return int(psutil.Process(self.pid).memory_info().rss)
-        return 0
-
-    def check_alive(self) -> None:
-        if (code := self.popen.poll()) is not None:
-            raise HarnessError(f"{self.name} exited with code {code}{self.log_tail()}")
-
-    def lines(self) -> list[str]:
-        if self.log is None or not self.log.exists():
-            return []
-        return self.log.read_text(errors="replace").splitlines()
+        return tree_cpu_seconds(self.popen.pid)
 
     def log_tail(self, count: int = 20) -> str:
-        tail = self.lines()[-count:]
-        return f"\n--- {self.name} log tail ---\n" + "\n".join(tail) if tail else ""
-
-    def problems(self) -> list[str]:
-        """The lines of its log that report a warning, an error or a crash."""
-        return [line for line in self.lines() if any(w in line for w in LOG_PROBLEMS)]
-
-    def stop(self) -> None:
-        procs.stop(self.popen)
+        if self.log is None or not self.log.exists():
+            return ""
+        tail = self.log.read_text(errors="replace").splitlines()[-count:]
+        return f"\n--- {self.name} log tail ---\n" + "\n".join(tail)
 
 
-def spawn(
-    name: str, args: Sequence[str], logdir: Path, env: dict[str, str] | None = None
-) -> Managed:
-    log = logdir / f"{name}.log"
-    with log.open("wb") as out:
-        popen = subprocess.Popen(
-            list(args), stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env
-        )
-    return Managed(name, procs.track(popen), log)
-
-
-def listening(proc: Managed, *ports: int, timeout: float = 20.0) -> None:
-    """Return once `proc` listens on every port; stop it and raise if it never does."""
-    try:
-        for port in ports:
-            wait_for_port(port, timeout=timeout, process=proc.popen, name=proc.name)
-    except PortNotListening as exc:
-        proc.stop()
-        raise HarnessError(f"{exc}{proc.log_tail()}") from None
+def problems(log: Path) -> list[str]:
+    """The lines of a log that report a warning, an error or a crash."""
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    return [line for line in lines if any(word in line for word in PROBLEMS)]
 
 
 # --------------------------------------------------------------------------- kipside's code
@@ -139,90 +96,54 @@ class KipsideCode:
     def env(self) -> dict[str, str] | None:
         if self.pythonpath is None:
             return None
-        old = os.environ.get("PYTHONPATH")
-        return dict(
-            os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(self.pythonpath), old]))
-        )
-
-    def checked(self) -> KipsideCode:
-        """Itself, once `serve --help` works; HarnessError with the reason otherwise."""
-        done = subprocess.run(
-            self.command("serve", "--help"),
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=self.env(),
-        )
-        if done.returncode != 0:
-            err = (done.stderr or done.stdout).strip().splitlines() or [f"exit {done.returncode}"]
-            raise HarnessError(f"kipside ({self.label}) does not start: {err[-1]}")
-        return self
+        paths = [str(self.pythonpath), os.environ.get("PYTHONPATH", "")]
+        return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, paths)))
 
 
 INSTALLED = KipsideCode("installed")
 
 
-def code_of_tree(tree: Path, dest: Path, label: str) -> KipsideCode:
+def code_of_tree(tree: Path, label: str) -> KipsideCode:
     """The kipside in `tree` (a checkout's top level), in whichever layout it has."""
     if "from kipside." not in (tree / "proxy" / "cli.py").read_text():
-        return KipsideCode(label, tree, "proxy.cli").checked()
-    (dest / "kipside").mkdir(parents=True, exist_ok=True)
+        return KipsideCode(label, tree, "proxy.cli")
+    path = tree.parent / "path"
+    (path / "kipside").mkdir(parents=True, exist_ok=True)
     for pkg in PACKAGES:
-        if (tree / pkg).is_dir() and not (dest / "kipside" / pkg).exists():
-            (dest / "kipside" / pkg).symlink_to(tree / pkg, target_is_directory=True)
-    return KipsideCode(label, dest).checked()
+        if (tree / pkg).is_dir():
+            (path / "kipside" / pkg).symlink_to(tree / pkg, target_is_directory=True)
+    return KipsideCode(label, path)
 
 
-def snapshot(dest: Path, attempts: int = 3) -> KipsideCode:
-    """A copy of the working tree's packages, so every run of a long benchmark runs the same
-    code while others edit the checkout; taken again if a file was caught mid-edit."""
-    for attempt in range(attempts):  # again if a file was caught mid-edit
-        shutil.rmtree(dest, ignore_errors=True)
-        digest = hashlib.sha256()
-        for pkg in PACKAGES:
-            skip = shutil.ignore_patterns("__pycache__", "*.pyc")
-            shutil.copytree(REPO / pkg, dest / "tree" / pkg, ignore=skip)
-        for f in sorted((dest / "tree").rglob("*.py")):
-            digest.update(f.relative_to(dest).as_posix().encode() + b"\0" + f.read_bytes())
-        label = f"working tree (snapshot, sha256 of sources {digest.hexdigest()[:12]})"
-        try:
-            return code_of_tree(dest / "tree", dest / "path", label)
-        except HarnessError:
-            if attempt + 1 == attempts:
-                raise
-            time.sleep(10)
-    raise AssertionError("unreachable")
+def snapshot(dest: Path) -> KipsideCode:
+    """A copy of the working tree's packages, so that every run of a long benchmark runs the
+    same code while others edit the checkout."""
+    digest = hashlib.sha256()
+    for pkg in PACKAGES:
+        skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+        shutil.copytree(REPO / pkg, dest / "tree" / pkg, ignore=skip)
+    for f in sorted((dest / "tree").rglob("*.py")):
+        digest.update(f.relative_to(dest).as_posix().encode() + b"\0" + f.read_bytes())
+    label = f"working tree (snapshot, sha256 of sources {digest.hexdigest()[:12]})"
+    return code_of_tree(dest / "tree", label)
 
 
 def at_ref(ref: str, dest: Path) -> KipsideCode:
     """kipside as of git `ref`: its whole tree (the CLI's entry points load pipeline/ too)."""
-    commit = _git("rev-parse", "--short=12", f"{ref}^{{commit}}").decode().strip()
-    with tarfile.open(fileobj=io.BytesIO(_git("archive", "--format=tar", commit))) as tar:
+    commit = git("rev-parse", "--short=12", f"{ref}^{{commit}}").decode().strip()
+    with tarfile.open(fileobj=io.BytesIO(git("archive", "--format=tar", commit))) as tar:
         tar.extractall(dest / "tree", filter="data")
-    return code_of_tree(dest / "tree", dest / "path", f"{ref} (commit {commit})")
+    return code_of_tree(dest / "tree", f"{ref} (commit {commit})")
 
 
-def _git(*args: str) -> bytes:
+def git(*args: str) -> bytes:
     done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, timeout=60)
     if done.returncode != 0:
         raise HarnessError(f"git {' '.join(args)}: {done.stderr.decode().strip()}")
     return done.stdout
 
 
-# --------------------------------------------------------------------------- proxies
-
-
-def start_kipside(
-    logdir: Path, upstream: int, code: KipsideCode, extra: Sequence[str] = ()
-) -> tuple[Managed, int]:
-    """`kipside serve` in front of HOST:upstream; Tansu's node gets a listener of its own."""
-    listen, node = free_port(), free_port()
-    args = ["--upstream", f"{HOST}:{upstream}", "--listen", f"{HOST}:{listen}"]
-    args += ["--node-port-base", str(node - TANSU_NODE_ID), *extra]
-    proc = spawn("kipside", code.command("serve", *args), logdir, env=code.env())
-    listening(proc, listen, node)
-    return proc, listen
-
+# --------------------------------------------------------------------------- stacks
 
 HAPROXY = """\
 global
@@ -232,18 +153,24 @@ defaults
     timeout connect 5s
     timeout client 1h
     timeout server 1h
-frontend kafka
+listen kafka
     bind {host}:{listen}
-    default_backend broker
-backend broker
     server tansu {host}:{origin}
 """
 
 
-def start_proxy(kind: str, logdir: Path, origin: int, port: int | None) -> tuple[Managed, int]:
-    """`tansu proxy`, haproxy (TCP mode) or the bare trio relay in front of HOST:origin."""
-    port = port or free_port()
-    if kind == "tansu-proxy":
+def start_proxy(
+    kind: str, logdir: Path, origin: int, port: int, code: KipsideCode, kipside_args: Sequence[str]
+) -> Managed:
+    """The proxy of path `kind` on HOST:port in front of HOST:origin, once it listens (kipside
+    also on the listener of Tansu's node)."""
+    env, ports = None, [port]
+    if kind == "kipside":
+        node = free_port()
+        args = code.command("serve", "--upstream", f"{HOST}:{origin}", "--listen")
+        args += [f"{HOST}:{port}", "--node-port-base", str(node - TANSU_NODE_ID), *kipside_args]
+        env, ports = code.env(), [port, node]
+    elif kind == "tansu-proxy":
         me, there = f"tcp://{HOST}:{port}", f"tcp://{HOST}:{origin}"
         args = [str(tansu_path()), "proxy", "--listener-url", me, "--advertised-listener-url", me]
         args += ["--origin-url", there]
@@ -253,12 +180,17 @@ def start_proxy(kind: str, logdir: Path, origin: int, port: int | None) -> tuple
         args = [tools.find("haproxy", "the benchmarks' floor"), "-db", "-f", str(cfg)]
     else:
         args = [sys.executable, str(REPO / "bench" / "_relay.py"), str(port), str(origin)]
-    proc = spawn(kind, args, logdir)
-    listening(proc, port)
-    return proc, port
-
-
-# --------------------------------------------------------------------------- stacks
+    log = logdir / PROXY_LOG
+    with log.open("wb") as out:
+        popen = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env)
+    proxy = Managed(kind, procs.track(popen), log)
+    try:
+        for p in ports:
+            wait_for_port(p, timeout=20.0, process=popen, name=kind)
+    except PortNotListening as exc:
+        procs.stop(popen)
+        raise HarnessError(f"{exc}{proxy.log_tail()}") from None
+    return proxy
 
 
 @dataclass
@@ -272,11 +204,6 @@ class Stack:
     proxy: Managed | None
     logdir: Path
 
-    def check_alive(self) -> None:
-        for proc in (self.broker, self.proxy):
-            if proc is not None:
-                proc.check_alive()
-
 
 @contextlib.contextmanager
 def open_stack(
@@ -289,14 +216,15 @@ def open_stack(
 ) -> Iterator[Stack]:
     """Start a fresh Tansu and, unless `path` is direct, the proxy in front of it.
 
-    `kipside_args` go to `kipside serve` on kipside paths. With `relay`, Tansu advertises the
-    relay and the proxy (or a direct client) talks to the relay. A plain TCP relay (haproxy,
-    the trio relay) cannot rewrite metadata, so Tansu advertises its port instead.
+    `kipside_args` go to `kipside serve` on kipside paths. With `relay` (a tests/ relay),
+    Tansu advertises the relay and the proxy (or a direct client) talks to the relay. A plain
+    TCP proxy (haproxy, the trio relay) cannot rewrite metadata, so Tansu advertises its port.
     """
     kind = "kipside" if path.startswith("kipside") else path
     if kind not in PATHS:
         raise ValueError(f"unknown path {path!r}; choose from {', '.join(PATHS)}")
-    plain = free_port() if kind in ("haproxy", "relay") else None
+    listen = free_port()
+    plain = listen if kind in ("haproxy", "relay") else None
     with contextlib.ExitStack() as stack:
         broker = start_tansu(advertised_port=relay.port if relay is not None else plain)
         stack.callback(broker.close)
@@ -304,11 +232,9 @@ def open_stack(
         if relay is not None:
             relay.upstream, origin = (HOST, broker.port), relay.port
         proxy, port = None, origin
-        if kind == "kipside":
-            proxy, port = start_kipside(logdir, origin, code, kipside_args)
-        elif kind != "direct":
-            proxy, port = start_proxy(kind, logdir, origin, plain)
-        if proxy is not None:
-            stack.callback(proxy.stop)
+        if kind != "direct":
+            proxy = start_proxy(kind, logdir, origin, listen, code, kipside_args)
+            stack.callback(procs.stop, proxy.popen)
+            port = listen
         tansu = Managed("tansu", broker.proc)
         yield Stack(path, f"{HOST}:{port}", tansu, broker.port, proxy, logdir)

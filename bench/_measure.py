@@ -1,12 +1,16 @@
 """How the benchmarks measure: client processes, a CPU window around a load, noise, repetitions.
 
-- `run_json()` runs a workload script in its own interpreter (so the benchmark's process never
-  competes with the client for the GIL) and returns the JSON object it printed last.
+- `run_json()` runs a load script in its own interpreter (so the benchmark's process never
+  competes with the client for the GIL) and returns the JSON object it printed last; `worker()`
+  runs a bench/_workload.py command so, in a window.
 - `Window` takes the CPU of the stack's proxy and broker, of this process and its reaped
   children, and of the whole machine around one load; what the machine did beyond all of those
   is other load (noise), in cores.
-- `repeat()` runs every case of a benchmark in every repetition, the order rotated each time,
-  and measures a run again when other load disturbed it; `medians()` summarises.
+- `fleet()` runs producers in staged processes: they connect and warm up, print READY, wait for
+  GO, run, print FINISHED, then their JSON; its window is from GO to the last FINISHED.
+- `repeat()` runs every case of a benchmark in every repetition, each in a fresh log directory,
+  the order rotated each time, and measures a run again when it failed or other load disturbed
+  it; `medians()` summarises.
 """
 
 from __future__ import annotations
@@ -14,21 +18,28 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psutil
-from _harness import REPO, HarnessError, Managed, Stack
-from testkit.cpu import TreeSampler, own_cpu_seconds
+from _harness import PROXY_LOG, REPO, HarnessError, Managed, Stack, problems
+from testkit import procs
+from testkit.cpu import own_cpu_seconds
+from testkit.metrics import scrape
 
 WORKLOAD = REPO / "bench" / "_workload.py"
+NAN = float("nan")
 
 
 def machine_busy_seconds() -> float:
@@ -60,9 +71,8 @@ class Window:
     _busy_s: float = 0.0
 
     @classmethod
-    def of(cls, stack: Stack | None) -> Window:
-        procs = [] if stack is None else [p for p in (stack.proxy, stack.broker) if p is not None]
-        return cls(procs)
+    def of(cls, stack: Stack) -> Window:
+        return cls([p for p in (stack.proxy, stack.broker) if p is not None]).open()
 
     def open(self) -> Window:
         self.cpu_s = [-p.cpu_seconds() for p in self.procs]
@@ -82,9 +92,9 @@ class Window:
         ours = sum(self.cpu_s) + client_cpu_s
         return max(0.0, self._busy_s - ours) / max(self.wall_s, 1e-9)
 
-    def proxy_broker(self, stack: Stack) -> tuple[float, float]:
-        """(proxy, broker) CPU seconds of the window."""
-        return (self.cpu_s[0], self.cpu_s[1]) if stack.proxy is not None else (0.0, self.cpu_s[0])
+    def proxy_broker(self) -> tuple[float, float]:
+        """(proxy, broker) CPU seconds of the window; the proxy's is NaN on a direct stack."""
+        return (self.cpu_s[0], self.cpu_s[1]) if len(self.cpu_s) == 2 else (NAN, self.cpu_s[0])
 
 
 def run_json(script: Path, *args: str, timeout: float, log: Path | None = None) -> dict[str, Any]:
@@ -105,166 +115,126 @@ def run_json(script: Path, *args: str, timeout: float, log: Path | None = None) 
     return data
 
 
-def worker(
-    stack: Stack | None, command: str, args: dict[str, Any], timeout: float = 300.0
-) -> tuple[dict[str, Any], Window]:
+def worker(stack: Stack, command: str, args: dict[str, Any]) -> tuple[dict[str, Any], Window]:
     """One bench/_workload.py command, in a window (a fresh interpreter's start-up is idle
     time for the stack, so it costs the window nothing)."""
-    window = Window.of(stack).open()
+    window = Window.of(stack)
     try:
-        data = run_json(WORKLOAD, command, json.dumps(args), timeout=timeout)
+        data = run_json(WORKLOAD, command, json.dumps(args), timeout=300)
     except HarnessError as exc:
-        with contextlib.suppress(HarnessError):
-            if stack is not None:
-                stack.check_alive()
-        tail = stack.proxy.log_tail() if stack is not None and stack.proxy else ""
-        raise HarnessError(f"{exc}{tail}") from None
+        raise HarnessError(f"{exc}{stack.proxy.log_tail() if stack.proxy else ''}") from None
     return data, window.close()
-
-
-@dataclass
-class TreeRun:
-    wall_s: float
-    cpu_s: float
-    """CPU of the command and everything it started (Spark's JVM and Python workers too)."""
-    broker_cpu_s: float = 0.0
-
-    def minus(self, other: TreeRun) -> TreeRun:
-        """What this run cost beyond `other` (a smaller run of the same job)."""
-        return TreeRun(*(a - b for a, b in zip(self.fields(), other.fields(), strict=True)))
-
-    def fields(self) -> tuple[float, float, float]:
-        return self.wall_s, self.cpu_s, self.broker_cpu_s
-
-    @staticmethod
-    def median(runs: Sequence[TreeRun]) -> TreeRun:
-        return TreeRun(*map(statistics.median, zip(*(r.fields() for r in runs), strict=True)))
-
-
-def timed(
-    brokers: Sequence[Managed], what: str, args: Sequence[str], spark: bool = False
-) -> TreeRun:
-    """run_tree on a quiet machine, with the CPU the brokers spent meanwhile."""
-    wait_until_quiet()
-    before = sum(b.cpu_seconds() for b in brokers)
-    run = run_tree(what, args, spark=spark)
-    return TreeRun(run.wall_s, run.cpu_s, sum(b.cpu_seconds() for b in brokers) - before)
-
-
-def run_tree(what: str, args: Sequence[str], timeout: float = 3600, spark: bool = False) -> TreeRun:
-    """Run a command to success, sampling the CPU of its whole process tree every 0.2 s (a
-    daemonised Spark worker is never reaped, so only sampling sees it); each pid counts once."""
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable) if spark else None
-    reaped0, t0 = own_cpu_seconds() - own_cpu_seconds(children=False), time.perf_counter()
-    proc = subprocess.Popen(list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    sampler, out = TreeSampler(proc.pid), list[bytes]()
-    reader = threading.Thread(target=lambda: out.extend(proc.communicate(timeout=timeout)))
-    reader.start()
-    while reader.is_alive():
-        sampler.sample()
-        reader.join(0.2)
-    wall = time.perf_counter() - t0
-    reaped = own_cpu_seconds() - own_cpu_seconds(children=False) - reaped0
-    if len(out) < 2 or proc.returncode != 0:
-        proc.kill()
-        raise HarnessError(f"{what} failed:\n{(out[1] if out else b'').decode()[-3000:]}")
-    return TreeRun(wall, max(reaped, sampler.total()))
-
-
-# --------------------------------------------------------------------------- repetitions
-
-
-@dataclass
-class Run:
-    """One case of a benchmark in one repetition: its numbers, or why it has none."""
-
-    case: str
-    rep: int = 1
-    metrics: dict[str, float] = field(default_factory=dict)
-    error: str | None = None
-    problems: list[str] = field(default_factory=list)
-    """Warnings and errors the proxy logged."""
-    attempts: int = 1
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and bool(self.metrics)
-
-    @property
-    def noise(self) -> float:
-        return self.metrics.get("noise_cores", 0.0)
-
-
-def attempt(run: Run, body: Callable[[], dict[str, float]]) -> Run:
-    """Fill `run` with body's metrics, or with the error it raised."""
-    try:
-        run.metrics = body()
-    except HarnessError as exc:
-        run.error = str(exc)
-    except Exception as exc:  # one failed case must not lose the others
-        run.error = f"{type(exc).__name__}: {exc}"
-    return run
-
-
-def repeat(
-    cases: Sequence[str],
-    reps: int,
-    measure: Callable[[str, int], Run],
-    *,
-    noisy: float = 0.25,
-    retries: int = 1,
-    budget: float = 200.0,
-    quiet_wait: float = 3.0,
-) -> list[Run]:
-    """Every case in every repetition, the order rotated each time so drift hits all alike. A
-    run during which other processes kept more than `noisy` cores busy is measured again (at
-    most `retries` times, while the whole has run less than `budget` seconds)."""
-    started, runs = time.monotonic(), []
-    for rep in range(1, reps + 1):
-        shift = (rep - 1) % max(1, len(cases))
-        for case in [*cases[shift:], *cases[:shift]]:
-            for n in range(1, retries + 2):
-                wait_until_quiet(timeout=quiet_wait)
-                t0 = time.monotonic()
-                run = measure(case, rep)
-                run.attempts = n
-                print(progress(run, time.monotonic() - t0), file=sys.stderr)
-                late = time.monotonic() - started > budget
-                if not run.ok or run.noise <= noisy or late:
-                    break
-            runs.append(run)
-    return runs
-
-
-def progress(run: Run, seconds: float) -> str:
-    head = f"[rep {run.rep}] {run.case} (attempt {run.attempts})"
-    if not run.ok:
-        return f"{head}: FAILED ({seconds:.0f} s)\n{run.error}"
-    shown = ", ".join(f"{k} {v:,.4g}" for k, v in list(run.metrics.items())[:5])
-    return f"{head}: {shown}, other load {run.noise:.2f} cores ({seconds:.0f} s)"
-
-
-def medians(runs: Sequence[Run], case: str) -> dict[str, float] | None:
-    """The median of every metric over the case's successful runs; None if it has none."""
-    ok = [r for r in runs if r.case == case and r.ok]
-    if not ok:
-        return None
-    return {k: statistics.median(r.metrics[k] for r in ok) for k in ok[0].metrics}
-
-
-def per_rep(runs: Sequence[Run], a: str, b: str, fn: Callable[[Run, Run], float]) -> list[float]:
-    """fn(run of a, run of b) for each repetition where both cases succeeded."""
-    ok = {(r.case, r.rep): r for r in runs if r.ok}
-    reps = sorted({r.rep for r in runs})
-    return [fn(ok[a, rep], ok[b, rep]) for rep in reps if (a, rep) in ok and (b, rep) in ok]
 
 
 def percentile(values: Sequence[float], p: float) -> float:
     """The nearest-rank percentile of `values`; NaN when there are none."""
     if not values:
-        return float("nan")
+        return NAN
     ordered = sorted(values)
     return float(ordered[min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))])
+
+
+# --------------------------------------------------------------------------- fleets
+
+
+@dataclass
+class Staged:
+    """A `_workload.py produce` process: READY, GO, FINISHED, then its JSON."""
+
+    popen: subprocess.Popen[str]
+    log: Path
+
+    @classmethod
+    def start(cls, spec: dict[str, Any], log: Path) -> Staged:
+        command = [sys.executable, str(WORKLOAD), "produce", json.dumps(spec)]
+        env, pipe = dict(os.environ, PYTHONUNBUFFERED="1"), subprocess.PIPE
+        with log.open("wb") as err:
+            popen = subprocess.Popen(
+                command, stdin=pipe, stdout=pipe, stderr=err, text=True, env=env
+            )
+        return cls(procs.track(popen), log)
+
+    def expect(self, word: str, timeout: float) -> str:
+        """The next line it prints, which must start with `word`."""
+        assert self.popen.stdout is not None
+        ready, _, _ = select.select([self.popen.stdout], [], [], timeout)
+        line = self.popen.stdout.readline().strip() if ready else "nothing in time"
+        if not line.startswith(word):
+            tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-10:])
+            raise HarnessError(f"a load process printed {line!r}, expected {word}:\n{tail}")
+        return line
+
+    def go(self) -> None:
+        assert self.popen.stdin is not None
+        self.popen.stdin.write("GO\n")
+        self.popen.stdin.flush()
+
+
+def produce_requests(admin: int | None) -> tuple[float, float]:
+    """Produce requests kipside received from clients and sent upstream so far."""
+    if admin is None:
+        return 0.0, 0.0
+    m = scrape(admin)
+    client = m.value("kipside_client_requests_total", 0.0, api="Produce")
+    return client, m.value("kipside_upstream_requests_total", 0.0, api="Produce")
+
+
+def fleet(
+    stack: Stack,
+    load: dict[str, Any],
+    counts: list[int],
+    *,
+    partitions: int,
+    admin: int | None = None,
+    during: AbstractContextManager[object] | None = None,
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """`counts[i]` producers in staged process i, on a fresh topic `load["topic"]`: the numbers
+    of the window and each process's result. `admin`: kipside's admin port, for its counts of
+    Produce requests (which include the warm-up). `during` is entered at GO and left once all
+    have finished (a profiler)."""
+    topics = {"bootstrap": stack.bootstrap, "topics": [load["topic"]], "partitions": partitions}
+    worker(stack, "create-topics", topics)
+    common = {"bootstrap": stack.bootstrap, "size": 100, "go_timeout": 120, **load}
+    before, staged = produce_requests(admin), []
+    try:
+        for i, n in enumerate(counts):
+            spec = {**common, "producers": n, "first_index": sum(counts[:i])}
+            staged.append(Staged.start(spec, stack.logdir / f"load-{i}.log"))
+        for s in staged:
+            s.expect("READY", 90)
+        w = Window.of(stack)
+        for s in staged:
+            s.go()
+        with during if during is not None else contextlib.nullcontext():
+            for s in staged:
+                s.expect("FINISHED", float(load["seconds"]) * 1.5 + 60)
+        w.close()
+        after = produce_requests(admin)
+        results = [json.loads(s.expect("{", 30)) for s in staged]
+    finally:
+        for s in staged:
+            procs.stop(s.popen, 1.0)
+    total = {k: sum(r[k] for r in results) for k in ("offered", "delivered", "errors", "cpu_s")}
+    stats = float(sum(r["client_produce_requests"] for r in results))
+    client, upstream = (after[0] - before[0], after[1] - before[1]) if admin else (stats, stats)
+    span = max(r["end"] for r in results) - min(r["start"] for r in results)
+    latencies = [v / 1000 for r in results for v in r["latencies_us"]]
+    proxy, broker = w.proxy_broker()
+    per_m = 1e6 / max(total["delivered"], 1)
+    found = {k: float(v) for k, v in total.items()}
+    found |= {"msgs_per_s": total["delivered"] / span if span > 0 else 0.0}
+    found |= {"mb_per_s": found["msgs_per_s"] * 100 / 1e6}
+    found |= {"p50_ms": percentile(latencies, 50), "p99_ms": percentile(latencies, 99)}
+    found |= {"client_reqs": client, "client_reqs_stats": stats, "upstream_reqs": upstream}
+    found |= {"ratio": client / upstream if upstream else NAN}
+    found |= {"msgs_per_upstream_req": total["delivered"] / upstream if upstream else NAN}
+    found |= {"broker_cpu_s": broker, "broker_cpu_per_m": broker * per_m}
+    found |= {"proxy_cpu_s": proxy, "proxy_cpu_per_m": proxy * per_m}
+    found |= {"both_cpu_per_m": (proxy + broker if stack.proxy else broker) * per_m}
+    found |= {"client_cpu_per_m": total["cpu_s"] * per_m, "reqs_per_record": stats * per_m / 1e6}
+    found |= {"noise_cores": w.noise_cores(total["cpu_s"]), "wall_s": w.wall_s}
+    found |= {"capped": float(any(r["capped"] for r in results))}
+    return found, results
 
 
 @contextlib.contextmanager
@@ -284,3 +254,92 @@ def sampling(every: float, sample: Callable[[], None]) -> Iterator[None]:
         stop.set()
         thread.join()
         sample()
+
+
+# --------------------------------------------------------------------------- repetitions
+
+
+@dataclass
+class Run:
+    """One case of a benchmark in one repetition: its numbers, or why it has none."""
+
+    case: str
+    rep: int = 1
+    metrics: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+    problems: list[str] = field(default_factory=list)
+    """Warnings and errors in the proxy's log."""
+    attempts: int = 1
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.metrics)
+
+    @property
+    def noise(self) -> float:
+        return self.metrics.get("noise_cores", 0.0)
+
+
+Body = Callable[[Path], dict[str, float]]
+"""One case's measurement, given a fresh log directory (where a proxy logs to PROXY_LOG)."""
+
+
+def measure(case: str, rep: int, body: Body, logroot: Path) -> Run:
+    """Run `body` in a fresh log directory: its numbers, or the error it raised."""
+    logdir = Path(tempfile.mkdtemp(prefix=f"{rep}-", dir=logroot))
+    run = Run(case, rep)
+    try:
+        run.metrics = body(logdir)
+    except HarnessError as exc:
+        run.error = str(exc)
+    except Exception as exc:  # one failed case must not lose the others
+        run.error = f"{type(exc).__name__}: {exc}"
+    run.problems = problems(logdir / PROXY_LOG)
+    return run
+
+
+def repeat(
+    cases: Mapping[str, Body],
+    reps: int,
+    *,
+    noisy: float = 0.25,
+    retries: int = 1,
+    budget: float = 200.0,
+    quiet_wait: float = 3.0,
+) -> list[Run]:
+    """Every case in every repetition, the order rotated each time so drift hits all alike. A
+    run that failed, or during which other processes kept more than `noisy` cores busy, is
+    measured again (at most `retries` times, while the whole has run less than `budget` s)."""
+    started, runs, names = time.monotonic(), [], list(cases)
+    logroot = Path(tempfile.mkdtemp(prefix="kipbench-"))
+    for rep in range(1, reps + 1):
+        shift = (rep - 1) % max(1, len(names))
+        for case in [*names[shift:], *names[:shift]]:
+            for attempt in range(1, retries + 2):
+                wait_until_quiet(timeout=quiet_wait)
+                t0 = time.monotonic()
+                run = measure(case, rep, cases[case], logroot)
+                run.attempts = attempt
+                head = f"[rep {rep}] {case} (attempt {attempt}, {time.monotonic() - t0:.0f} s)"
+                shown = ", ".join(f"{k} {v:,.4g}" for k, v in list(run.metrics.items())[:5])
+                print(f"{head}: {shown or run.error}, other load {run.noise:.2f}", file=sys.stderr)
+                if (run.ok and run.noise <= noisy) or time.monotonic() - started > budget:
+                    break
+            runs.append(run)
+    shutil.rmtree(logroot, ignore_errors=True)
+    return runs
+
+
+def medians(runs: Sequence[Run], case: str) -> dict[str, float] | None:
+    """The median of every metric over the case's successful runs; None if it has none."""
+    ok = [r for r in runs if r.case == case and r.ok]
+    if not ok:
+        return None
+    return {k: statistics.median(r.metrics[k] for r in ok) for k in ok[0].metrics}
+
+
+def per_rep(runs: Sequence[Run], a: str, b: str, fn: Callable[[Run, Run], float]) -> list[float]:
+    """fn(run of a, run of b) for each repetition where both cases succeeded."""
+    ok = {(r.case, r.rep): r for r in runs if r.ok}
+    reps = sorted({r.rep for r in runs})
+    return [fn(ok[a, rep], ok[b, rep]) for rep in reps if (a, rep) in ok and (b, rep) in ok]

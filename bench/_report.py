@@ -1,13 +1,13 @@
-"""What the benchmarks report: facts of the run, tables, target verdicts, and their sections of
-docs/performance.md, each between `<!-- bench:NAME:start -->` and `<!-- bench:NAME:end -->`:
-`write_section()` replaces only that block (appending it when missing). The block holds what a
-run found; how a benchmark measures is prose written once in the document, after its block.
+"""What the benchmarks report: their options, facts of the run, tables, target verdicts, and
+their sections of docs/performance.md, each between `<!-- bench:NAME:start -->` and
+`<!-- bench:NAME:end -->`: `write_section()` replaces only that block (appending it when
+missing). The block holds what a run found; how a benchmark measures is prose written once in
+the document, after its block.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
 import importlib.metadata
 import os
@@ -19,61 +19,91 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from _chart import Panel, bar_chart
 from _harness import REPO
 from _measure import Run, per_rep
 
 from kipside.proxy.devbroker import tansu_path
 
 DOC = REPO / "docs" / "performance.md"
-IMG_DIR = REPO / "docs" / "img"
-INTRO = "# Performance\n"
 NAN = float("nan")
+STARTED = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+"""When the benchmark started (this module is imported at its start)."""
+Options = dict[str, tuple[Any, Any, str]]
+"""A benchmark's options: flag -> (type, default, help); the type bool makes a switch."""
+
+
+def listed(kind: Callable[[str], Any] = str, choices: Sequence[Any] = ()) -> Callable[[str], Any]:
+    """An option's type: a comma-separated list of `kind`, each one of `choices` if given."""
+
+    def parse(text: str) -> list[Any]:
+        items = [kind(item) for item in text.split(",") if item]
+        if choices and set(items) - set(choices):
+            raise argparse.ArgumentTypeError(f"choose from {','.join(map(str, choices))}")
+        return items
+
+    return parse
+
+
+def parse_args(doc: str | None, options: Options, quick: Mapping[str, Any]) -> argparse.Namespace:
+    """A benchmark's command line: its `options`, --quick (a smoke test: `quick` overrides the
+    options), and --doc FILE / --no-doc, the same everywhere."""
+    ap = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    for flag, (kind, default, text) in options.items():
+        if kind is bool:
+            ap.add_argument(flag, action="store_true", help=text)
+        else:
+            ap.add_argument(flag, type=kind, default=default, help=text)
+    ap.add_argument("--quick", action="store_true", help="a short smoke test")
+    ap.add_argument("--doc", type=Path, default=DOC, help="the markdown file to write")
+    ap.add_argument("--no-doc", action="store_true", help="print only; leave the document alone")
+    args = ap.parse_args()
+    if args.quick:
+        vars(args).update(quick)
+    return args
 
 
 # --------------------------------------------------------------------------- facts
 
 
-def _output(args: Sequence[str]) -> str:
+def output(args: Sequence[str]) -> str:
+    """The first line a command prints, or "unavailable"."""
     try:
         done = subprocess.run(list(args), capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return "unavailable"
-    text = (done.stdout or done.stderr).strip()
-    return text.splitlines()[0] if text else "unavailable"
-
-
-def _proc_field(path: str, key: str) -> str:
-    with contextlib.suppress(OSError):
-        for line in Path(path).read_text().splitlines():
-            if line.startswith(key):
-                return line.split(":", 1)[1].strip()
-    return "unknown"
+    return ((done.stdout or done.stderr).strip() or "unavailable").splitlines()[0]
 
 
 def machine() -> str:
     """CPUs, model, memory, kernel and Python of this machine, in one line."""
-    kib = _proc_field("/proc/meminfo", "MemTotal").split()[0]
-    memory = f"{int(kib) / 1024 / 1024:.1f} GiB" if kib.isdigit() else "unknown"
+    info: dict[str, str] = {}
+    for path in ("/proc/cpuinfo", "/proc/meminfo"):
+        for line in Path(path).read_text().splitlines():
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
+    memory = int(info.get("MemTotal", "0 kB").split()[0]) / 1024 / 1024
     return (
-        f"{len(os.sched_getaffinity(0))} CPUs (nproc), {_proc_field('/proc/cpuinfo', 'model name')}"
-        f", {memory} RAM, Linux {platform.release()}, Python {platform.python_version()}"
+        f"{len(os.sched_getaffinity(0))} CPUs (nproc), {info.get('model name', 'unknown')}, "
+        f"{memory:.1f} GiB RAM, Linux {platform.release()}, Python {platform.python_version()}"
     )
 
 
-def versions(*extra: str) -> dict[str, str]:
-    """kipside, Tansu and the client library, then each distribution or tool in `extra`."""
-    out = {
-        "kipside": importlib.metadata.version("kipside"),
-        "Tansu": _output([str(tansu_path()), "--version"]).removeprefix("tansu ").strip(),
-    }
+def versions(*tools: str) -> dict[str, str]:
+    """kipside, Tansu and the client library, then each distribution or tool in `tools`."""
     import confluent_kafka
 
-    out["confluent-kafka"] = str(confluent_kafka.__version__)
-    out["librdkafka"] = str(confluent_kafka.libversion()[0])
-    for name in extra:
+    out = {
+        "kipside": importlib.metadata.version("kipside"),
+        "Tansu": output([str(tansu_path()), "--version"]).removeprefix("tansu ").strip(),
+        "confluent-kafka": str(confluent_kafka.__version__),
+        "librdkafka": str(confluent_kafka.libversion()[0]),
+    }
+    for name in tools:
         if name == "haproxy":
-            line = _output(["haproxy", "-v"])
+            line = output(["haproxy", "-v"])
             out[name] = m.group(1) if (m := re.search(r"version (\S+)", line)) else line
         else:
             out[name] = importlib.metadata.version(name)
@@ -83,48 +113,23 @@ def versions(*extra: str) -> dict[str, str]:
 def command_line() -> str:
     """The command that started this process, paths relative to the repository."""
 
-    def rel(arg: str) -> str:
+    def relative(arg: str) -> str:
         path = Path(arg)
-        return (
-            str(path.relative_to(REPO)) if path.is_absolute() and path.is_relative_to(REPO) else arg
-        )
+        inside = path.is_absolute() and path.is_relative_to(REPO)
+        return str(path.relative_to(REPO)) if inside else arg
 
-    return shlex.join([rel(sys.executable), rel(sys.argv[0]), *sys.argv[1:]])
-
-
-STARTED = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-"""When the benchmark started (this module is imported at its start)."""
+    return shlex.join([relative(sys.executable), relative(sys.argv[0]), *sys.argv[1:]])
 
 
-def facts(
-    *more: str, tools: Sequence[str] = (), code: Mapping[str, str] | None = None
-) -> list[str]:
+def facts(*more: str, tools: Sequence[str] = (), code: Mapping[str, str] = {}) -> list[str]:
     """The bullet lines every section starts with: command, date, machine, the versions of
     kipside, Tansu, the client and `tools` (and the kipside `code` each path ran), `more`."""
-    listed = ", ".join(f"{k} {v}" for k, v in {**versions(*tools), **(code or {})}.items())
+    found = ", ".join(f"{k} {v}" for k, v in {**versions(*tools), **code}.items())
     lines = [f"- Command: `{command_line()}`", f"- Date: {STARTED}", f"- Machine: {machine()}"]
-    return [*lines, f"- Versions: {listed}", *(f"- {m}" for m in more)]
+    return [*lines, f"- Versions: {found}", *(f"- {m}" for m in more)]
 
 
-# --------------------------------------------------------------------------- tables
-
-
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]], align: str = "") -> str:
-    """A GitHub table; `align` has one of l, r per column (default: first left, rest right)."""
-    align = align or "l" + "r" * (len(headers) - 1)
-    marks = {"l": ":---", "r": "---:", "c": ":---:"}
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(marks[a] for a in align) + "|"]
-    return "\n".join([*lines, *("| " + " | ".join(row) + " |" for row in rows)]) + "\n"
-
-
-def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
-
-    def fmt(cells: Sequence[str]) -> str:
-        pairs = enumerate(zip(cells, widths, strict=True))
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in pairs)
-
-    return "\n".join([fmt(headers), "  ".join("-" * w for w in widths), *map(fmt, rows)]) + "\n"
+# --------------------------------------------------------------------------- tables and targets
 
 
 @dataclass(frozen=True)
@@ -133,6 +138,50 @@ class Table:
     headers: Sequence[str]
     rows: Sequence[Sequence[str]]
     align: str = ""
+    """l or r per column (default: the first left, the rest right)."""
+
+    def markdown(self) -> str:
+        """A GitHub table, its columns padded so that it reads as well in a terminal."""
+        align = self.align or "l" + "r" * (len(self.headers) - 1)
+        rows = [self.headers, [":--" if a == "l" else "--:" for a in align], *self.rows]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(align))]
+        rows[1] = [m[0] + "-" * (w - 2) + m[-1] for m, w in zip(rows[1], widths, strict=True)]
+        lines = []
+        for row in rows:
+            cells = zip(row, widths, align, strict=True)
+            lines.append(" | ".join(c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in cells))
+        return "".join(f"| {line} |\n" for line in lines)
+
+
+Cell = str | Callable[[dict[str, float]], str]
+"""A table cell: a format string over a case's numbers ("{p50_ms:.2f}") or a function of them."""
+
+
+def table(
+    title: str,
+    cases: Sequence[str],
+    found: Mapping[str, dict[str, float] | None],
+    columns: Sequence[tuple[str, Cell]],
+    first: str = "path",
+) -> Table:
+    """A row per case, a column per (header, cell); "-" where a number is NaN."""
+
+    def show(cell: Cell, m: dict[str, float]) -> str:
+        text = cell.format(**m) if isinstance(cell, str) else cell(m)
+        return "-" if "nan" in text else text
+
+    rows = [
+        [case, *(show(cell, m) for _, cell in columns)]
+        if (m := found.get(case))
+        else [case, "failed or skipped", *[""] * (len(columns) - 1)]
+        for case in cases
+    ]
+    return Table(title, [first, *(h for h, _ in columns)], rows)
+
+
+def number(v: float) -> str:
+    """A figure with the digits that matter: 1,234 or 12.3 or 0.123."""
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.1f}" if abs(v) >= 10 else f"{v:.3f}"
 
 
 @dataclass(frozen=True)
@@ -143,11 +192,12 @@ class Target:
     ok: bool | None
     detail: str
 
-    @property
-    def mark(self) -> str:
+    def __str__(self) -> str:
         if self.name.startswith("(no target)"):
-            return "compared"
-        return "not measured" if self.ok is None else ("met" if self.ok else "**MISSED**")
+            mark = "compared"
+        else:
+            mark = "not measured" if self.ok is None else ("met" if self.ok else "**MISSED**")
+        return f"{self.name}: {mark}: {self.detail}"
 
 
 @dataclass(frozen=True)
@@ -164,143 +214,42 @@ class Compare:
     case: str = "kipside"
 
     def judge(self, runs: Sequence[Run], med: Mapping[str, dict[str, float] | None]) -> Target:
-        a, b = med.get(self.case), med.get(self.other)
+        a, b, key = med.get(self.case), med.get(self.other), self.key
         if not a or not b:
             return Target(self.name, None, f"{self.case} or {self.other} has no result")
 
         def of(x: float, y: float) -> float:
             return x - y if self.diff else x / y
 
-        r = of(a[self.key], b[self.key])
-        k = self.key
-        each = per_rep(runs, self.case, self.other, lambda x, y: of(x.metrics[k], y.metrics[k]))
-        shown = "{:+.3f}" if self.diff else "{:.2f}x"
-        low, high = shown.format(min(each, default=r)), shown.format(max(each, default=r))
-        more = f"; per repetition {low} to {high}" if len(each) > 1 else ""
-        ok = r >= self.limit if self.at_least else r <= self.limit
-        detail = f"{shown.format(r)} ({number(a[self.key])} vs {number(b[self.key])}{more})"
-        return Target(self.name, ok, detail)
+        r, shown = of(a[key], b[key]), "{:+.3f}" if self.diff else "{:.2f}x"
+        each = per_rep(runs, self.case, self.other, lambda x, y: of(x.metrics[key], y.metrics[key]))
+        detail = f"{shown.format(r)} ({number(a[key])} vs {number(b[key])}"
+        if len(each) > 1:
+            detail += f"; per repetition {shown.format(min(each))} to {shown.format(max(each))}"
+        return Target(
+            self.name, r >= self.limit if self.at_least else r <= self.limit, detail + ")"
+        )
 
 
 def relative(med: dict[str, dict[str, float] | None], base: str, keys: Sequence[str]) -> None:
     """Add `KEY_vs` (ratio to `base`'s median) and `KEY_add` (difference) to every case."""
-    b = med.get(base)
+    b = med.get(base) or {}
     for m in med.values():
         for key in keys:
             if m is not None and key in m:
-                m[f"{key}_vs"] = m[key] / b[key] if b and b.get(key) else NAN
-                m[f"{key}_add"] = m[key] - b[key] if b and key in b else NAN
-
-
-# --------------------------------------------------------------------------- the document
-
-
-def write_section(name: str, body: str, *, doc: Path = DOC, intro: str = INTRO) -> Path:
-    """Replace the `name` block of `doc` with `body` (creating the file or block if missing)."""
-    start, end = f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
-    block = f"{start}\n{body.rstrip()}\n{end}\n"
-    text = doc.read_text() if doc.exists() else intro
-    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end) + r"\n?", re.DOTALL)
-    if pattern.search(text):
-        text = pattern.sub(lambda _m: block, text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + block
-    doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text(text)
-    return doc
-
-
-@dataclass
-class Report:
-    """One benchmark's findings: printed, and written as its section unless `doc` is None."""
-
-    section: str
-    title: str
-    facts: list[str]
-    tables: list[Table]
-    targets: list[Target] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    chart: tuple[str, Callable[[Path], None]] | None = None
-    """(alt text, draw(png)): the chart, docs/img/SECTION.png."""
-    details: Table | None = None
-    """Every run, folded away in the document."""
-
-    def publish(self, args: argparse.Namespace) -> None:
-        """Print; unless --no-doc, write the section and chart beside --doc."""
-        doc = None if args.no_doc else Path(args.doc)
-        for t in self.tables:
-            print(f"\n{t.title}\n{text_table(t.headers, t.rows)}")
-        for target in self.targets:
-            print(f"{target.mark.strip('*').upper():>12}  {target.name}: {target.detail}")
-        for note in self.notes:
-            print(f"{'NOTE':>12}  {note}")
-        if doc is None:
-            return
-        lines = [f"## {self.title}", "", f"Written by `{command_line().split()[1]}`.", ""]
-        lines += [*self.facts, ""]
-        for t in self.tables:
-            lines += [f"### {t.title}", "", markdown_table(t.headers, t.rows, t.align)]
-        if self.targets:
-            lines += [
-                "### Targets",
-                "",
-                *(f"- {t.name}: {t.mark}: {t.detail}" for t in self.targets),
-            ]
-        if self.notes:
-            lines += ["", "### Notes on this run", "", *(f"- {n}" for n in self.notes)]
-        if self.chart is not None:
-            png = doc.parent / "img" / f"{self.section}.png"
-            self.chart[1](png)
-            lines += ["", f"![{self.chart[0]}](img/{png.name})"]
-        if self.details is not None:
-            table = markdown_table(self.details.headers, self.details.rows, self.details.align)
-            lines += ["", "<details><summary>Every run</summary>", "", table, "</details>"]
-        write_section(self.section, "\n".join(lines), doc=doc)
-        print(f"\nwrote the {self.section} section of {doc}")
-
-
-def first_line(text: str | None, width: int = 200) -> str:
-    return (text or "").strip().splitlines()[0][:width] if (text or "").strip() else ""
-
-
-def table(
-    title: str,
-    cases: Sequence[str],
-    found: Mapping[str, dict[str, float] | None],
-    columns: Sequence[tuple[str, str | Callable[[dict[str, float]], str]]],
-    *,
-    first: str = "path",
-    align: str = "",
-) -> Table:
-    """A row per case, a column per (header, cell): a cell is a format string over the case's
-    numbers ("{p50:.2f} / {p99:.2f}") or a function of them."""
-
-    def show(cell: str | Callable[[dict[str, float]], str], m: dict[str, float]) -> str:
-        text = cell.format(**m) if isinstance(cell, str) else cell(m)
-        return "-" if "nan" in text else text
-
-    rows = [
-        [case, *(show(cell, m) for _, cell in columns)]
-        if (m := found.get(case))
-        else [case, "failed or skipped", *[""] * (len(columns) - 1)]
-        for case in cases
-    ]
-    return Table(title, [first, *(h for h, _ in columns)], rows, align)
-
-
-def doc_args(ap: argparse.ArgumentParser) -> None:
-    """--doc FILE and --no-doc, the same in every benchmark."""
-    ap.add_argument("--doc", type=Path, default=DOC, help="the markdown file to write")
-    ap.add_argument("--no-doc", action="store_true", help="print only; leave the document alone")
+                m[f"{key}_vs"] = m[key] / b[key] if b.get(key) else NAN
+                m[f"{key}_add"] = m[key] - b[key] if key in b else NAN
 
 
 def run_notes(runs: Sequence[Run], noisy: float) -> list[str]:
     """Failures, what proxies logged, runs measured again and runs disturbed by other load."""
-    out = [f"`{r.case}` rep {r.rep} failed: `{first_line(r.error)}`" for r in runs if not r.ok]
+    out = []
     for r in runs:
-        out += [f"`{r.case}` rep {r.rep}: the proxy logged `{p[:200]}`" for p in r.problems[:3]]
+        if not r.ok:
+            out.append(f"`{r.case}` rep {r.rep} failed: `{(r.error or '?').splitlines()[0][:200]}`")
+        out += [f"`{r.case}` rep {r.rep} logged `{line[:200]}`" for line in r.problems[:3]]
     if again := [r for r in runs if r.attempts > 1]:
-        out.append(f"{len(again)} run(s) measured again after other load; the last attempt counts.")
+        out.append(f"{len(again)} run(s) measured again; the last attempt counts.")
     if busy := [r for r in runs if r.ok and r.noise > noisy]:
         out.append(
             f"**{len(busy)} of {len(runs)} runs shared the machine with other load** (over "
@@ -309,6 +258,51 @@ def run_notes(runs: Sequence[Run], noisy: float) -> list[str]:
     return out
 
 
-def number(v: float) -> str:
-    """A figure with the digits that matter: 1,234 or 12.3 or 0.123."""
-    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.1f}" if abs(v) >= 10 else f"{v:.3f}"
+# --------------------------------------------------------------------------- the document
+
+
+def write_section(name: str, body: str, doc: Path) -> None:
+    """Replace the `name` block of `doc` with `body` (creating the file or block if missing)."""
+    start, end = f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
+    block = f"{start}\n{body.rstrip()}\n{end}\n"
+    text = doc.read_text() if doc.exists() else "# Performance\n"
+    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end) + r"\n?", re.DOTALL)
+    if pattern.search(text):
+        text = pattern.sub(lambda _m: block, text, count=1)
+    else:
+        text = text.rstrip("\n") + "\n\n" + block
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    doc.write_text(text)
+
+
+@dataclass
+class Report:
+    """One benchmark's findings: printed, and written as its section unless --no-doc."""
+
+    section: str
+    title: str
+    facts: list[str]
+    tables: list[Table]
+    targets: list[Target] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    chart: tuple[str, Sequence[Panel]] | None = None
+    """(title, panels): drawn as docs/img/SECTION.png."""
+
+    def publish(self, args: argparse.Namespace) -> None:
+        script = command_line().split()[1]
+        lines = [f"## {self.title}", "", f"Written by `{script}`.", "", *self.facts, ""]
+        for t in self.tables:
+            lines += [f"### {t.title}", "", t.markdown()]
+        if self.targets:
+            lines += ["### Targets", "", *(f"- {t}" for t in self.targets), ""]
+        if self.notes:
+            lines += ["### Notes on this run", "", *(f"- {n}" for n in self.notes), ""]
+        print("\n".join(lines))
+        if args.no_doc:
+            return
+        if self.chart is not None:
+            png = Path(args.doc).parent / "img" / f"{self.section}.png"
+            bar_chart(png, *self.chart)
+            lines += [f"![{self.chart[0]}](img/{png.name})", ""]
+        write_section(self.section, "\n".join(lines), Path(args.doc))
+        print(f"wrote the {self.section} section of {args.doc}")

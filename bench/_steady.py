@@ -1,5 +1,5 @@
 """What the pipeline benchmarks (mirror, lake) share: a baseline against whole `--once` runs of
-a kipside pipeline on part of the data and on all of it.
+a kipside pipeline on part of the data and on all of it, each timed over its process tree.
 
 Spark's fixed cost (the JVM's start, planning processes) is the same in both kipside runs, so
 their difference is what a pipeline that keeps running pays for the rest of the data: its
@@ -9,34 +9,65 @@ run started, the brokers' apart.
 
 from __future__ import annotations
 
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from _chart import Panel, bar_chart
-from _measure import TreeRun
+from _chart import Panel
+from _harness import HarnessError, Managed
+from _measure import wait_until_quiet
 from _report import Report, Table, Target, facts
+from testkit.cpu import TreeSampler, own_cpu_seconds
 
 
 @dataclass(frozen=True)
-class Steady:
-    """The runs' medians, and how much data (in `unit`s) each one moved."""
+class TreeRun:
+    wall_s: float
+    cpu_s: float
+    """CPU of the command and everything it started (Spark's JVM and Python workers too)."""
+    broker_cpu_s: float
 
-    base: TreeRun
-    part: TreeRun
-    whole: TreeRun
-    base_units: float
-    part_units: float
-    whole_units: float
+    def minus(self, other: TreeRun) -> TreeRun:
+        """What this run cost beyond `other` (a smaller run of the same job)."""
+        return TreeRun(*(a - b for a, b in zip(self.fields(), other.fields(), strict=True)))
 
-    @classmethod
-    def of(cls, runs: dict[str, list[TreeRun]], units: tuple[float, float, float]) -> Steady:
-        """Medians of the baseline's, the part's and the whole's runs (in that order)."""
-        base, part, whole = (TreeRun.median(r) for r in runs.values())
-        return cls(base, part, whole, *units)
+    def fields(self) -> tuple[float, float, float]:
+        return self.wall_s, self.cpu_s, self.broker_cpu_s
 
-    def rows(self) -> list[tuple[TreeRun, float]]:
-        steady = (self.whole.minus(self.part), self.whole_units - self.part_units)
-        whole = [(self.part, self.part_units), (self.whole, self.whole_units)]
-        return [(self.base, self.base_units), *whole, steady]
+    @staticmethod
+    def median(runs: Sequence[TreeRun]) -> TreeRun:
+        return TreeRun(*map(statistics.median, zip(*(r.fields() for r in runs), strict=True)))
+
+
+def timed(
+    brokers: Sequence[Managed], what: str, args: Sequence[str], spark: bool = False
+) -> TreeRun:
+    """Run a command to success on a quiet machine, sampling the CPU of its whole process tree
+    every 0.2 s (a daemonised Spark worker is never reaped, so only sampling sees it; each pid
+    counts once), with the CPU the brokers spent meanwhile."""
+    wait_until_quiet()
+    broker0 = sum(b.cpu_seconds() for b in brokers)
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable) if spark else None
+    reaped0, t0 = own_cpu_seconds() - own_cpu_seconds(children=False), time.perf_counter()
+    proc = subprocess.Popen(list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    sampler, out = TreeSampler(proc.pid), list[bytes]()
+    reader = threading.Thread(target=lambda: out.extend(proc.communicate(timeout=3600)))
+    reader.start()
+    while reader.is_alive():
+        sampler.sample()
+        reader.join(0.2)
+    wall = time.perf_counter() - t0
+    reaped = own_cpu_seconds() - own_cpu_seconds(children=False) - reaped0
+    if len(out) < 2 or proc.returncode != 0:
+        proc.kill()
+        raise HarnessError(f"{what} failed:\n{(out[1] if out else b'').decode()[-3000:]}")
+    broker = sum(b.cpu_seconds() for b in brokers) - broker0
+    return TreeRun(wall, max(reaped, sampler.total()), broker)
 
 
 @dataclass(frozen=True)
@@ -49,8 +80,8 @@ class Kind:
     per_s: str
     """How a rate is shown: a format of units per second times `scale`."""
     scale: float
-    names: tuple[str, str, str, str]
-    """Row names: baseline, part, whole, steady state."""
+    rows: tuple[str, str, str, str]
+    """What the runs are: the baseline, kipside's command, the part and the whole of the data."""
     target: float
     """Kipside's CPU per unit at most `target` x the baseline's (or with `efficiency`, its
     units per CPU-second at least `target` x the baseline's)."""
@@ -59,60 +90,49 @@ class Kind:
     """The row whose whole `--once` run (Spark's start included) is judged too: 1 part, 2 all."""
 
 
-def report(kind: Kind, runs: Steady, data: str, reps: int) -> Report:
-    base_cost = runs.base.cpu_s / runs.base_units
+def report(kind: Kind, runs: dict[str, list[TreeRun]], units: Sequence[float], data: str) -> Report:
+    """The medians of the baseline's, the part's and the whole's runs (in that order, each
+    having moved `units` of data), the steady state, and the targets."""
+    base, part, whole = (TreeRun.median(r) for r in runs.values())
+    rows = [(base, units[0]), (part, units[1]), (whole, units[2])]
+    rows.append((whole.minus(part), units[2] - units[1]))
     headers = ["run", kind.unit, "wall s", "per second", "CPU s", f"CPU s per {kind.unit}"]
     headers += ["vs baseline" + (" (per CPU-s)" if kind.efficiency else " (CPU)"), "brokers' CPU s"]
-    table, ratios, speeds = [], [], []
-    for name, (run, units) in zip(kind.names, runs.rows(), strict=True):
-        cost = run.cpu_s / units
+    table, ratios, speeds, base_cost = [], [], [], base.cpu_s / units[0]
+    baseline, kipside, part_name, whole_name = kind.rows
+    names = [baseline, f"{kipside} ({part_name})", f"{kipside} ({whole_name})"]
+    names.append(f"{kipside}: steady state ({whole_name} minus {part_name})")
+    for name, (run, n) in zip(names, rows, strict=True):
+        cost = run.cpu_s / n
         ratios.append(base_cost / cost if kind.efficiency else cost / base_cost)
-        speeds.append(units / run.wall_s)
-        table.append(
-            [name, f"{units:,.4g}", f"{run.wall_s:.1f}", kind.per_s.format(speeds[-1] * kind.scale)]
-        )
-        table[-1] += [
+        speeds.append(n / run.wall_s)
+        shown = [f"{n:,.4g}", f"{run.wall_s:.1f}", kind.per_s.format(speeds[-1] * kind.scale)]
+        shown += [
             f"{run.cpu_s:.1f}",
             f"{cost:.1f}",
             f"{ratios[-1]:.2f}x",
             f"{run.broker_cpu_s:.1f}",
         ]
-    speed = [s / speeds[0] for s in speeds]
-    fixed = (
-        runs.part.cpu_s
-        - (runs.whole.cpu_s - runs.part.cpu_s)
-        / (runs.whole_units - runs.part_units)
-        * runs.part_units
-    )
+        table.append([name, *shown])
     targets, judged = [], "rows per CPU-second at least" if kind.efficiency else "CPU at most"
-    for row, what in ((3, "steady state"), (kind.whole, f"{kind.names[kind.whole]} (whole run)")):
+    for row, what in ((3, "steady state"), (kind.whole, f"{names[kind.whole]} (whole run)")):
         ok = ratios[row] >= kind.target if kind.efficiency else ratios[row] <= kind.target
-        detail = f"{ratios[row]:.2f}x the baseline's, at {speed[row]:.2f}x its throughput"
+        detail = (
+            f"{ratios[row]:.2f}x the baseline's, at {speeds[row] / speeds[0]:.2f}x its throughput"
+        )
         targets.append(Target(f"{what}: {judged} {kind.target:.3g}x the baseline's", ok, detail))
+    fixed = part.cpu_s - (whole.cpu_s - part.cpu_s) / (units[2] - units[1]) * units[1]
     notes = [
         f"Spark's fixed cost: about {fixed:.0f} CPU-seconds a run (part run minus steady share)."
     ]
-    labels = ["baseline", "kipside\npart", "kipside\nwhole", "kipside\nsteady"]
-    title = f"{kind.title} (median of {reps} runs, loopback)"
+    labels = ["baseline", "kipside part", "kipside whole", "kipside steady"]
+    per = " (rows per CPU-s)" if kind.efficiency else " (CPU per unit)"
     line = f"target {kind.target:.3g}x baseline"
     panels = [
-        Panel(
-            "vs baseline" + (" (rows per CPU-s)" if kind.efficiency else " (CPU per unit)"),
-            "x",
-            labels,
-            ratios,
-            "{:.2f}",
-            kind.target,
-            line,
-        ),
-        Panel(f"{kind.unit} per second", kind.unit, labels, speeds, "{:,.3g}"),
+        Panel("vs baseline" + per, labels, {"": ratios}, "{:.2f}", kind.target, line),
+        Panel(f"{kind.unit} per second", labels, {"": speeds}, "{:,.3g}"),
     ]
-    return Report(
-        kind.section,
-        kind.title,
-        facts(data),
-        [Table("Runs", headers, table)],
-        targets,
-        notes,
-        (kind.title, lambda png: bar_chart(png, panels, title)),
-    )
+    reps = len(runs["a"])
+    chart = (f"{kind.title} (median of {reps} runs, loopback)", panels)
+    tables = [Table("Runs", headers, table)]
+    return Report(kind.section, kind.title, facts(data), tables, targets, notes, chart)

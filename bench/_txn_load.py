@@ -1,24 +1,21 @@
 """A transactional consume-transform-produce client for bench/txn.py: `_txn_load.py 'JSON'`.
 
 Arguments: client ("confluent-kafka" or "kafka-python"), bootstrap, transactional_id, warmup,
-transactions and seconds (the most measured), deadline (s, the whole run). Per transaction:
+transactions and seconds (the most measured). Per transaction:
 read the next input record, begin, produce to every output partition, send the input offset
 for the group, commit. Prints each measured transaction's latency (begin -> commit returned),
 the measured window on the system-wide monotonic clock (to pick the relay's events), and the
 CONCURRENT_TRANSACTIONS answers the client received, from its own logs: librdkafka's `eos`
 lines naming the error (not the second "Failed to add offsets" line of an AddOffsetsToTxn
-answer), kafka-python's TransactionManager DEBUG records. The loop runs in a thread joined with
-the deadline, so no client call can hang the run.
+answer), kafka-python's TransactionManager DEBUG records. bench/txn.py kills a run that hangs.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -206,22 +203,5 @@ CLIENTS = {"confluent-kafka": run_confluent, "kafka-python": run_kafka_python}
 
 if __name__ == "__main__":
     a: dict[str, Any] = json.loads(sys.argv[1])
-    box: list[dict[str, Any]] = []
-    failure: list[BaseException] = []
-
-    def body() -> None:
-        try:
-            set_up(a)
-            box.append(CLIENTS[a["client"]](a))
-        except BaseException as exc:
-            failure.append(exc)
-
-    thread = threading.Thread(target=body, daemon=True)
-    thread.start()
-    thread.join(float(a["deadline"]))
-    if thread.is_alive():
-        print(f"the run did not finish within {a['deadline']} s", file=sys.stderr, flush=True)
-        os._exit(3)  # the loop thread is stuck in a client call: don't wait for it
-    if failure:
-        raise failure[0]
-    print(json.dumps(box[0]), flush=True)
+    set_up(a)
+    print(json.dumps(CLIENTS[a["client"]](a)), flush=True)

@@ -16,43 +16,42 @@ import resource
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import psutil
-from _chart import Panel, bar_chart
-from _fleet import fleet
-from _harness import HOST, HarnessError, KipsideCode, Stack, at_ref, open_stack, snapshot
-from _measure import Run, attempt, repeat, sampling, wait_until_quiet
-from _report import Report, Target, doc_args, facts, run_notes, table
+from _chart import grouped
+from _harness import HOST, HarnessError, Stack, at_ref, open_stack, snapshot
+from _measure import fleet, repeat, sampling, wait_until_quiet
+from _report import Report, Target, facts, listed, parse_args, run_notes, table
 from testkit.metrics import scrape
 from testkit.ports import free_port
 
 from kipside.pipeline.kafka.connection import BrokerConnection
 from kipside.protocol import Address
 
-
-@dataclass(frozen=True)
-class Config:
-    key: str
-    label: str
-    coalescing: bool | None = None
-    """None: no rule file."""
-    flags: tuple[str, ...] = ()
-    linger_ms: float = 0.0
-
-
-CONFIGS = (
-    Config("direct", "direct"),
-    Config("off", "kipside, coalescing off", coalescing=False),
-    Config("one-to-one", "kipside --one-to-one", flags=("--one-to-one",)),
-    Config("on", "kipside, coalescing on", coalescing=True),
-    Config("on-linger", "kipside, coalescing on, linger_ms 5", coalescing=True, linger_ms=5),
-)
-BY_KEY = {c.key: c for c in CONFIGS}
-TITLE = "Multi-batch produce: many small producers, direct vs kipside"
+CONFIGS = {  # key: (label, rule file's coalescing settings or None, flags)
+    "direct": ("direct", None, []),
+    "off": ("kipside, coalescing off", "enabled: false\n  linger_ms: 0", []),
+    "one-to-one": ("kipside --one-to-one", None, ["--one-to-one"]),
+    "on": ("kipside, coalescing on", "enabled: true\n  linger_ms: 0", []),
+    "on-linger": ("kipside, coalescing on, linger_ms 5", "enabled: true\n  linger_ms: 5", []),
+}
+OPTIONS: dict[str, tuple[Any, Any, str]] = {
+    "--clients": (int, 64, "producers in all"),
+    "--processes": (int, 8, "worker processes for them"),
+    "--rates": (listed(float), [10.0, 25.0, 40.0, 50.0], "records/s per producer"),
+    "--seconds": (float, 6.0, "paced phase per measurement"),
+    "--partitions": (int, 128, "partitions of the topic"),
+    "--configs": (listed(str, list(CONFIGS)), list(CONFIGS), "a comma-separated subset"),
+    "--idle": (int, 1000, "idle client connections (0: none)"),
+    "--no-idle-one-to-one": (bool, False, "idle clients: not --one-to-one"),
+    "--quiet-wait": (float, 120.0, "first wait this long for quiet"),
+    "--baseline-ref": (str, None, "run kipside as of this git ref, not the working tree"),
+}
+QUICK = {"clients": 8, "processes": 2, "rates": [10.0], "seconds": 1.0, "idle": 20}
+QUICK |= {"partitions": 8, "quiet_wait": 1.0}
 TARGET_RATIO, TARGET_BROKER_CPU, TARGET_IDLE_UPSTREAM, TARGET_IDLE_RSS_MB = 8.0, 2.0, 2, 150.0
 OVERLOAD_SHARE, OVERLOAD_P50_MS, NOISY, NAN = 0.95, 100.0, 0.25, float("nan")
 PRODUCE = [
@@ -83,23 +82,27 @@ IDLE = [
     ("kipside RSS MB (before -> with clients)", "{rss0_mb:.1f} -> {rss_mb:.1f}"),
     ("open time s", "{open_s:.1f}"),
 ]
-
-
-def kipside_args(cfg: Config, logdir: Path, admin: int) -> list[str]:
-    out = ["--admin", f"{HOST}:{admin}", *cfg.flags]
-    if cfg.coalescing is not None:
-        rules = logdir / "rules.yaml"
-        rules.write_text(
-            f"coalescing:\n  enabled: {str(cfg.coalescing).lower()}\n  lanes: 2\n"
-            f"  linger_ms: {cfg.linger_ms:g}\n  max_request_bytes: 1048576\n"
-        )
-        out += ["--rules", str(rules)]
-    return out
+CHART = [  # (title, metric, format, target line, log scale)
+    ("client / upstream Produce requests (log scale)", "ratio", "{:.1f}x", TARGET_RATIO, True),
+    (
+        "Tansu CPU per message: direct / this",
+        "broker_vs_direct",
+        "{:.1f}x",
+        TARGET_BROKER_CPU,
+        False,
+    ),
+    ("Tansu CPU s per million messages", "broker_cpu_per_m", "{:.0f}", None, False),
+    ("kipside CPU s per million messages", "proxy_cpu_per_m", "{:.0f}", None, False),
+    ("delivered msgs/s", "msgs_per_s", "{:,.0f}", None, False),
+    ("Tansu connections (max during run)", "broker_conns", "{:.0f}", None, False),
+    ("delivery latency p50 ms (log scale)", "p50_ms", "{:.3g}", None, True),
+    ("delivery latency p99 ms (log scale)", "p99_ms", "{:.3g}", None, True),
+]
 
 
 def broker_connections(stack: Stack) -> int:
     """Established TCP connections of the broker on its listening port."""
-    conns = psutil.Process(stack.broker.pid).net_connections(kind="tcp")
+    conns = psutil.Process(stack.broker.popen.pid).net_connections(kind="tcp")
     up = psutil.CONN_ESTABLISHED
     return sum(1 for c in conns if c.status == up and c.laddr and c.laddr.port == stack.broker_port)
 
@@ -108,19 +111,14 @@ def produce(
     stack: Stack, args: argparse.Namespace, rate: float, admin: int | None
 ) -> dict[str, float]:
     """One configuration at one offered load, on a running stack."""
-    load = {"topic": "bench-coalesce", "rate": rate, "seconds": args.seconds}
+    load = {"topic": "bench-coalesce", "mode": "paced", "rate": rate, "seconds": args.seconds}
     counts = [args.clients // args.processes] * args.processes
     for i in range(args.clients % args.processes):
         counts[i] += 1
     conns = [broker_connections(stack)]
     with sampling(1.0, lambda: conns.append(broker_connections(stack))):
-        m, _ = fleet(
-            stack,
-            {**load, "client_prefix": "bench-coalesce"},
-            counts,
-            partitions=args.partitions,
-            admin=admin,
-        )
+        load["client_prefix"] = "bench-coalesce"
+        m, _ = fleet(stack, load, counts, partitions=args.partitions, admin=admin)
     slow = m["msgs_per_s"] < OVERLOAD_SHARE * rate * args.clients or m["p50_ms"] > OVERLOAD_P50_MS
     return {**m, "broker_conns": float(max(conns)), "overloaded": float(slow)}
 
@@ -132,9 +130,8 @@ METADATA_V12 = b"\x00\x00\x00\x00"  # all topics, no auto-creation, no authorize
 def connect(host: str, port: int, client_id: str) -> tuple[BrokerConnection, Any]:
     """A connection that sends what a client sends when it connects: ApiVersions, Metadata;
     and the Metadata answer."""
-    conn = BrokerConnection(
-        Address(host, port), client_id=client_id, connect_timeout=10, request_timeout=10
-    )
+    address = Address(host, port)
+    conn = BrokerConnection(address, client_id=client_id, connect_timeout=10, request_timeout=10)
     conn.request(18, 3, API_VERSIONS_V3)
     return conn, conn.request(3, 12, METADATA_V12).decode()
 
@@ -143,8 +140,9 @@ def idle(stack: Stack, count: int, admin: int) -> dict[str, float]:
     """`count` connections that handshake and stay, alternately on the bootstrap and the node
     listener; kipside's memory and the broker's connections 2 s after the last opened."""
     assert stack.proxy is not None
+    kipside = psutil.Process(stack.proxy.popen.pid)
     time.sleep(0.5)
-    rss0, conns0, t0 = stack.proxy.rss_bytes(), broker_connections(stack), time.monotonic()
+    rss0, conns0, t0 = kipside.memory_info().rss, broker_connections(stack), time.monotonic()
     host, port = stack.bootstrap.split(":")
     first, metadata = connect(host, int(port), "bench-idle-0")
     conns = [first]
@@ -157,49 +155,43 @@ def idle(stack: Stack, count: int, admin: int) -> dict[str, float]:
         opened = time.monotonic() - t0
         time.sleep(2.0)  # let anything opened or closed lazily settle
         m = scrape(admin)
-        out = {"clients": float(len(conns)), "open_s": opened, "rss0_mb": rss0 / 1e6}
-        out |= {"rss_mb": stack.proxy.rss_bytes() / 1e6, "broker_conns0": float(conns0)}
-        out |= {"broker_conns": float(broker_connections(stack))}
-        out |= {"client_gauge": m.value("kipside_client_connections", float("nan"))}
-        out |= {"upstream_gauge": m.value("kipside_upstream_connections", float("nan"))}
-        return out
+        return {
+            "clients": float(len(conns)),
+            "open_s": opened,
+            "rss0_mb": rss0 / 1e6,
+            "rss_mb": kipside.memory_info().rss / 1e6,
+            "broker_conns0": float(conns0),
+            "broker_conns": float(broker_connections(stack)),
+            "client_gauge": m.value("kipside_client_connections", NAN),
+            "upstream_gauge": m.value("kipside_upstream_connections", NAN),
+        }
     finally:
         for c in conns:
             c.close()
 
 
-def measure(case: str, rep: int, args: argparse.Namespace, code: KipsideCode) -> Run:
-    """Case "RATE KEY" (produce) or "idle KEY" on a fresh stack."""
-    what, key = case.split()
-    cfg, logdir = BY_KEY[key], Path(tempfile.mkdtemp(prefix=f"{rep}-", dir=args.tmp))
+def measure(what: str, key: str, args: argparse.Namespace, logdir: Path) -> dict[str, float]:
+    """Produce at rate `what`, or the idle clients, on a fresh stack of configuration `key`."""
+    _, coalescing, flags = CONFIGS[key]
     admin = free_port() if key != "direct" else None
-    extra = kipside_args(cfg, logdir, admin) if admin else []
-    run = Run(case, rep)
-    try:
-        with open_stack(
-            "kipside" if admin else "direct", logdir, kipside_args=extra, code=code
-        ) as stack:
-            if what == "idle" and admin:
-                attempt(run, partial(idle, stack, args.idle, admin))
-            else:
-                attempt(run, partial(produce, stack, args, float(what), admin))
-            run.problems = stack.proxy.problems() if stack.proxy else []
-    except HarnessError as exc:
-        run.error = str(exc)
-    return run
-
-
-def name(case: str, args: argparse.Namespace) -> str:
-    what, key = case.split()
-    load = "idle" if what == "idle" else f"{float(what) * args.clients:,.0f} msgs/s"
-    return f"{load}, {BY_KEY[key].label}"
+    extra = ["--admin", f"{HOST}:{admin}", *flags]
+    if coalescing is not None:
+        rules = logdir / "rules.yaml"
+        more = "lanes: 2\n  max_request_bytes: 1048576"
+        rules.write_text(f"coalescing:\n  {coalescing}\n  {more}\n")
+        extra += ["--rules", str(rules)]
+    path = "kipside" if admin else "direct"
+    with open_stack(path, logdir, kipside_args=extra if admin else [], code=args.code) as stack:
+        if what == "idle" and admin:
+            return idle(stack, args.idle, admin)
+        return produce(stack, args, float(what), admin)
 
 
 def targets(args: argparse.Namespace, found: dict[str, dict[str, float]]) -> list[Target]:
     out = []
     for rate, key in [(r, k) for r in args.rates for k in ("on", "on-linger")]:
         m, d = found.get(f"{rate:g} {key}"), found.get(f"{rate:g} direct")
-        where = f"at {rate * args.clients:,.0f} msgs/s offered, {BY_KEY[key].label}"
+        where = f"at {rate * args.clients:,.0f} msgs/s offered, {CONFIGS[key][0]}"
         fewer = (
             f">= {TARGET_RATIO:g}x fewer upstream Produce requests than client requests, {where}"
         )
@@ -215,10 +207,9 @@ def targets(args: argparse.Namespace, found: dict[str, dict[str, float]]) -> lis
         cpu = "Tansu CPU s per M msgs {broker_cpu_per_m:.1f} (Tansu + kipside {both_cpu_per_m:.1f})"
         detail = f"{cpu.format(**m)} vs {d['broker_cpu_per_m']:.1f} direct{over}"
         out.append(Target(less, m["broker_vs_direct"] >= TARGET_BROKER_CPU, detail))
-    m = found.get("idle on")
     name = f"idle clients: <= {TARGET_IDLE_UPSTREAM} upstream connections per broker and "
     name += f"< {TARGET_IDLE_RSS_MB:g} MB kipside RSS"
-    if not m:
+    if not (m := found.get("idle on")):
         return [*out, Target(name, None, "not measured")]
     ok = m["broker_conns"] <= TARGET_IDLE_UPSTREAM and m["rss_mb"] < TARGET_IDLE_RSS_MB
     detail = (
@@ -227,108 +218,63 @@ def targets(args: argparse.Namespace, found: dict[str, dict[str, float]]) -> lis
     return [*out, Target(name, ok, detail.format(**m))]
 
 
-def chart(png: Path, args: argparse.Namespace, found: dict[str, dict[str, float]]) -> None:
-    configs = [BY_KEY[k] for k in args.configs]
-    labels = [c.label.replace("kipside, ", "kipside\n").replace(", ", "\n") for c in configs]
-    hatched = [
-        [bool(found.get(f"{r:g} {c.key}", {}).get("overloaded")) for c in configs]
-        for r in args.rates
-    ]
-
-    def panel(title: str, key: str, fmt: str, ref: float | None = None, log: bool = False) -> Panel:
-        series: dict[str, list[float | None]] = {
-            f"{r * args.clients:,.0f} msgs/s offered": [
-                found.get(f"{r:g} {c.key}", {}).get(key) for c in configs
-            ]
-            for r in args.rates
-        }
-        line = f"target {ref:g}" if ref is not None else ""
-        return Panel(title, "", labels, series, fmt, ref, line, log=log, hatched=hatched)
-
-    panels = [
-        panel(
-            "client / upstream Produce requests (log scale)", "ratio", "{:.1f}x", TARGET_RATIO, True
-        ),
-        panel(
-            "Tansu CPU per message: direct / this", "broker_vs_direct", "{:.1f}x", TARGET_BROKER_CPU
-        ),
-        panel("Tansu CPU s per million messages", "broker_cpu_per_m", "{:.0f}"),
-        panel("kipside CPU s per million messages", "proxy_cpu_per_m", "{:.0f}"),
-        panel("delivered msgs/s", "msgs_per_s", "{:,.0f}"),
-        panel("Tansu connections (max during run)", "broker_conns", "{:.0f}"),
-        panel("delivery latency p50 ms (log scale)", "p50_ms", "{:.3g}", log=True),
-        panel("delivery latency p99 ms (log scale)", "p99_ms", "{:.3g}", log=True),
-    ]
-    title = f"{args.clients} producers, linger.ms=0, acks=all, 100 B records, "
-    title += f"{args.partitions} partitions"
-    bar_chart(png, panels, title)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main() -> int:
+    args = parse_args(__doc__, OPTIONS, QUICK)
+    if not 1 <= args.processes <= args.clients <= 512:
+        sys.exit("1 <= --processes <= --clients <= 512")
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # kipside inherits it: 2 fds a client
     want = 2 * args.idle + 4 * args.clients + 512
     if soft < want:
-        resource.setrlimit(
-            resource.RLIMIT_NOFILE,
-            (want if hard == resource.RLIM_INFINITY else min(hard, want), hard),
-        )
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want if hard < 0 else min(hard, want), hard))
     busy = wait_until_quiet(0.3, args.quiet_wait, sample=3.0)
-    cases = [f"{r:g} {c}" for r in args.rates for c in args.configs]
-    cases += ["idle on", "idle one-to-one"][: 0 if not args.idle else 2 - args.no_idle_one_to_one]
+    cases = {
+        f"{r:g} {c}": partial(measure, f"{r:g}", c, args) for r in args.rates for c in args.configs
+    }
+    if args.idle:
+        idle_configs = ["on"] if args.no_idle_one_to_one else ["on", "one-to-one"]
+        cases |= {f"idle {c}": partial(measure, "idle", c, args) for c in idle_configs}
     with tempfile.TemporaryDirectory(prefix="kipbench-coalesce-") as tmp:
-        ref, where = args.baseline_ref, Path(tmp) / "code"
-        args.tmp, code = tmp, at_ref(ref, where) if ref else snapshot(where)
-        how = partial(measure, args=args, code=code)
-        runs = repeat(cases, 1, how, noisy=NOISY, budget=200, quiet_wait=5)
+        where, ref = Path(tmp) / "code", args.baseline_ref
+        args.code = at_ref(ref, where) if ref else snapshot(where)
+        runs = repeat(cases, 1, noisy=NOISY, budget=200, quiet_wait=5)
     found = {r.case: r.metrics for r in runs if r.ok}
     for case, m in found.items():
         d = found.get(f"{case.split()[0]} direct", {}).get("broker_cpu_per_m", NAN)
         m["broker_vs_direct"] = d / m["broker_cpu_per_m"] if m.get("broker_cpu_per_m") else NAN
-    names = {name(c, args): found.get(c) for c in cases}
-    produce_names = [name(c, args) for c in cases if not c.startswith("idle")]
-    idle_names = [name(c, args) for c in cases if c.startswith("idle")]
-    quiet = f"Waited up to {args.quiet_wait:g} s for a quiet machine: other load {busy:.2f} cores."
+
+    def name(case: str) -> str:
+        what, key = case.split()
+        load = "idle" if what == "idle" else f"{float(what) * args.clients:,.0f} msgs/s"
+        return f"{load}, {CONFIGS[key][0]}"
+
+    named = {name(c): found.get(c) for c in cases}
+    produced = [name(c) for c in cases if not c.startswith("idle")]
+    idled = [name(c) for c in cases if c.startswith("idle")]
     first = "offered load, configuration"
-    tables = [table("Produce", produce_names, names, PRODUCE, first=first)]
-    tables.append(table("CPU", produce_names, names, CPU, first=first))
-    tables.append(table("Idle clients", idle_names, names, IDLE, first="configuration"))
-    drawn = ("Coalescing: requests, broker CPU, latency", partial(chart, args=args, found=found))
-    fx, found_targets = facts(f"kipside code: {code.label}", quiet), targets(args, found)
-    Report("coalesce", TITLE, fx, tables, found_targets, run_notes(runs, NOISY), drawn).publish(
-        args
-    )
+    labels = [CONFIGS[c][0] for c in args.configs]
+    rates = {f"{r * args.clients:,.0f} msgs/s offered": f"{r:g}" for r in args.rates}
+    series = {name: [f"{r} {c}" for c in args.configs] for name, r in rates.items()}
+    panels = [
+        grouped(title, found, key, labels, series, fmt, ref, f"target {ref:g}" if ref else "", log)
+        for title, key, fmt, ref, log in CHART
+    ]
+    chart = f"{args.clients} producers, linger.ms=0, acks=all, 100 B records, "
+    chart += f"{args.partitions} partitions"
+    quiet = f"Waited up to {args.quiet_wait:g} s for a quiet machine: other load {busy:.2f} cores."
+    Report(
+        "coalesce",
+        "Multi-batch produce: many small producers, direct vs kipside",
+        facts(f"kipside code: {args.code.label}", quiet),
+        [
+            table("Produce", produced, named, PRODUCE, first=first),
+            table("CPU", produced, named, CPU, first=first),
+            table("Idle clients", idled, named, IDLE, first="configuration"),
+        ],
+        targets(args, found),
+        run_notes(runs, NOISY),
+        (chart, panels),
+    ).publish(args)
     return 0
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--clients", type=int, default=64, help="producers in all")
-    ap.add_argument("--processes", type=int, default=8, help="worker processes for them")
-    ap.add_argument(
-        "--rates", default="10,25,40,50", help="records/s per producer, comma-separated"
-    )
-    ap.add_argument("--seconds", type=float, default=6.0, help="paced phase per measurement")
-    ap.add_argument("--partitions", type=int, default=128)
-    ap.add_argument("--configs", default=",".join(BY_KEY), help="a comma-separated subset")
-    ap.add_argument("--idle", type=int, default=1000, help="idle client connections (0: none)")
-    ap.add_argument(
-        "--no-idle-one-to-one", action="store_true", help="idle clients: not --one-to-one"
-    )
-    ap.add_argument(
-        "--quiet-wait", type=float, default=120.0, help="first wait this long for quiet"
-    )
-    ap.add_argument("--baseline-ref", help="run kipside as of this git ref, not the working tree")
-    ap.add_argument("--quick", action="store_true", help="a smoke test: little of everything")
-    doc_args(ap)
-    args = ap.parse_args(argv)
-    args.configs, args.rates = args.configs.split(","), [float(r) for r in args.rates.split(",")]
-    if set(args.configs) - set(BY_KEY) or not 1 <= args.processes <= args.clients <= 512:
-        ap.error(f"--configs: choose from {','.join(BY_KEY)}; 1 <= --processes <= --clients <= 512")
-    if args.quick:
-        args.clients, args.processes, args.rates, args.seconds, args.idle = 8, 2, [10.0], 1.0, 20
-        args.partitions, args.quiet_wait = 8, 1.0
-    return args
 
 
 if __name__ == "__main__":

@@ -19,25 +19,41 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from _chart import Bars, bar_chart
-from _fleet import fleet
-from _harness import HOST, HarnessError, Stack, at_ref, open_stack, snapshot
-from _measure import Run, attempt, medians, repeat, worker
-from _report import Compare, Report, Table, Target, doc_args, facts, relative, run_notes, table
+from _chart import Bars
+from _harness import HOST, HarnessError, at_ref, open_stack, snapshot
+from _measure import Run, fleet, measure, medians, repeat, worker
+from _report import (
+    Compare,
+    Report,
+    Table,
+    Target,
+    facts,
+    listed,
+    parse_args,
+    relative,
+    run_notes,
+    table,
+)
 from testkit.ports import free_port
 
-A_PATHS = ("direct", "relay", "haproxy", "tansu-proxy", "kipside", "kipside-before")
+A_PATHS = ["direct", "relay", "haproxy", "tansu-proxy", "kipside", "kipside-before"]
 B_PATHS = ("direct", "kipside", "kipside-before")
-B_PRODUCERS, B_PROCESSES, B_PARTITIONS = 32, 4, 64
-B_RULES = "coalescing:\n  enabled: true\n  linger_ms: 0\n"
-CHECKS = ("duplicates", "missing", "out_of_order")
-NOISY = 0.1
-TITLE = "Hot path (issue 11): cost per request, kipside vs a bare relay, haproxy, tansu proxy"
+OPTIONS: dict[str, tuple[Any, Any, str]] = {
+    "--seconds": (float, 6.0, "measured seconds per run"),
+    "--warm-up": (float, 1.0, "closed-loop seconds before that"),
+    "--repeats": (int, 3, "repetitions (median reported)"),
+    "--paths": (listed(str, A_PATHS), A_PATHS, "a comma-separated subset"),
+    "--workloads": (listed(str.upper, ["A", "B"]), ["A", "B"], "a comma-separated subset of A,B"),
+    "--baseline-ref": (str, "823d7af", "git ref for kipside-before"),
+    "--profile": (bool, False, "one extra run of A under py-spy"),
+    "--profile-path": (str, "kipside", "kipside or kipside-before"),
+}
+QUICK = {"repeats": 1, "seconds": 1.0, "warm_up": 0.2}
 A_COLUMNS = [
     ("requests/s", "{msgs_per_s:,.0f}"),
     ("p50 / p99 ms", "{p50_ms:.3f} / {p99_ms:.3f}"),
@@ -58,6 +74,9 @@ B_COLUMNS = [
     ("kipside CPU s/M msgs", "{proxy_cpu_per_m:.1f}"),
     ("duplicates, missing, out of order (all repetitions)", "{checks}"),
 ]
+B_RULES = "coalescing:\n  enabled: true\n  linger_ms: 0\n"
+CHECKS = ("duplicates", "missing", "out_of_order")
+NOISY, RATE_HZ = 0.1, 100
 TARGETS = [
     ("A: kipside proxy CPU per request <= tansu-proxy's", "A proxy_cpu_per_m", "tansu-proxy", 1.0),
     ("A (stretch): kipside proxy CPU per request <= 1.3x relay", "A proxy_cpu_per_m", "relay", 1.3),
@@ -74,9 +93,25 @@ CHART = [
 ]
 
 
-RATE_HZ = 100
-FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*?)(?::\d+)?\)$")
-HEADERS = ["#", "function", "file", "own samples", "own %", "incl. %"]
+def workload(
+    workload: str, path: str, args: argparse.Namespace, during: Any, logdir: Path
+) -> dict[str, float]:
+    """Workload A or B (then its exactly-once check) on a fresh stack of `path`."""
+    load = {"mode": "closed", "seconds": args.seconds, "warm_up_s": args.warm_up}
+    load |= {"client_prefix": "bench-hotpath", "topic": "hot" if workload == "A" else "mixed"}
+    admin = free_port() if workload == "B" and path.startswith("kipside") else None
+    extra = ["--admin", f"{HOST}:{admin}", "--rules", str(args.rules)] if admin else []
+    with open_stack(path, logdir, kipside_args=extra, code=args.codes.get(path)) as stack:
+        if workload == "A":
+            m, _ = fleet(stack, load, [1], partitions=1, during=during(stack) if during else None)
+            if m["delivered"] == 0 or m["errors"]:
+                raise HarnessError(f"{m['delivered']:.0f} requests, {m['errors']:.0f} errors")
+            return m
+        m, results = fleet(stack, {**load, "mixed": True}, [8] * 4, partitions=64, admin=admin)
+        sent = {k: v for r in results for k, v in r["sequences"].items()}
+        check = {"bootstrap": stack.bootstrap, "topic": "mixed", "sent": sent, "seconds": 120}
+        found, _ = worker(stack, "verify-sequences", check)
+    return {**m, **{k: float(found[k]) for k in CHECKS}}
 
 
 @contextlib.contextmanager
@@ -84,9 +119,11 @@ def py_spy_record(pid: int, seconds: float, raw: Path) -> Iterator[None]:
     """Sample `pid` for `seconds` (whole, at least 1) into `raw`; wait for py-spy on exit."""
     args = [str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(pid)]
     args += ["--format", "raw", "--output", str(raw), "--rate", str(RATE_HZ)]
-    args += ["--duration", str(max(1, int(seconds)))]
     with raw.with_suffix(".log").open("wb") as log:
-        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        duration = ["--duration", str(max(1, int(seconds)))]
+        proc = subprocess.Popen(
+            [*args, *duration], stdin=subprocess.DEVNULL, stdout=log, stderr=log
+        )
     try:
         yield
     finally:
@@ -101,123 +138,51 @@ def py_spy_record(pid: int, seconds: float, raw: Path) -> Iterator[None]:
 
 def summarise(raw: Path, top: int = 15) -> tuple[int, list[list[str]]]:
     """Busy samples in all, and a table row for each of the `top` functions by own samples."""
+    frame = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*?)(?::\d+)?\)$")
     own: Counter[tuple[str, str]] = Counter()
     total: Counter[tuple[str, str]] = Counter()
     for line in raw.read_text(errors="replace").splitlines():
         stack, _, count = line.rpartition(" ")
         if stack and count.isdigit():
             frames = [
-                (m["function"], m["file"]) if (m := FRAME.match(f)) else (f, "")
+                (m["function"], m["file"]) if (m := frame.match(f)) else (f, "")
                 for f in stack.split(";")
             ]
             own[frames[-1]] += int(count)
-            for frame in set(frames):
-                total[frame] += int(count)
+            for f in set(frames):
+                total[f] += int(count)
     samples = max(1, sum(own.values()))
-    shares = {k: f"{100 * n / samples:.1f}" for k, n in total.items()}
+
+    def share(n: int) -> str:
+        return f"{100 * n / samples:.1f}"
+
     ranked = enumerate(own.most_common(top), 1)
-    rows = [
-        [str(i), f"`{k[0]}`", k[1], str(n), f"{100 * n / samples:.1f}", shares[k]]
-        for i, (k, n) in ranked
-    ]
+    rows = [[str(i), f"`{f[0]}`", f[1], str(n), share(n), share(total[f])] for i, (f, n) in ranked]
     return sum(own.values()), rows
 
 
-def closed_loop(stack: Stack, args: argparse.Namespace, during: Any = None) -> dict[str, float]:
-    """Workload A on a running stack."""
-    load = {"topic": "hot", "seconds": args.seconds, "warm_up_s": args.warm_up, "closed_loop": True}
-    m, _ = fleet(
-        stack, {**load, "client_prefix": "bench-hotpath"}, [1], partitions=1, during=during
-    )
-    if m["delivered"] == 0 or m["errors"]:
-        raise HarnessError(f"{m['delivered']:.0f} requests, {m['errors']:.0f} errors")
-    return m
-
-
-def mixed(stack: Stack, args: argparse.Namespace, admin: int | None) -> dict[str, float]:
-    """Workload B on a running stack, then the exactly-once check."""
-    load = {"topic": "mixed", "seconds": args.seconds, "warm_up_s": args.warm_up, "mixed": True}
-    load |= {"closed_loop": True, "client_prefix": "bench-hotpath"}
-    counts = [B_PRODUCERS // B_PROCESSES] * B_PROCESSES
-    m, results = fleet(stack, load, counts, partitions=B_PARTITIONS, admin=admin)
-    sent = {k: v for r in results for k, v in r["sequences"].items()}
-    check = {"bootstrap": stack.bootstrap, "topic": "mixed", "sent": sent, "seconds": 120}
-    found, _ = worker(stack, "verify-sequences", check)
-    return {**m, **{k: float(found[k]) for k in CHECKS}}
-
-
-def measure(
-    case: str,
-    rep: int,
-    args: argparse.Namespace,
-    body: Callable[..., dict[str, float]] | None = None,
-) -> Run:
-    workload, path = case.split()
-    logdir = Path(tempfile.mkdtemp(prefix=f"{rep}-", dir=args.tmp))
-    admin = free_port() if path.startswith("kipside") else None
-    extra = (
-        ["--admin", f"{HOST}:{admin}", "--rules", str(args.rules)]
-        if admin and workload == "B"
-        else []
-    )
-    run = Run(case, rep)
-    try:
-        with open_stack(path, logdir, kipside_args=extra, code=args.codes.get(path)) as stack:
-            if body is None:
-                body = (
-                    partial(closed_loop, args=args)
-                    if workload == "A"
-                    else partial(mixed, args=args, admin=admin if extra else None)
-                )
-            attempt(run, partial(body, stack))
-            run.problems = stack.proxy.problems() if stack.proxy else []
-    except Exception as exc:
-        run.error = str(exc)
-    return run
-
-
-def profile(args: argparse.Namespace) -> None:
+def profile(args: argparse.Namespace, path: str) -> None:
     """One extra run of A with py-spy on the proxy; its top functions, in their own section."""
     raw = Path(args.tmp) / "py-spy.txt"
 
-    def profiled(stack: Stack) -> dict[str, float]:
-        assert stack.proxy is not None
-        return closed_loop(stack, args, py_spy_record(stack.proxy.pid, args.seconds, raw))
+    def during(stack: Any) -> Any:
+        return py_spy_record(stack.proxy.popen.pid, args.seconds, raw)
 
-    run = measure(f"A {args.profile_path}", 0, args, profiled)
+    run = measure(f"A {path}", 0, partial(workload, "A", path, args, during), Path(args.tmp))
     if not run.ok:
         print(f"the profiled run failed: {run.error}", file=sys.stderr)
         return
     samples, rows = summarise(raw)
-    m, label = run.metrics, "after" if args.profile_path == "kipside" else "before"
+    m, label = run.metrics, "after" if path == "kipside" else "before"
     what = f"py-spy record --format raw --rate {RATE_HZ} on the proxy during one extra run of A"
     what += f" ({args.seconds:g} s): {samples} busy samples; {m['msgs_per_s']:,.0f} requests/s at"
     what += f" {m['proxy_cpu_per_m']:.1f} proxy CPU us/request (py-spy pauses the process for each"
     what += " sample). own: the function innermost; incl.: anywhere on the stack."
-    title = f"Hot path profile, {label}: where `{args.profile_path}` spends its CPU in workload A"
-    code = {args.profile_path: args.codes[args.profile_path].label}
-    found = [Table("Profile", HEADERS, rows, "rllrrr")]
-    Report(f"hotpath-profile-{label}", title, facts(what, code=code), found).publish(args)
-
-
-def targets(runs: list[Run], med: dict[str, dict[str, float] | None]) -> list[Target]:
-    added = "A: kipside added p50 <= 0.2 ms vs direct"
-    out = [Compare(added, "p50_ms", "A direct", 0.2, False, True, "A kipside")]
-    for name, what, other, limit in TARGETS:
-        w, key = what.split()
-        out.append(Compare(name, key, f"{w} {other}", abs(limit), limit < 0, case=f"{w} kipside"))
-    found = [t.judge(runs, med) for t in out]
-    k = med.get("B kipside")
-    fewer = "B: kipside sends >= 8x fewer upstream Produce requests than its clients"
-    found.append(
-        Target(fewer, k["ratio"] >= 8, f"{k['ratio']:.2f}x") if k else Target(fewer, None, "-")
-    )
-    once = "B: through kipside every acknowledged record exactly once, in order"
-    bad = sum(r.metrics[c] for r in runs if r.ok and r.case == "B kipside" for c in CHECKS)
-    found.append(
-        Target(once, not bad if k else None, f"{bad:.0f} duplicated, missing or reordered")
-    )
-    return found
+    title = f"Hot path profile, {label}: where `{path}` spends its CPU in workload A"
+    headers = ["#", "function", "file", "own samples", "own %", "incl. %"]
+    found = [Table("Profile", headers, rows, "rllrrr")]
+    fx = facts(what, code={path: args.codes[path].label})
+    Report(f"hotpath-profile-{label}", title, fx, found).publish(args)
 
 
 def report(args: argparse.Namespace, runs: list[Run]) -> Report:
@@ -229,65 +194,63 @@ def report(args: argparse.Namespace, runs: list[Run]) -> Report:
         for p, m in found.items():
             med[f"{w} {p}"] = m
             if m is not None and w == "B":
-                checks = [
+                sums = [
                     sum(r.metrics[c] for r in runs if r.ok and r.case == f"B {p}") for c in CHECKS
                 ]
-                m["checks"] = ", ".join(f"{c:.0f}" for c in checks)  # type: ignore[assignment]
+                m["checks"] = ", ".join(f"{c:.0f}" for c in sums)  # type: ignore[assignment]
         if paths:
             tables.append(table(f"{w} (median of {args.repeats})", paths, found, columns))
+    added = "A: kipside added p50 <= 0.2 ms vs direct"
+    compared = [Compare(added, "p50_ms", "A direct", 0.2, False, True, "A kipside")]
+    for name, what, other, limit in TARGETS:
+        w, key = what.split()
+        kipside = f"{w} kipside"
+        compared.append(Compare(name, key, f"{w} {other}", abs(limit), limit < 0, case=kipside))
+    targets = [t.judge(runs, med) for t in compared]
+    k = med.get("B kipside")
+    fewer = "B: kipside sends >= 8x fewer upstream Produce requests than its clients"
+    targets.append(
+        Target(fewer, k["ratio"] >= 8, f"{k['ratio']:.2f}x") if k else Target(fewer, None, "-")
+    )
+    bad = sum(r.metrics[c] for r in runs if r.ok and r.case == "B kipside" for c in CHECKS)
+    once = "B: through kipside every acknowledged record exactly once, in order"
+    targets.append(
+        Target(once, not bad if k else None, f"{bad:.0f} duplicated, missing or reordered")
+    )
     more = f"Repetitions: {args.repeats}, paths interleaved (order rotated); median reported."
-    a_med = {p: med.get(f"A {p}") for p in args.paths}
-    title = f"kipside hot path, workload A (median of {args.repeats}, loopback)"
-    draw = partial(bar_chart, panels=[b.panel(a_med, args.paths) for b in CHART], title=title)
-    chart = ("proxy CPU per request and requests/s per path", draw)
     code = {p: c.label for p, c in args.codes.items()}
-    fx, notes = facts(more, tools=["haproxy", "trio"], code=code), run_notes(runs, NOISY)
-    return Report("hotpath", TITLE, fx, tables, targets(runs, med), notes, chart)
+    a_med = {p: med.get(f"A {p}") for p in args.paths}
+    chart = f"kipside hot path, workload A (median of {args.repeats}, loopback)"
+    return Report(
+        "hotpath",
+        "Hot path (issue 11): cost per request, kipside vs a bare relay, haproxy, tansu proxy",
+        facts(more, tools=["haproxy", "trio"], code=code),
+        tables,
+        targets,
+        run_notes(runs, NOISY),
+        (chart, [b.panel(a_med, args.paths) for b in CHART]),
+    )
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--seconds", type=float, default=6.0, help="measured seconds per run")
-    ap.add_argument("--warm-up", type=float, default=1.0, help="closed-loop seconds before that")
-    ap.add_argument("--repeats", type=int, default=3, help="repetitions (median reported)")
-    ap.add_argument("--paths", default=",".join(A_PATHS), help="a comma-separated subset")
-    ap.add_argument("--workloads", default="A,B", help="a comma-separated subset of A,B")
-    ap.add_argument("--baseline-ref", default="823d7af", help="git ref for kipside-before")
-    ap.add_argument("--profile", action="store_true", help="one extra run of A under py-spy")
-    ap.add_argument("--profile-path", choices=("kipside", "kipside-before"), default="kipside")
-    ap.add_argument("--quick", action="store_true", help="one short repetition: a smoke test")
-    doc_args(ap)
-    args = ap.parse_args(argv)
-    args.paths, args.workloads = args.paths.split(","), args.workloads.upper().split(",")
-    if set(args.paths) - set(A_PATHS) or set(args.workloads) - {"A", "B"}:
-        ap.error(f"--paths: choose from {','.join(A_PATHS)}; --workloads from A,B")
-    if args.quick:
-        args.repeats, args.seconds, args.warm_up = 1, 1.0, 0.2
-    return args
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main() -> int:
+    args = parse_args(__doc__, OPTIONS, QUICK)
     with tempfile.TemporaryDirectory(prefix="kipbench-hotpath-") as tmp:
-        args.tmp, args.rules, args.codes = tmp, Path(tmp) / "rules.yaml", {}
+        args.tmp, args.rules = tmp, Path(tmp) / "rules.yaml"
         args.rules.write_text(B_RULES)
-        wanted = {*args.paths, *([args.profile_path] if args.profile else [])}
         sources = {"kipside": partial(snapshot, Path(tmp) / "now")}
         sources["kipside-before"] = partial(at_ref, args.baseline_ref, Path(tmp) / "ref")
-        for path in ("kipside", "kipside-before"):
-            if path in wanted:
-                with contextlib.suppress(HarnessError):
-                    args.codes[path] = sources[path]()
-                if path not in args.codes:
-                    print(f"{path} does not start; skipping it", file=sys.stderr)
-                    args.paths = [p for p in args.paths if p != path]
-        cases = [f"{w} {p}" for w in args.workloads for p in args.paths if w == "A" or p in B_PATHS]
-        runs = repeat(
-            cases, args.repeats, lambda c, rep: measure(c, rep, args), noisy=9.0, retries=0
-        )
+        wanted = {*args.paths, *([args.profile_path] if args.profile else [])}
+        args.codes = {path: code() for path, code in sources.items() if path in wanted}
+        cases = {
+            f"{w} {p}": partial(workload, w, p, args, None)
+            for w in args.workloads
+            for p in args.paths
+            if w == "A" or p in B_PATHS
+        }
+        runs = repeat(cases, args.repeats, noisy=9.0, retries=0)
         report(args, runs).publish(args)
         if args.profile and args.profile_path in args.codes:
-            profile(args)
+            profile(args, args.profile_path)
     return 0
 
 

@@ -10,30 +10,41 @@ and date, all records. kipside: `kipside lake --once` of topic a, then of both
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 from _data_load import json_schema
 from _harness import INSTALLED, REPO, HarnessError, Managed
-from _measure import TreeRun, run_json, timed
-from _report import Table, doc_args
-from _steady import Kind, Steady, report
+from _measure import run_json
+from _report import Table, parse_args
+from _steady import Kind, TreeRun, report, timed
 from testkit.broker import start_tansu
 
 LOAD = REPO / "bench" / "_data_load.py"
-TOPICS = ("bench-lake-a", "bench-lake-b")
-NAMES = (
-    "baseline: confluent-kafka + json.loads + pyarrow",
-    "kipside lake --once, topic a",
-    "kipside lake --once, both topics",
-    "kipside lake, steady state (both minus a)",
+TOPICS = ["bench-lake-a", "bench-lake-b"]
+OPTIONS: dict[str, tuple[Any, Any, str]] = {
+    "--records": (int, 5_000_000, "records in all"),
+    "--first-share": (float, 0.2, "share in topic a"),
+    "--reps": (int, 2, "runs of each kind (median reported)"),
+}
+LOG = "Kafka log (zstd record batches)"
+ROWS = ("baseline: confluent-kafka + json.loads + pyarrow", "kipside lake --once", "topic a")
+KIND = Kind(
+    "lake",
+    "Lake ingestion (issue 10)",
+    "M rows",
+    "{:,.0f} rows",
+    1e6,
+    (*ROWS, "both topics"),
+    3,
+    True,
+    2,
 )
-KIND = Kind("lake", "Lake ingestion (issue 10)", "M rows", "{:,.0f} rows", 1e6, NAMES, 3, True, 2)
 
 
 def parquet(out: Path, records: int) -> int:
@@ -46,60 +57,40 @@ def parquet(out: Path, records: int) -> int:
     return size
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--records", type=int, default=5_000_000, help="records in all")
-    ap.add_argument("--first-share", type=float, default=0.2, help="share in topic a")
-    ap.add_argument("--reps", type=int, default=2, help="runs of each kind (median reported)")
-    ap.add_argument("--quick", action="store_true", help="a smoke test: 20,000 records, one run")
-    doc_args(ap)
-    args = ap.parse_args(argv)
-    if args.quick:
-        args.records, args.reps = 20_000, 1
+def main() -> int:
+    args = parse_args(__doc__, OPTIONS, {"records": 20_000, "reps": 1})
     work = Path(tempfile.mkdtemp(prefix="kipbench-lake-"))
     (work / "orders.json").write_text(json.dumps(json_schema(), indent=2))
     in_a = int(args.records * args.first_share)
     runs: dict[str, list[TreeRun]] = {"base": [], "a": [], "ab": []}
-    sizes: dict[str, int] = {}
     with start_tansu() as broker:
         brokers, boot, values = [Managed("tansu", broker.proc)], broker.bootstrap, 0
         for topic, n, first in ((TOPICS[0], in_a, 0), (TOPICS[1], args.records - in_a, in_a)):
             job = {"bootstrap": boot, "topic": topic, "partitions": 4, "records": n}
-            job |= {"first_id": first}
+            job["first_id"] = first
             values += run_json(LOAD, "lake-load", json.dumps(job), timeout=3600)["bytes"]
-        log = json.dumps({"bootstrap": boot, "topics": list(TOPICS)})
-        sizes["Kafka log (zstd record batches)"] = run_json(LOAD, "logsize", log, timeout=600)[
-            "bytes"
-        ]
+        log = json.dumps({"bootstrap": boot, "topics": TOPICS})
+        sizes = {LOG: run_json(LOAD, "logsize", log, timeout=600)["bytes"]}
         for rep in range(args.reps):
             out = work / f"base{rep}"
-            job = {"bootstrap": boot, "topics": list(TOPICS), "records": args.records}
-            job |= {"out": str(out)}
-            runs["base"].append(
-                timed(brokers, "baseline", [sys.executable, str(LOAD), "baseline", json.dumps(job)])
-            )
+            job = {"bootstrap": boot, "topics": TOPICS, "records": args.records, "out": str(out)}
+            baseline = [sys.executable, str(LOAD), "baseline", json.dumps(job)]
+            runs["base"].append(timed(brokers, "baseline", baseline))
             sizes["baseline's Parquet (zstd)"] = parquet(out, args.records)
             for name, topics, n in (("a", TOPICS[0], in_a), ("ab", "bench-lake-.*", args.records)):
                 out, ck = work / f"{name}{rep}", work / f"ck-{name}{rep}"
-                lake = INSTALLED.command("lake", "--bootstrap", boot, "--topics", topics, "--once")
-                lake += [
-                    "--schema",
-                    str(work / "orders.json"),
-                    "--out",
-                    str(out),
-                    "--checkpoint",
-                    str(ck),
-                ]
-                runs[name].append(timed(brokers, "kipside lake", lake, spark=True))
+                lake = ["lake", "--bootstrap", boot, "--topics", topics, "--once"]
+                lake += ["--schema", str(work / "orders.json"), "--out", str(out)]
+                lake += ["--checkpoint", str(ck)]
+                runs[name].append(timed(brokers, "kipside lake", INSTALLED.command(*lake), True))
                 sizes["kipside lake's Parquet (zstd)"] = parquet(out, n)
     shutil.rmtree(work, ignore_errors=True)
-    m = args.records / 1e6
-    med = Steady.of(runs, (m, in_a / 1e6, m))
-    log_size = sizes["Kafka log (zstd record batches)"]
     data = f"Data: {args.records:,} JSON order records ({values / args.records:.0f} B on average, "
     data += f"{values / 1e6:,.0f} MB of values), {in_a:,} in topic a; median of {args.reps} runs."
-    found = report(KIND, med, data, args.reps)
-    rows = [[name, f"{size / 1e6:,.1f}", f"{size / log_size:.2f}"] for name, size in sizes.items()]
+    found = report(KIND, runs, (args.records / 1e6, in_a / 1e6, args.records / 1e6), data)
+    rows = [
+        [name, f"{size / 1e6:,.1f}", f"{size / sizes[LOG]:.2f}"] for name, size in sizes.items()
+    ]
     found.tables.append(Table("Data", ["data", "MB", "vs Kafka log"], rows, "lrr"))
     found.publish(args)
     return 0

@@ -9,74 +9,59 @@ a, --extra-gigabytes in set b. Baseline: the deep mirror (consume, re-produce) o
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from _harness import INSTALLED, REPO, Managed
-from _measure import TreeRun, run_json, timed
-from _report import doc_args
-from _steady import Kind, Steady, report
+from _measure import run_json
+from _report import parse_args
+from _steady import Kind, TreeRun, report, timed
 from testkit.broker import start_tansu
 
 LOAD = REPO / "bench" / "_data_load.py"
-SETS = {"a": {"bench-a-zstd": "zstd", "bench-a-lz4": "lz4"}}
-SETS["b"] = {"bench-b-zstd": "zstd", "bench-b-lz4": "lz4"}
-NAMES = (
-    "deep: consume + re-produce (set a)",
-    "shallow: kipside mirror --once (set a)",
-    "shallow: kipside mirror --once (sets a and b)",
-    "shallow: steady state (a and b minus a)",
-)
-KIND = Kind("mirror", "Shallow mirror (issue 9)", "GB", "{:.0f} MB", 1e3, NAMES, 1 / 3, False)
+SETS = {
+    "a": {"bench-a-zstd": "zstd", "bench-a-lz4": "lz4"},
+    "b": {"bench-b-zstd": "zstd", "bench-b-lz4": "lz4"},
+}
+OPTIONS: dict[str, tuple[Any, Any, str]] = {
+    "--gigabytes": (float, 1.0, "record values in set a"),
+    "--extra-gigabytes": (float, 3.0, "and in set b"),
+    "--reps": (int, 3, "runs of each kind (median reported)"),
+}
+ROWS = ("deep: consume + re-produce (set a)", "kipside mirror --once", "set a", "sets a and b")
+KIND = Kind("mirror", "Shallow mirror (issue 9)", "GB", "{:.0f} MB", 1e3, ROWS, 1 / 3, False)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--gigabytes", type=float, default=1.0, help="record values in set a")
-    ap.add_argument("--extra-gigabytes", type=float, default=3.0, help="and in set b")
-    ap.add_argument("--reps", type=int, default=3, help="runs of each kind (median reported)")
-    ap.add_argument("--quick", action="store_true", help="a smoke test: 20 + 20 MB, one run")
-    doc_args(ap)
-    args = ap.parse_args(argv)
-    if args.quick:
-        args.gigabytes, args.extra_gigabytes, args.reps = 0.02, 0.02, 1
+def main() -> int:
+    args = parse_args(__doc__, OPTIONS, {"gigabytes": 0.02, "extra_gigabytes": 0.02, "reps": 1})
     work = Path(tempfile.mkdtemp(prefix="kipbench-mirror-"))
+    runs: dict[str, list[TreeRun]] = {"deep": [], "a": [], "ab": []}
     with start_tansu() as source, start_tansu() as shallow, start_tansu() as deep_dest:
-        size, loaded = {"a": args.gigabytes, "b": args.extra_gigabytes}, {}
-        for name, topics in SETS.items():
-            load = {"bootstrap": source.bootstrap, "topics": topics, "partitions": 4, "size": 1024}
-            load["bytes"] = int(size[name] * 1e9)
+        loaded = {}
+        for name, gigabytes in (("a", args.gigabytes), ("b", args.extra_gigabytes)):
+            load = {"bootstrap": source.bootstrap, "topics": SETS[name], "partitions": 4}
+            load |= {"size": 1024, "bytes": int(gigabytes * 1e9)}
             loaded[name] = run_json(LOAD, "mirror-load", json.dumps(load), timeout=1800)
-        src, dests = (
-            Managed("source", source.proc),
-            [Managed(n, b.proc) for n, b in (("s", shallow), ("d", deep_dest))],
-        )
+        src = Managed("source", source.proc)
         copy = {"source": source.bootstrap, "dest": deep_dest.bootstrap, "topics": SETS["a"]}
-        deep = [
-            sys.executable,
-            str(LOAD),
-            "deep",
-            json.dumps({**copy, "records": loaded["a"]["records"]}),
-        ]
-        runs: dict[str, list[TreeRun]] = {"deep": [], "a": [], "ab": []}
+        copy["records"] = loaded["a"]["records"]
+        deep = [sys.executable, str(LOAD), "deep", json.dumps(copy)]
         for rep in range(args.reps):
-            runs["deep"].append(timed([src, dests[1]], "deep mirror", deep))
+            runs["deep"].append(timed([src, Managed("d", deep_dest.proc)], "deep mirror", deep))
             for name, pattern in (("a", "bench-a-.*"), ("ab", "bench-[ab]-.*")):
-                once = INSTALLED.command(
-                    "mirror", "--source", source.bootstrap, "--dest", shallow.bootstrap
-                )
+                once = ["mirror", "--source", source.bootstrap, "--dest", shallow.bootstrap]
                 once += ["--topics", pattern, "--once", "--rename", f"{name}{rep}."]
                 once += ["--checkpoint", str(work / f"ck-{name}-{rep}")]
-                runs[name].append(timed([src, dests[0]], "kipside mirror", once, spark=True))
+                brokers = [src, Managed("s", shallow.proc)]
+                runs[name].append(timed(brokers, "kipside mirror", INSTALLED.command(*once), True))
     gb = {k: v["bytes"] / 1e9 for k, v in loaded.items()}
-    med = Steady.of(runs, (gb["a"], gb["a"], gb["a"] + gb["b"]))
     records = " + ".join(f"{v['records']:,}" for v in loaded.values())
     data = f"Data: {gb['a']:.2f} GB + {gb['b']:.2f} GB of JSON-like values ({records} records of "
     data += f"about 1024 B); median of {args.reps} runs each."
-    report(KIND, med, data, args.reps).publish(args)
+    report(KIND, runs, (gb["a"], gb["a"], gb["a"] + gb["b"]), data).publish(args)
     return 0
 
 

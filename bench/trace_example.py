@@ -12,32 +12,25 @@ docs/observability.md shows its output. Loopback only.
 from __future__ import annotations
 
 import multiprocessing
-import sys
 import threading
 import time
-from pathlib import Path
 
 import trio
+from _harness import HOST
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+from testkit.broker import start_tansu
+from testkit.ports import free_port
+from txn_relay import MarkerWindowRelay
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
-
-from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
-from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E402
-    InMemorySpanExporter,
-)
-from opentelemetry.trace import SpanKind  # noqa: E402
-from testkit.broker import start_tansu  # noqa: E402
-from txn_relay import MarkerWindowRelay  # noqa: E402
-
-from kipside.protocol import Address  # noqa: E402
-from kipside.proxy.devbroker import free_port  # noqa: E402
-from kipside.proxy.server import Server, ServerConfig  # noqa: E402
-from kipside.proxy.telemetry.tracing import TraceConfig, Tracer  # noqa: E402
-from kipside.rules import parse_rules  # noqa: E402
+from kipside.protocol import Address
+from kipside.proxy.server import Server, ServerConfig
+from kipside.proxy.telemetry.tracing import TraceConfig, Tracer
+from kipside.rules import parse_rules
 
 RULES = """\
 coalescing:
@@ -63,14 +56,14 @@ def produce(bootstrap: str, index: int) -> None:
 def main() -> None:
     relay = MarkerWindowRelay(window_ms=50).start()
     broker = start_tansu(advertised_port=relay.port)
-    relay.upstream = ("127.0.0.1", broker.port)
+    relay.upstream = (HOST, broker.port)
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     rules = parse_rules(RULES, "example.yaml")
     config = ServerConfig(
-        upstreams=[Address("127.0.0.1", relay.port)],
-        listen=Address("127.0.0.1", 0),
+        upstreams=[Address(HOST, relay.port)],
+        listen=Address(HOST, 0),
         node_port_base=free_port() - 111,
         rules=rules,
     )

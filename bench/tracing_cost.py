@@ -10,13 +10,13 @@ them, each in front of a fresh Tansu. Loopback only.
 from __future__ import annotations
 
 import sys
-import tempfile
 import threading
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from _measure import medians, repeat
-from _report import Report, facts, relative, run_notes, table
-from throughput import NOISY, measure, parse_args
+from _report import Report, facts, parse_args, relative, run_notes, table
+from throughput import NOISY, OPTIONS, QUICK, workloads
 
 OFF, ON = "kipside, tracing off", "kipside, tracing on (OTLP)"
 COLUMNS = [
@@ -24,9 +24,12 @@ COLUMNS = [
     ("probe p50 / p99 ms", "{probe_p50_ms:.3f} / {probe_p99_ms:.3f}"),
     ("consume msgs/s", "{cons_msgs_per_s:,.0f}"),
     ("kipside CPU us/msg", "{proxy_us_msg:.3f}"),
-    ("kipside CPU us per probe request", "{proxy_us_req:.1f}"),
+    ("kipside CPU us per probe request", "{probe_proxy_cpu_per_m:.1f}"),
     ("produce, consume vs off", "{prod_msgs_per_s_vs:.2f}x, {cons_msgs_per_s_vs:.2f}x"),
-    ("added probe p50 ms, CPU us/request", "{probe_p50_ms_add:+.3f}, {proxy_us_req_add:+.1f}"),
+    (
+        "added probe p50 ms, CPU us/request",
+        "{probe_p50_ms_add:+.3f}, {probe_proxy_cpu_per_m_add:+.1f}",
+    ),
 ]
 
 
@@ -49,26 +52,24 @@ class Sink(BaseHTTPRequestHandler):
         pass
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv, messages=1_000_000)
+def main() -> int:
+    args = parse_args(__doc__, {**OPTIONS, "--messages": (int, 1_000_000, "records")}, QUICK)
     sink = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
     threading.Thread(target=sink.serve_forever, daemon=True).start()
     exporter = ["--otlp-endpoint", f"http://127.0.0.1:{sink.server_address[1]}"]
-    with tempfile.TemporaryDirectory(prefix="kipbench-tracing-") as tmp:
-        args.logroot = tmp
-        runs = repeat(
-            [OFF, ON],
-            args.repeats,
-            lambda case, rep: measure(case, rep, args, exporter if case == ON else []),
-            noisy=1.0,
-            retries=0,
-        )
+    cases = {
+        OFF: partial(workloads, "kipside", args, []),
+        ON: partial(workloads, "kipside", args, exporter),
+    }
+    runs = repeat(cases, args.repeats, noisy=1.0, retries=0)
     sink.shutdown()
-    med = {c: medians(runs, c) for c in (OFF, ON)}
-    relative(med, OFF, ["prod_msgs_per_s", "cons_msgs_per_s", "probe_p50_ms", "proxy_us_req"])
-    sent = f"The sink received {Sink.exports} OTLP exports, {Sink.size / 1e6:.1f} MB."
+    med = {c: medians(runs, c) for c in cases}
+    relative(
+        med, OFF, ["prod_msgs_per_s", "cons_msgs_per_s", "probe_p50_ms", "probe_proxy_cpu_per_m"]
+    )
     more = f"Repetitions: {args.repeats}, configurations interleaved; median reported."
-    found = table(f"Results (median of {args.repeats})", [OFF, ON], med, COLUMNS, first="")
+    found = table(f"Results (median of {args.repeats})", list(cases), med, COLUMNS, first="")
+    sent = f"The sink received {Sink.exports} OTLP exports, {Sink.size / 1e6:.1f} MB."
     notes = [sent, *run_notes(runs, NOISY)]
     title = "Tracing cost: kipside with tracing off vs on"
     Report("tracing", title, facts(more), [found], [], notes).publish(args)
