@@ -12,8 +12,7 @@
               json.loads each value, pyarrow tables, zstd Parquet per topic and date
   logsize     {bootstrap, topics}: bytes of record batches in the topics' logs (kipside's reader)
 
-Only confluent-kafka and pyarrow, and nothing of kipside but `logsize`'s reader: `deep` and
-`baseline` are timed whole, their interpreter's start included.
+Only confluent-kafka and pyarrow, and nothing of kipside but `logsize`'s reader.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ import json
 import random
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
 BULK = {"linger.ms": 20, "batch.size": 1_000_000, "queue.buffering.max.kbytes": 512_000}
 WORDS: tuple[str, ...] = ("alpha", "beta", "gamma", "delta", "order", "payment", "refund")
@@ -40,6 +40,7 @@ FIELDS += [("at", pa.timestamp("us", tz="UTC")), ("status", pa.string())]
 ITEMS = pa.list_(pa.struct([("sku", pa.string()), ("qty", pa.int64())]))
 VALUE = pa.schema([*FIELDS, ("items", ITEMS), ("note", pa.string())])
 LAKE_WORDS = ["alpha", "beta", "gamma", "delta", "card", "euro", "refund", "gift", "express"]
+FLUSHES: list[Callable[[float], int]] = []
 JSON_TYPES = {pa.int64(): "integer", pa.string(): "string", pa.float64(): "number"}
 JSON_TYPES |= {pa.bool_(): "boolean"}
 
@@ -53,24 +54,36 @@ def json_schema() -> dict[str, Any]:
     return {"type": "object", "properties": props, "required": ["id"]}
 
 
-def load(bootstrap: str, topic: str, partitions: int, codec: str, records: Iterable[Any]) -> None:
-    """Create `topic` and produce `records` (Producer.produce keyword arguments) to it."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from _workload import create_topics  # imported here: the timed commands import no more
-    from testkit.produce import send_all
+def producing(bootstrap: str, topic: str, partitions: int, **config: Any) -> Callable[..., None]:
+    """Create `topic` and return a produce(value, key, partition) that waits out full queues."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+        future.result(timeout=30)
+    producer = Producer({"bootstrap.servers": bootstrap, **BULK, **config})
+    FLUSHES.append(producer.flush)
 
-    create_topics({"bootstrap": bootstrap, "topics": [topic], "partitions": partitions})
-    producer = Producer({"bootstrap.servers": bootstrap, **BULK, "compression.type": codec})
-    errors: list[str] = []
-    send_all(producer, topic, records, errors)
-    if producer.flush(300) != 0 or errors:
-        raise SystemExit(f"{topic}: records not delivered: {errors[:1]}")
+    def produce(value: bytes, key: bytes, partition: int) -> None:
+        while True:
+            try:
+                return producer.produce(topic, value, key, partition=partition)
+            except BufferError:
+                producer.poll(0.05)
+
+    return produce
+
+
+def flush_all(timeout: float) -> None:
+    for flush in FLUSHES:
+        if flush(timeout) != 0:
+            raise SystemExit("records not delivered in time")
 
 
 def mirror_load(a: dict[str, Any]) -> dict[str, Any]:
-    rng, partitions, out = random.Random(7), int(a["partitions"]), {"bytes": 0, "records": 0}
-
-    def records() -> Iterator[dict[str, Any]]:
+    rng, written, records = random.Random(7), 0, 0
+    for topic, codec in a["topics"].items():
+        produce = producing(
+            a["bootstrap"], topic, int(a["partitions"]), **{"compression.type": codec}
+        )
         done = n = 0
         while done < int(a["bytes"]) // len(a["topics"]):
             items = []
@@ -83,13 +96,11 @@ def mirror_load(a: dict[str, Any]) -> dict[str, Any]:
             raw = json.dumps(body, separators=(",", ":"))
             pad = max(0, int(a["size"]) - len(raw) - 10)
             value = (raw[:-1] + f',"pad":"{"x" * pad}"}}').encode() if pad else raw.encode()
-            yield {"value": value, "key": f"user-{n % 5000}".encode(), "partition": n % partitions}
+            produce(value, f"user-{n % 5000}".encode(), n % int(a["partitions"]))
             done, n = done + len(value), n + 1
-            out["bytes"], out["records"] = out["bytes"] + len(value), out["records"] + 1
-
-    for topic, codec in a["topics"].items():
-        load(a["bootstrap"], topic, partitions, codec, records())
-    return out
+        written, records = written + done, records + n
+    flush_all(120)
+    return {"bytes": written, "records": records}
 
 
 def from_the_start(bootstrap: str, group: str, topics: list[str]) -> Iterator[Message]:
@@ -144,28 +155,25 @@ def deep(a: dict[str, Any]) -> dict[str, Any]:
 
 
 def lake_load(a: dict[str, Any]) -> dict[str, Any]:
-    partitions, first, written = int(a["partitions"]), int(a["first_id"]), 0
-    rng = random.Random(first)
-
-    def records() -> Iterator[dict[str, Any]]:
-        nonlocal written
-        for n in range(first, first + int(a["records"])):
-            items = ",".join(
-                f'{{"sku":"SKU-{rng.randrange(100_000):05d}","qty":{rng.randrange(1, 9)}}}'
-                for _ in range(rng.randrange(1, 4))
-            )
-            note = " ".join(rng.choice(LAKE_WORDS) for _ in range(rng.randrange(1, 5)))
-            at = f"2026-11-{1 + n % 28:02d}T{n % 24:02d}:{n % 60:02d}:{n % 59:02d}.{n % 1000:03d}Z"
-            value = (
-                f'{{"id":{n},"user":"user-{rng.randrange(1_000_000)}","amount":'
-                f'{rng.randrange(100, 999_999) / 100},"paid":{"true" if n % 3 else "false"},'
-                f'"at":"{at}","status":"{("placed", "paid", "shipped", "delivered")[n % 4]}",'
-                f'"items":[{items}],"note":"{note}"}}'
-            ).encode()
-            written += len(value)
-            yield {"value": value, "key": b"order-%d" % n, "partition": n % partitions}
-
-    load(a["bootstrap"], a["topic"], partitions, "zstd", records())
+    partitions, first = int(a["partitions"]), int(a["first_id"])
+    produce = producing(a["bootstrap"], a["topic"], partitions, **{"compression.type": "zstd"})
+    rng, written = random.Random(first), 0
+    for n in range(first, first + int(a["records"])):
+        items = ",".join(
+            f'{{"sku":"SKU-{rng.randrange(100_000):05d}","qty":{rng.randrange(1, 9)}}}'
+            for _ in range(rng.randrange(1, 4))
+        )
+        note = " ".join(rng.choice(LAKE_WORDS) for _ in range(rng.randrange(1, 5)))
+        at = f"2026-11-{1 + n % 28:02d}T{n % 24:02d}:{n % 60:02d}:{n % 59:02d}.{n % 1000:03d}Z"
+        value = (
+            f'{{"id":{n},"user":"user-{rng.randrange(1_000_000)}","amount":'
+            f'{rng.randrange(100, 999_999) / 100},"paid":{"true" if n % 3 else "false"},'
+            f'"at":"{at}","status":"{("placed", "paid", "shipped", "delivered")[n % 4]}",'
+            f'"items":[{items}],"note":"{note}"}}'
+        ).encode()
+        produce(value, b"order-%d" % n, n % partitions)
+        written += len(value)
+    flush_all(300)
     return {"records": int(a["records"]), "bytes": written}
 
 
