@@ -380,6 +380,15 @@ def create_topics(bootstrap: str, names: list[str], partitions: int, timeout: fl
         time.sleep(0.05)
 
 
+def fresh_topic(
+    bootstrap: str, prefix: str, partitions: int, request: pytest.FixtureRequest | None = None
+) -> str:
+    """Create a topic with a name unique to this test run (see unique_name); return the name."""
+    name = unique_name(prefix, request)
+    create_topics(bootstrap, [name], partitions)
+    return name
+
+
 NewTopicFactory = Callable[..., str]
 
 
@@ -392,9 +401,7 @@ def new_topic(request: pytest.FixtureRequest, bootstrap: str) -> NewTopicFactory
     """
 
     def make(partitions: int = 3, prefix: str = "t") -> str:
-        name = unique_name(prefix, request)
-        create_topics(bootstrap, [name], partitions)
-        return name
+        return fresh_topic(bootstrap, prefix, partitions, request)
 
     return make
 

@@ -37,7 +37,7 @@ from typing import Any
 import confluent_kafka as ck
 import psutil
 import pytest
-from conftest import DIRECT, ONE_TO_ONE, Kipside, create_topics, start_kipside, unique_name
+from conftest import DIRECT, ONE_TO_ONE, Kipside, fresh_topic, start_kipside
 from testkit.broker import Broker
 from testkit.http import Answer, Exchange, Request, curl_answer, status_of
 from testkit.metrics import Metrics, parse
@@ -363,8 +363,7 @@ def test_hot_reload_during_live_traffic(
     stack = admin_stack
     kipside = stack.kipside
     path = stack.rules_path
-    topic = unique_name("reload", request)
-    create_topics(kipside.bootstrap, [topic], partitions=6)
+    topic = fresh_topic(kipside.bootstrap, "reload", 6, request)
     producers = Producers(kipside.bootstrap, topic, count=6)
     watch = Watch(stack)
     producers.start()
@@ -472,8 +471,7 @@ def test_status_page_in_headless_chromium(
 ) -> None:
     chromium = _chromium()
     stack = admin_stack
-    topic = unique_name("status", request)
-    create_topics(stack.kipside.bootstrap, [topic], partitions=2)
+    topic = fresh_topic(stack.kipside.bootstrap, "status", 2, request)
     producer = ck.Producer(ck_config(stack.kipside.bootstrap, **{"linger.ms": 0}))
     try:
         for i in range(50):

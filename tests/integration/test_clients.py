@@ -33,7 +33,7 @@ from conftest import (
     Kipside,
     NewTopicFactory,
     Target,
-    create_topics,
+    fresh_topic,
     unique_name,
 )
 from testkit import tools
@@ -572,8 +572,7 @@ def txn_run(request: pytest.FixtureRequest, target: Target) -> TxnRun:
     """The transactional history, run once per client and shared by the tests below."""
     if target.kipside is not None:
         target.kipside.assert_alive()
-    topic = unique_name(f"txn-{request.param}")
-    create_topics(target.bootstrap, [topic], PARTITIONS)
+    topic = fresh_topic(target.bootstrap, f"txn-{request.param}", PARTITIONS)
     run = TxnRun(request.param, topic)
     if request.param == "confluent-kafka":
         _run_confluent_txn(target.bootstrap, run)

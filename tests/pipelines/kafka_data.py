@@ -38,6 +38,8 @@ class Rec:
 
 @dataclass(frozen=True)
 class Dataset:
+    bootstrap: str
+    """The cluster it was produced to."""
     topic: str
     partitions: int
     committed: list[Rec]
@@ -127,7 +129,7 @@ def produce_dataset(bootstrap: str, topic: str, partitions: int, per_codec: int 
     after = [_record(i + n, (i + n) % partitions, "after") for n in range(60)]
     _send(tail, topic, after, errors)
     _flush(tail, errors)
-    return Dataset(topic, partitions, committed + kept + after, dropped)
+    return Dataset(bootstrap, topic, partitions, committed + kept + after, dropped)
 
 
 def produce_plain(

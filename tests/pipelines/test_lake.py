@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow.dataset as ds
 import pytest
-from conftest import create_topics, unique_name
+from conftest import fresh_topic
 from testkit.broker import Broker
 from testkit.ports import free_port
 
@@ -72,8 +72,7 @@ class Ingested:
 
 @pytest.fixture(scope="module")
 def ingested(source_broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ingested]:
-    topic = unique_name("lake-src")
-    create_topics(source_broker.bootstrap, [topic], PARTITIONS)
+    topic = fresh_topic(source_broker.bootstrap, "lake-src", PARTITIONS)
     data = produce_json_dataset(source_broker.bootstrap, topic, PARTITIONS)
     tmp = tmp_path_factory.mktemp("lake")
     run = _lake(source_broker.bootstrap, topic, tmp, "--once")
@@ -138,8 +137,7 @@ def test_files_are_few_and_progress_is_reported(ingested: Ingested) -> None:
 
 def test_restart_mid_stream_writes_every_record_once(source_broker: Broker, tmp_path: Path) -> None:
     require_java()
-    topic = unique_name("lake-restart")
-    create_topics(source_broker.bootstrap, [topic], PARTITIONS)
+    topic = fresh_topic(source_broker.bootstrap, "lake-restart", PARTITIONS)
     data = produce_json_dataset(source_broker.bootstrap, topic, PARTITIONS, per_codec=600)
     args = _lake_args(source_broker.bootstrap, topic, tmp_path)
     limits = ["--max-offsets-per-trigger", "300", "--trigger-interval", "0"]
@@ -163,8 +161,7 @@ def test_restart_mid_stream_writes_every_record_once(source_broker: Broker, tmp_
 
 
 def test_a_schema_error_names_its_line(source_broker: Broker, tmp_path: Path) -> None:
-    topic = unique_name("lake-schema")
-    create_topics(source_broker.bootstrap, [topic], 1)
+    topic = fresh_topic(source_broker.bootstrap, "lake-schema", 1)
     schema = tmp_path / "bad.json"
     schema.write_text(
         '{\n  "type": "object",\n  "properties": {\n    "id": {"type": "decimal"}\n  }\n}\n'
@@ -187,8 +184,7 @@ def test_an_unreachable_broker_is_named(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_lake_on_a_local_cluster_of_two_executors(source_broker: Broker, tmp_path: Path) -> None:
-    topic = unique_name("lake-cluster")
-    create_topics(source_broker.bootstrap, [topic], 4)
+    topic = fresh_topic(source_broker.bootstrap, "lake-cluster", 4)
     sent = produce_plain(source_broker.bootstrap, topic, 4, 400)
     schema = tmp_path / "plain.json"
     schema.write_text(

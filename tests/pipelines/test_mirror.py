@@ -17,7 +17,7 @@ from typing import Any
 
 import confluent_kafka as ck
 import pytest
-from conftest import create_topics, unique_name
+from conftest import fresh_topic, unique_name
 from testkit.broker import Broker
 from testkit.ports import free_port
 
@@ -64,8 +64,7 @@ def mirror(source: Broker, dest: Broker, topic: str, checkpoint: Path, *extra: s
 def mirrored(
     source_broker: Broker, dest_broker: Broker, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Mirrored]:
-    topic = unique_name("mirror-src")
-    create_topics(source_broker.bootstrap, [topic], PARTITIONS)
+    topic = fresh_topic(source_broker.bootstrap, "mirror-src", PARTITIONS)
     data = produce_dataset(source_broker.bootstrap, topic, PARTITIONS)
     checkpoint = tmp_path_factory.mktemp("mirror") / "checkpoint"
     run = mirror(source_broker, dest_broker, topic, checkpoint, "--rename", "dr.")
@@ -169,8 +168,7 @@ def test_offset_syncs_point_at_the_same_records(mirrored: Mirrored) -> None:
 def test_read_uncommitted_copies_aborted_records(
     spark: Any, source_broker: Broker, dest_broker: Broker, tmp_path: Path
 ) -> None:
-    topic = unique_name("mirror-ru")
-    create_topics(source_broker.bootstrap, [topic], PARTITIONS)
+    topic = fresh_topic(source_broker.bootstrap, "mirror-ru", PARTITIONS)
     data = produce_dataset(source_broker.bootstrap, topic, PARTITIONS, per_codec=30)
     job = mirror_once(
         source_broker.bootstrap,
@@ -208,8 +206,7 @@ def test_read_uncommitted_warns_before_anything_else(dest_broker: Broker, tmp_pa
 def test_a_second_run_copies_only_what_is_new(
     spark: Any, source_broker: Broker, dest_broker: Broker, tmp_path: Path
 ) -> None:
-    topic = unique_name("mirror-inc")
-    create_topics(source_broker.bootstrap, [topic], 2)
+    topic = fresh_topic(source_broker.bootstrap, "mirror-inc", 2)
     job = mirror_once(source_broker.bootstrap, dest_broker.bootstrap, topic, tmp_path / "ck")
     first = produce_plain(source_broker.bootstrap, topic, 2, 500)
     run_in_process(spark, job)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import create_topics, unique_name
+from conftest import fresh_topic
 from testkit.broker import Broker
 
 from kipside.pipeline.mirror.job import OBSERVED, start_query
@@ -24,8 +24,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 def test_mirror_on_a_local_cluster_of_two_executors(
     source_broker: Broker, dest_broker: Broker, tmp_path: Path
 ) -> None:
-    topic = unique_name("mirror-cluster")
-    create_topics(source_broker.bootstrap, [topic], 4)
+    topic = fresh_topic(source_broker.bootstrap, "mirror-cluster", 4)
     data = produce_dataset(source_broker.bootstrap, topic, 4, per_codec=100)
     clusters = ["--source", source_broker.bootstrap, "--dest", dest_broker.bootstrap]
     job = ["--topics", re.escape(topic), "--checkpoint", str(tmp_path / "ck"), "--once"]
@@ -39,8 +38,7 @@ def test_mirror_on_a_local_cluster_of_two_executors(
 def test_progress_events_carry_batches_bytes_and_lag(
     spark: Any, source_broker: Broker, dest_broker: Broker, tmp_path: Path
 ) -> None:
-    topic = unique_name("mirror-progress")
-    create_topics(source_broker.bootstrap, [topic], 2)
+    topic = fresh_topic(source_broker.bootstrap, "mirror-progress", 2)
     # Ten flushes: at least ten batches per partition whatever the producer's timing (a mirror
     # copies whole batches, so one big batch would make one micro-batch whatever the limit).
     sent = []

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import create_topics, unique_name
+from conftest import create_topics, fresh_topic, unique_name
 from testkit.broker import Broker
 from testkit.ports import free_port
 
@@ -53,8 +53,7 @@ def test_unreachable_source(dest_broker: Broker, tmp_path: Path) -> None:
 
 
 def test_unreachable_destination(source_broker: Broker, tmp_path: Path) -> None:
-    topic = unique_name("err-dest")
-    create_topics(source_broker.bootstrap, [topic], 1)
+    topic = fresh_topic(source_broker.bootstrap, "err-dest", 1)
     port = free_port()
     code, stderr = _mirror(
         source_broker.bootstrap, f"127.0.0.1:{port}", re.escape(topic), tmp_path / "ck"
@@ -120,8 +119,7 @@ def test_a_corrupt_batch_stops_the_mirror_before_it(
 def test_a_destination_that_refuses_writes(
     spark: Any, source_broker: Broker, tmp_path: Path
 ) -> None:
-    topic = unique_name("err-refused")
-    create_topics(source_broker.bootstrap, [topic], 2)
+    topic = fresh_topic(source_broker.bootstrap, "err-refused", 2)
     produce_plain(source_broker.bootstrap, topic, 2, 40)
     with broker_behind(RefusingProduceRelay("denied.")) as dest:
         cause = _fails_with(

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import create_topics, unique_name
+from conftest import fresh_topic
 from testkit.broker import Broker
 
 from .conftest import start_cli
@@ -81,8 +81,7 @@ def _drained(checkpoint: Path, ends: dict[tuple[str, int], int]) -> bool:
 def test_restarts_lose_nothing_and_duplicate_only_the_killed_micro_batch(
     source_broker: Broker, dest_broker: Broker, tmp_path: Path
 ) -> None:
-    topic = unique_name("mirror-restart")
-    create_topics(source_broker.bootstrap, [topic], PARTITIONS)
+    topic = fresh_topic(source_broker.bootstrap, "mirror-restart", PARTITIONS)
     sent = produce_plain(source_broker.bootstrap, topic, PARTITIONS, RECORDS)
     ends = {(topic, p): len([r for r in sent if r.partition == p]) for p in range(PARTITIONS)}
     checkpoint = tmp_path / "checkpoint"

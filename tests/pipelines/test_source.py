@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from conftest import create_topics, unique_name
+from conftest import fresh_topic
 from testkit.broker import Broker
 from testkit.ports import free_port
 
@@ -30,7 +30,6 @@ PARTITIONS = 3
 
 @dataclass(frozen=True)
 class Source:
-    bootstrap: str
     data: Dataset
     expected: dict[tuple[int, int], Rec]
     """(partition, offset) -> record, for every committed record."""
@@ -38,8 +37,7 @@ class Source:
 
 @pytest.fixture(scope="module")
 def source(source_broker: Broker) -> Iterator[Source]:
-    topic = unique_name("source")
-    create_topics(source_broker.bootstrap, [topic], PARTITIONS)
+    topic = fresh_topic(source_broker.bootstrap, "source", PARTITIONS)
     data = produce_dataset(source_broker.bootstrap, topic, PARTITIONS, per_codec=150)
     consumed = consume_all(source_broker.bootstrap, topic, PARTITIONS)
     aborted = set(data.aborted)
@@ -47,11 +45,12 @@ def source(source_broker: Broker) -> Iterator[Source]:
         (p, off): r for p, items in consumed.items() for off, r in items if r not in aborted
     }
     assert len(expected) == len(data.committed)
-    yield Source(source_broker.bootstrap, data, expected)
+    yield Source(data, expected)
 
 
 def _options(source: Source, **extra: str) -> dict[str, str]:
-    return {"kafka.bootstrap.servers": source.bootstrap, "subscribe": source.data.topic, **extra}
+    data = source.data
+    return {"kafka.bootstrap.servers": data.bootstrap, "subscribe": data.topic, **extra}
 
 
 def _as_recs(rows: list[Any]) -> dict[tuple[int, int], Rec]:
@@ -144,8 +143,7 @@ def test_read_uncommitted_also_returns_aborted_records(spark: Any, source: Sourc
 def test_min_partitions_splits_one_big_partition_without_loss(
     spark: Any, source_broker: Broker
 ) -> None:
-    topic = unique_name("source-split")
-    create_topics(source_broker.bootstrap, [topic], 1)
+    topic = fresh_topic(source_broker.bootstrap, "source-split", 1)
     for chunk in range(10):  # many batches, so cuts fall inside and between them
         produce_plain(source_broker.bootstrap, topic, 1, 300, start=chunk * 300)
     options = {
