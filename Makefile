@@ -80,7 +80,7 @@ test: $(STAMP) system-deps lint typecheck
 
 # Every benchmark in turn; each rewrites its section of docs/performance.md. One of them:
 # `make bench BENCH=coalesce`; a smoke run that writes nothing: `make bench BENCH_ARGS="--quick --no-doc"`.
-BENCH ?= throughput coalesce txn tracing_cost hotpath mirror lake
+BENCH ?= throughput coalesce txn tracing_cost counting_cost hotpath mirror lake
 bench: $(STAMP) system-deps
 	for b in $(BENCH); do $(BIN)/python bench/$$b.py $(BENCH_ARGS) || exit 1; done
 
