@@ -71,7 +71,7 @@ from kipside.protocol.messages import (
     request_class,
     response_class,
 )
-from kipside.protocol.primitives import INT16, INT32, read_uvarint
+from kipside.protocol.primitives import INT16, INT32, Buffer, read_uvarint
 from kipside.protocol.produce import MAX_VERSION as PRODUCE_MAX_VERSION
 from kipside.protocol.produce import MIN_VERSION as PRODUCE_MIN_VERSION
 from kipside.protocol.produce import (
@@ -127,6 +127,7 @@ __all__ = [
     "Address",
     "ApiKey",
     "Binary",
+    "Buffer",
     "ClientConnection",
     "Columns",
     "DecodeError",

@@ -24,7 +24,7 @@ from .errors import ProtocolError, UnsupportedVersionError
 from .framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder
 from .headers import encode_request_header, parse_response_header
 from .messages import Message, decode_response, encode_message
-from .primitives import INT32
+from .primitives import INT32, Buffer
 
 __all__ = [
     "ClientConnection",
@@ -33,7 +33,6 @@ __all__ = [
     "pick_version",
 ]
 
-Chunk = bytes | bytearray | memoryview
 _MAX_CORRELATION_ID: Final = 2**31 - 1
 
 
@@ -81,15 +80,13 @@ class ClientConnection:
         return len(self._in_flight) + len(self._ready)
 
     def send_request(
-        self, api_key: int, api_version: int, body: Sequence[Chunk] | Chunk
-    ) -> list[Chunk]:
+        self, api_key: int, api_version: int, body: Sequence[Buffer] | Buffer
+    ) -> list[Buffer]:
         """The chunks of one request frame (size prefix, header, body), ready to write in order.
 
         `body` may be a list of chunks so big payloads (record batches) are never copied.
         """
-        chunks: list[Chunk] = (
-            [body] if isinstance(body, bytes | bytearray | memoryview) else list(body)
-        )
+        chunks: list[Buffer] = [body] if isinstance(body, Buffer) else list(body)
         correlation_id = self._next_id
         self._next_id = 0 if correlation_id == _MAX_CORRELATION_ID else correlation_id + 1
         header = encode_request_header(api_key, api_version, correlation_id, self._client_id)
@@ -97,13 +94,13 @@ class ClientConnection:
         self._in_flight.append(_InFlight(correlation_id, api_key, api_version))
         return [INT32.pack(size) + header, *chunks]
 
-    def send_message(self, message: Message) -> list[Chunk]:
+    def send_message(self, message: Message) -> list[Buffer]:
         """The chunks of a request built with kio (its class knows its API key and version)."""
         api_key = int(message.__api_key__)
         api_version = int(message.__version__)
         return self.send_request(api_key, api_version, encode_message(message))
 
-    def receive_data(self, data: Chunk) -> None:
+    def receive_data(self, data: Buffer) -> None:
         """Feed bytes read from the broker; raises ProtocolError if they can't be Kafka."""
         self._decoder.receive_data(data)
         while (frame := self._decoder.next_frame()) is not None:

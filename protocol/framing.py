@@ -13,6 +13,7 @@ import struct
 from typing import Final
 
 from .errors import FrameError, LocalProtocolError, NotKafkaError
+from .primitives import Buffer
 
 DEFAULT_MAX_FRAME_BYTES: Final = 100 * 1024 * 1024
 _SIZE = struct.Struct(">i")
@@ -59,7 +60,7 @@ class FrameDecoder:
         """Bytes received but not yet returned as a frame."""
         return len(self._buf) - self._pos
 
-    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+    def receive_data(self, data: Buffer) -> None:
         if self._pos and self._pos == len(self._buf):
             self._buf.clear()
             self._pos = 0
@@ -121,6 +122,6 @@ class FrameDecoder:
         raise NotKafkaError(f"received {what} on a plaintext Kafka port; {advice}")
 
 
-def encode_frame(payload: bytes | bytearray | memoryview) -> bytes:
+def encode_frame(payload: Buffer) -> bytes:
     """Prefix a payload with its size."""
     return _SIZE.pack(len(payload)) + bytes(payload)

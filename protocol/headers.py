@@ -13,7 +13,14 @@ from dataclasses import dataclass
 
 from .apis import request_header_version, response_header_version
 from .errors import DecodeError
-from .primitives import INT16, INT32, read_nullable_string, skip_tagged_fields, write_uvarint
+from .primitives import (
+    INT16,
+    INT32,
+    Buffer,
+    read_nullable_string,
+    skip_tagged_fields,
+    write_uvarint,
+)
 
 _PREFIX = 4  # the frame's size field
 _REQUEST_FIXED = 8  # api_key, api_version, correlation_id
@@ -38,7 +45,7 @@ class ResponseHeader:
     """Offset of the response body within the frame (size prefix included)."""
 
 
-def parse_request_header(frame: bytes | bytearray | memoryview) -> RequestHeader:
+def parse_request_header(frame: Buffer) -> RequestHeader:
     if len(frame) < _PREFIX + _REQUEST_FIXED:
         raise DecodeError(
             f"request of {len(frame) - _PREFIX} bytes is shorter than a Kafka request header"
@@ -55,7 +62,7 @@ def parse_request_header(frame: bytes | bytearray | memoryview) -> RequestHeader
     return RequestHeader(api_key, api_version, correlation_id, client_id, version, offset)
 
 
-def request_correlation_id(frame: bytes | bytearray | memoryview) -> int:
+def request_correlation_id(frame: Buffer) -> int:
     return int(INT32.unpack_from(frame, 8)[0])
 
 
@@ -64,9 +71,7 @@ def with_request_correlation_id(frame: bytes, correlation_id: int) -> bytes:
     return frame[:8] + INT32.pack(correlation_id) + frame[12:]
 
 
-def parse_response_header(
-    frame: bytes | bytearray | memoryview, api_key: int, api_version: int
-) -> ResponseHeader:
+def parse_response_header(frame: Buffer, api_key: int, api_version: int) -> ResponseHeader:
     if len(frame) < _PREFIX + 4:
         raise DecodeError("response is shorter than a Kafka response header")
     correlation_id = INT32.unpack_from(frame, 4)[0]
@@ -77,7 +82,7 @@ def parse_response_header(
     return ResponseHeader(correlation_id, version, offset)
 
 
-def response_correlation_id(frame: bytes | bytearray | memoryview) -> int:
+def response_correlation_id(frame: Buffer) -> int:
     return int(INT32.unpack_from(frame, 4)[0])
 
 
@@ -108,5 +113,5 @@ def encode_response_header(api_key: int, api_version: int, correlation_id: int) 
     return out
 
 
-def build_frame(header: bytes, body: bytes | bytearray | memoryview) -> bytes:
+def build_frame(header: bytes, body: Buffer) -> bytes:
     return INT32.pack(len(header) + len(body)) + header + bytes(body)

@@ -21,7 +21,8 @@ INT64: Final = struct.Struct(">q")
 UINT32: Final = struct.Struct(">I")
 
 Buffer = bytes | bytearray | memoryview
-"""What the readers take: a frame, or a zero-copy view into one."""
+"""Bytes as the codec reads them and a connection writes them: a frame, a chunk of one, or a
+zero-copy view into one."""
 
 
 def read_uvarint(buf: Buffer, offset: int) -> tuple[int, int]:

@@ -22,6 +22,8 @@ from typing import Final
 
 import crc32c
 
+from .primitives import Buffer
+
 __all__ = [
     "HEADER_SIZE",
     "LOG_OVERHEAD",
@@ -105,7 +107,7 @@ _DELETE_HORIZON_BIT: Final = 0x40
 _HeaderTuple = tuple[int, int, int, int, int, int, int, int, int, int, int, int, int]
 
 
-def _byte_view(buffer: bytes | bytearray | memoryview) -> memoryview:
+def _byte_view(buffer: Buffer) -> memoryview:
     view = memoryview(buffer)
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
@@ -124,9 +126,7 @@ class RecordBatchView:
     _header: _HeaderTuple = field(repr=False, compare=False)
 
     @classmethod
-    def from_buffer(
-        cls, buffer: bytes | bytearray | memoryview, offset: int = 0
-    ) -> RecordBatchView:
+    def from_buffer(cls, buffer: Buffer, offset: int = 0) -> RecordBatchView:
         """Validate and view the batch starting at ``offset`` in ``buffer``.
 
         Error messages give byte positions relative to the start of ``buffer``.
@@ -265,7 +265,7 @@ class RecordBatchView:
         return self.compute_crc() == self.crc
 
 
-def batch_extent(buffer: bytes | bytearray | memoryview) -> tuple[int, int, int] | None:
+def batch_extent(buffer: Buffer) -> tuple[int, int, int] | None:
     """(base offset, size in bytes, offsets spanned) of the batch starting the buffer, read from
     its header even when the rest was cut off; None when not even that much is there."""
     view = _byte_view(buffer)
@@ -296,9 +296,7 @@ def _is_partial_tail(view: memoryview, pos: int) -> bool:
     return available < LOG_OVERHEAD + batch_length
 
 
-def iter_batches(
-    records: bytes | bytearray | memoryview, *, allow_partial_tail: bool = False
-) -> Iterator[RecordBatchView]:
+def iter_batches(records: Buffer, *, allow_partial_tail: bool = False) -> Iterator[RecordBatchView]:
     """Yield a view of each batch in a records blob, front to back.
 
     Fetch responses may end with a batch the broker cut at the fetch size limit;

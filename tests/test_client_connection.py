@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kipside.protocol import Buffer
 from kipside.protocol.apis import ApiKey
 from kipside.protocol.client import ClientConnection, Response, VersionRange, pick_version
 from kipside.protocol.errors import FrameError, ProtocolError, UnsupportedVersionError
@@ -34,8 +35,6 @@ from kipside.protocol.messages import (
     response_class,
 )
 
-Chunk = bytes | bytearray | memoryview
-
 
 class FakeBroker:
     """Reads request frames and answers them with whatever body a test gives."""
@@ -44,7 +43,7 @@ class FakeBroker:
         self._decoder = FrameDecoder()
         self.requests: list[tuple[RequestHeader, bytes]] = []
 
-    def receive(self, chunks: Sequence[Chunk]) -> None:
+    def receive(self, chunks: Sequence[Buffer]) -> None:
         for chunk in chunks:
             self._decoder.receive_data(chunk)
         while (frame := self._decoder.next_frame()) is not None:

@@ -18,6 +18,7 @@ from typing import Any, Final, TypeVar
 from kipside.protocol import (
     Address,
     ApiKey,
+    Buffer,
     ProtocolError,
     Response,
     VersionRange,
@@ -43,8 +44,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-Chunk = bytes | bytearray | memoryview
-BodyBuilder = Callable[[int], Sequence[Chunk] | Chunk]
+BodyBuilder = Callable[[int], Sequence[Buffer] | Buffer]
 
 _API_VERSIONS_VERSION: Final = 2
 _METADATA: Final = VersionRange(4, 12)

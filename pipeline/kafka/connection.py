@@ -13,13 +13,12 @@ import socket
 import time
 from collections.abc import Sequence
 
-from kipside.protocol import Address, ClientConnection, ProtocolError, Response
+from kipside.protocol import Address, Buffer, ClientConnection, ProtocolError, Response
 
 __all__ = ["BrokerConnection", "ConnectionFailed"]
 
 _READ_SIZE = 1 << 20
 _IOV_MAX = 512  # well under Linux's 1024 iovecs per sendmsg
-Chunk = bytes | bytearray | memoryview
 
 
 class ConnectionFailed(OSError):
@@ -59,7 +58,7 @@ class BrokerConnection:
             self._sock.close()
             self._sock = None
 
-    def send(self, api_key: int, api_version: int, body: Sequence[Chunk] | Chunk) -> None:
+    def send(self, api_key: int, api_version: int, body: Sequence[Buffer] | Buffer) -> None:
         """Write one request; its response comes from a later `receive()`, in send order.
 
         The chunks go out with scatter-gather writes, so big record batches are never joined.
@@ -112,7 +111,7 @@ class BrokerConnection:
         self,
         api_key: int,
         api_version: int,
-        body: Sequence[Chunk] | Chunk,
+        body: Sequence[Buffer] | Buffer,
         timeout: float | None = None,
     ) -> Response:
         self.send(api_key, api_version, body)

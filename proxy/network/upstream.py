@@ -21,6 +21,7 @@ import trio
 
 from kipside.protocol import (
     Address,
+    Buffer,
     FrameDecoder,
     ProtocolError,
     api_name,
@@ -29,7 +30,7 @@ from kipside.protocol import (
     with_request_correlation_id,
     with_response_correlation_id,
 )
-from kipside.proxy.network.wire import BACKLOG_LIMIT_BYTES, Chunk, Wire, WireBroken
+from kipside.proxy.network.wire import BACKLOG_LIMIT_BYTES, Wire, WireBroken
 
 log = logging.getLogger("kipside.upstream")
 
@@ -192,7 +193,7 @@ class UpstreamConnection:
         api_version: int,
         *,
         expects_response: bool = True,
-        chunks: Sequence[Chunk] | None = None,
+        chunks: Sequence[Buffer] | None = None,
     ) -> Pending | None:
         """Send a request frame now; its answer comes back under the frame's own correlation id.
 

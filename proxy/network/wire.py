@@ -29,7 +29,7 @@ from typing import Final
 
 import trio
 
-Chunk = bytes | bytearray | memoryview
+from kipside.protocol import Buffer
 
 # A write to a peer that stopped reading must not keep the connection alive forever.
 WRITE_GRACE_SECONDS: Final = 10.0
@@ -122,7 +122,7 @@ class Wire:
 
     # Writing ---------------------------------------------------------------------------
 
-    def write(self, chunks: Sequence[Chunk]) -> None:
+    def write(self, chunks: Sequence[Buffer]) -> None:
         """Send the chunks in order, now as far as the kernel takes them, the rest later.
 
         Raises WireBroken if the connection is closed or fails (on_broken has been told).
@@ -155,7 +155,7 @@ class Wire:
         if sent < total:
             self._queue(chunks, sent)
 
-    def _queue(self, chunks: Sequence[Chunk], skip: int) -> None:
+    def _queue(self, chunks: Sequence[Buffer], skip: int) -> None:
         for chunk in chunks:
             size = len(chunk)
             if skip >= size:
