@@ -19,18 +19,25 @@ class Address:
         return f"{self.host}:{self.port}"
 
     @classmethod
-    def parse(cls, text: str, *, what: str) -> Address:
-        """HOST:PORT, or a ValueError that names `what` (an option or argument)."""
+    def parse(
+        cls, text: str, *, what: str, default_port: int | None = None, any_port: bool = False
+    ) -> Address:
+        """HOST:PORT, or a ValueError that names `what` (an option or argument). A bare HOST
+        takes `default_port` when one is given; `any_port` allows port 0 (a listener's "any
+        free port")."""
         host, sep, port_text = text.strip().rpartition(":")
+        if not sep and default_port is not None:
+            host, port_text = text.strip(), str(default_port)
         host = host.strip("[]")
-        if not sep or not host or not port_text:
+        if (not sep and default_port is None) or not host or not port_text:
             raise ValueError(f"{what}: {text!r} is not HOST:PORT (e.g. 127.0.0.1:9092)")
         try:
             port = int(port_text)
         except ValueError:
             raise ValueError(f"{what}: port {port_text!r} in {text!r} is not a number") from None
-        if not 0 < port <= 65535:
-            raise ValueError(f"{what}: port {port} in {text!r} is outside 1..65535")
+        lowest = 0 if any_port else 1
+        if not lowest <= port <= 65535:
+            raise ValueError(f"{what}: port {port} in {text!r} is outside {lowest}..65535")
         return cls(host, port)
 
     @classmethod

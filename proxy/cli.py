@@ -25,29 +25,20 @@ class UsageError(ValueError):
     pass
 
 
-def parse_address(text: str, *, what: str, default_port: int | None = None) -> Address:
-    host, sep, port_text = text.rpartition(":")
-    if not sep:
-        host, port_text = text, ""
-    host = host.strip("[]")
-    if not host:
-        raise UsageError(f"{what} {text!r} has no host; expected HOST:PORT, e.g. 127.0.0.1:9092")
-    if not port_text:
-        if default_port is None:
-            raise UsageError(f"{what} {text!r} has no port; expected HOST:PORT")
-        return Address(host, default_port)
+def parse_address(
+    text: str, *, what: str, default_port: int | None = None, any_port: bool = False
+) -> Address:
+    """Address.parse for a command-line option; its problem as a UsageError."""
     try:
-        port = int(port_text)
-    except ValueError:
-        raise UsageError(f"{what} {text!r}: port {port_text!r} is not a number") from None
-    if not 0 <= port <= 65535:
-        raise UsageError(f"{what} {text!r}: port {port} is outside 0..65535")
-    return Address(host, port)
+        return Address.parse(text, what=what, default_port=default_port, any_port=any_port)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _admin_address(text: str) -> Address:
     # The admin endpoint has no authentication: a bare port stays on loopback.
-    return parse_address(f"127.0.0.1:{text}" if text.isdigit() else text, what="--admin")
+    address = f"127.0.0.1:{text}" if text.isdigit() else text
+    return parse_address(address, what="--admin", any_port=True)
 
 
 def _load_rules(path: str | None) -> RuleSet:
@@ -155,7 +146,7 @@ def _add_plugin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
 def _config(args: argparse.Namespace, upstreams: list[Address]) -> ServerConfig:
     return ServerConfig(
         upstreams=upstreams,
-        listen=parse_address(args.listen, what="--listen"),
+        listen=parse_address(args.listen, what="--listen", any_port=True),
         advertise_host=args.advertise,
         node_port_base=args.node_port_base,
         rules=_load_rules(args.rules),
