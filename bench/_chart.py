@@ -89,7 +89,9 @@ def bar_chart(png: Path, title: str, panels: Sequence[Panel], cols: int = 2) -> 
             for bar, value in zip(bars, shown, strict=True):
                 text = "-" if value is None else panel.fmt.format(value)
                 top = (bar.get_x() + bar.get_width() / 2, bar.get_height())
-                ax.annotate(text, top, xytext=(0, 2), textcoords="offset points", ha="center")
+                ax.annotate(
+                    text, top, xytext=(0, 2), textcoords="offset points", ha="center", fontsize=8
+                )
         if panel.reference is not None:
             line = ax.axhline(panel.reference, color="black", linestyle="--", linewidth=1)
             line.set_label(panel.reference_label)

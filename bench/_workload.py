@@ -1,22 +1,14 @@
 """Client loads of the benchmarks, one process each: `python _workload.py COMMAND 'JSON'`.
 
 confluent-kafka clients; prints one JSON object. Free of project imports, so the process's
-start-up and CPU are just the client's.
-
-  create-topics {bootstrap, topics, partitions}: and wait until the metadata shows them
-  produce  {bootstrap, topic, producers, first_index, seconds, size, client_prefix, go_timeout,
-           mode, rate, messages, linger_ms, warm_up_s, mixed}: producers (one librdkafka client
-           and one thread each) connect and warm up, print READY, wait for GO on stdin, run,
-           print FINISHED, then the window's numbers. Modes: `paced` (`rate` records/s each,
-           random phase, then a flush), `closed` (one numbered record in flight each, see
-           `sequenced_record`), `flood` (up to `messages` records as fast as the client takes
-           them, stopped after `seconds`)
-  consume  {bootstrap, topic, messages, seconds}: a fresh consumer assigned to every
-           partition from the beginning until `messages` are read
-  verify-sequences {bootstrap, topic, sent, seconds}: read the whole topic and check the
-           numbered records of closed-loop producers: `sent` maps each producer to [records
-           sent, sequence numbers that failed]; every acknowledged one must be there exactly
-           once, in order within its partition
+start-up and CPU are just the client's. Commands: `create-topics` (and wait until the metadata
+shows them); `produce`, producers (one librdkafka client and one thread each) that connect and
+warm up, print READY, wait for GO on stdin, run, print FINISHED, then the numbers of that
+window, in one of three modes: `paced` (`rate` records/s each), `closed` (one numbered record in
+flight each, see `sequenced_record`) or `flood` (as fast as the client takes them); `consume`, a
+fresh consumer assigned to every partition from the beginning; `verify-sequences`, which reads
+a whole topic and checks that every acknowledged numbered record is there exactly once, in
+order within its partition.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from _chart import Bars
-from _harness import HOST, HarnessError, at_ref, open_stack, snapshot
+from _harness import HOST, INSTALLED, HarnessError, at_ref, open_stack, snapshot
 from _measure import Run, fleet, measure, medians, repeat, worker
 from _report import (
     Compare,
@@ -101,7 +101,8 @@ def workload(
     load |= {"client_prefix": "bench-hotpath", "topic": "hot" if workload == "A" else "mixed"}
     admin = free_port() if workload == "B" and path.startswith("kipside") else None
     extra = ["--admin", f"{HOST}:{admin}", "--rules", str(args.rules)] if admin else []
-    with open_stack(path, logdir, kipside_args=extra, code=args.codes.get(path)) as stack:
+    code = args.codes.get(path, INSTALLED)
+    with open_stack(path, logdir, kipside_args=extra, code=code) as stack:
         if workload == "A":
             m, _ = fleet(stack, load, [1], partitions=1, during=during(stack) if during else None)
             if m["delivered"] == 0 or m["errors"]:
@@ -234,6 +235,8 @@ def report(args: argparse.Namespace, runs: list[Run]) -> Report:
 
 def main() -> int:
     args = parse_args(__doc__, OPTIONS, QUICK)
+    if args.profile_path not in ("kipside", "kipside-before"):
+        sys.exit("--profile-path: kipside or kipside-before")
     with tempfile.TemporaryDirectory(prefix="kipbench-hotpath-") as tmp:
         args.tmp, args.rules = tmp, Path(tmp) / "rules.yaml"
         args.rules.write_text(B_RULES)

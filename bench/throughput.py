@@ -58,7 +58,7 @@ def workloads(
     proxy, broker = window.proxy_broker()
     walls = (probe["wall_s"], prod["wall_s"], window.wall_s)
     busy = probe["noise_cores"] * walls[0] + prod["noise_cores"] * walls[1]
-    found = {f"probe_{k}": v for k, v in probe.items()} | {f"prod_{k}": v for k, v in prod.items()}
+    found = {f"prod_{k}": v for k, v in prod.items()} | {f"probe_{k}": v for k, v in probe.items()}
     found |= {f"cons_{k}": float(v) for k, v in cons.items()}
     found |= {"cons_proxy_cpu_s": proxy, "cons_broker_cpu_s": broker}
     proxy_s = prod["proxy_cpu_s"] + proxy
