@@ -4,10 +4,15 @@ kipside runs in this process (a trio thread) so its spans can go to an InMemoryS
 the clients are real (confluent-kafka, in processes of their own where they must overlap) and
 the broker is the real Tansu, with the marker-window relay from tests/txn_relay.py in front of
 it for the transaction-begin hold.
+
+Each test prints the spans it has just checked, as an OTLP user would see them (the SDK's JSON,
+resource left out): `pytest -s tests/integration/test_tracing.py` shows the real trace that
+docs/observability.md quotes.
 """
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import time
 
@@ -54,6 +59,15 @@ def _produce(bootstrap: str, topic: str, partitions: int, index: int, count: int
 
 def _attrs(span: ReadableSpan) -> dict[str, object]:
     return dict(span.attributes or {})
+
+
+def _show(title: str, spans: list[ReadableSpan]) -> None:
+    """Print `spans` under `title` (seen with pytest -s)."""
+    print(f"\n# {title}\n")
+    for span in spans:
+        shown = json.loads(span.to_json())
+        shown.pop("resource", None)
+        print(json.dumps(shown, indent=2))
 
 
 def _metrics(kipside: InProcessKipside) -> Metrics:
@@ -108,6 +122,9 @@ def test_coalesced_upstream_span_links_every_member(
     assert linked == set(by_id), "every client ProduceRequest is linked from an upstream span"
     counts = [n for s in upstream if isinstance(n := _attrs(s)["kafka.batch_count"], int)]
     assert len(counts) == len(upstream) and sum(counts) == stats.coalesced_batches
+    widest = max(upstream, key=lambda s: len(s.links))
+    _show("A coalesced upstream ProduceRequest", [widest])
+    _show("One of the client requests it carried", [by_id[widest.links[0].context.span_id]])
 
     for span in requests:
         attrs = _attrs(span)
@@ -178,6 +195,14 @@ def test_transaction_spans_show_preregistration_hold_and_local_answers(
                 assert isinstance(declared, int) and isinstance(asked, int), attrs
                 assert declared + asked >= 4
                 assert attrs["groups"] == "traced-group"
+        _show(
+            "A transaction's first registration, held",
+            [s for s, e in events if e.name == "kipside.txn.hold.release"][-1:],
+        )
+        _show(
+            "A covered call answered locally",
+            [s for s, e in events if e.name == "kipside.txn.answered_locally"][-1:],
+        )
         # Relay's view: the hold's retries were rejected in the window, none reached a client.
         assert relay.counts().rejected_add_partitions + relay.counts().rejected_add_offsets > 0
         assert _metrics(kipside).value("kipside_holds_total") == stats.holds
