@@ -36,9 +36,12 @@ from kipside.proxy.features.routing import Router
 from kipside.proxy.features.transactions import TransactionManager
 from kipside.proxy.features.versions import VersionPolicy
 from kipside.proxy.network.addresses import AddressRewriter
+from kipside.proxy.network.identity import Principal
 from kipside.proxy.network.lanes import LanePool
 from kipside.proxy.network.nodes import NodeMap
 from kipside.proxy.network.session import Session
+from kipside.proxy.network.upstream import plain_dial
+from kipside.proxy.network.wire import Wire
 from kipside.proxy.operations.admin import AdminApp, serve_admin
 from kipside.proxy.operations.reload import ProduceOrder, RuleReloader
 from kipside.proxy.telemetry.metric_readers import otlp_metrics_endpoint
@@ -136,7 +139,7 @@ class Server:
         self._over_limit_logged = False
         self.coalescer: Coalescer | None = None
         self.sessions: set[Session] = set()
-        self._pools: dict[int, LanePool] = {}
+        self._pools: dict[tuple[int, Principal], LanePool] = {}
         self._service_nursery: trio.Nursery | None = None
         self.router: Router | None = None
         self.transactions: TransactionManager | None = None
@@ -224,7 +227,7 @@ class Server:
             return
         self._over_limit_logged = False
         session = Session(
-            stream,
+            Wire.from_stream(stream),
             targets,
             rewriter=self.rewriter,
             versions=self.versions,
@@ -233,6 +236,7 @@ class Server:
             node_id=node_id,
             stats=self.stats,
             tracer=self.tracer if self.tracer.active else None,
+            dial=self.dial,
         )
         self.sessions.add(session)
         self.stats.client_connections += 1
@@ -245,8 +249,9 @@ class Server:
 
     # Shared upstream connections -------------------------------------------------------
 
-    def pool(self, node_id: int) -> LanePool:
-        pool = self._pools.get(node_id)
+    def pool(self, node_id: int, principal: Principal) -> LanePool:
+        """The lanes to `node_id` for `principal` (made on first use)."""
+        pool = self._pools.get((node_id, principal))
         if pool is None:
             assert self._service_nursery is not None
             pool = LanePool(
@@ -256,9 +261,15 @@ class Server:
                 nursery=self._service_nursery,
                 max_frame_bytes=self.rules.limits.max_frame_bytes,
                 stats=self.stats,
+                principal=principal,
+                dial=lambda address: self.dial(address, principal),
             )
-            self._pools[node_id] = pool
+            self._pools[(node_id, principal)] = pool
         return pool
+
+    async def dial(self, address: Address, principal: Principal) -> Wire:
+        """A connection to a broker for `principal`'s traffic (plaintext TCP for now)."""
+        return await plain_dial(address)
 
     def default_node(self) -> int | None:
         """The node that serves bootstrap connections' shared traffic."""

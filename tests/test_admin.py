@@ -38,6 +38,7 @@ from kipside.proxy.cli import _admin_address, main
 from kipside.proxy.features.coalesce import Coalescer
 from kipside.proxy.features.context import FeatureContext
 from kipside.proxy.network.hooks import Routed
+from kipside.proxy.network.identity import ANONYMOUS
 from kipside.proxy.network.upstream import Pending
 from kipside.proxy.operations.admin import MAX_BODY_BYTES, AdminApp, RateWindow, serve_admin
 from kipside.proxy.operations.admin import httpd as httpd_module
@@ -605,7 +606,7 @@ async def test_apply_reaches_every_reader_of_the_rules(
     server = make_server(path, 9)
     coalescer = Coalescer(
         FeatureContext(
-            lambda node_id: object(),  # type: ignore[arg-type,return-value]
+            lambda node_id, principal: object(),  # type: ignore[arg-type,return-value]
             server.default_node,
             lambda: server.rules,
             server.stats,
@@ -614,7 +615,7 @@ async def test_apply_reaches_every_reader_of_the_rules(
         server.nodes,
     )
     server.coalescer = coalescer
-    existing_lane = coalescer._lane(111, 0)
+    existing_lane = coalescer._lane(111, ANONYMOUS, 0)
     assert server.versions.lower_transaction_version is False
 
     path.write_text(
@@ -628,7 +629,7 @@ async def test_apply_reaches_every_reader_of_the_rules(
     assert new.coalescing.lanes == 5 and new.transactions
     assert coalescer.rules is new.coalescing
     assert existing_lane.rules is new.coalescing  # linger/max bytes of running lanes follow
-    assert coalescer._lane(111, 1).rules is new.coalescing
+    assert coalescer._lane(111, ANONYMOUS, 1).rules is new.coalescing
     assert not coalescer.rules.applies("audit.x", "c")
     assert server.versions.lower_transaction_version is True
     assert "coalescing.lanes changed from 2 to 5" in caplog.text

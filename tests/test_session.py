@@ -32,6 +32,7 @@ from kipside.proxy.features.versions import VersionPolicy
 from kipside.proxy.network.addresses import AddressRewriter
 from kipside.proxy.network.nodes import NodeMap
 from kipside.proxy.network.session import Session
+from kipside.proxy.network.wire import Wire
 
 # Every test runs on trio's autojump clock (the autojump_clock fixture): once every task waits,
 # on a socket or a timer, the clock jumps to the next deadline, so "nothing arrives for QUIET"
@@ -195,7 +196,7 @@ async def wired_session() -> AsyncIterator[Wiring]:
         await front_listener.aclose()
         nodes = NodeMap(advertise_host="127.0.0.1", node_port_base=None)
         session = Session(
-            accepted,
+            Wire.from_stream(accepted),
             [Address("127.0.0.1", upstream_port)],
             rewriter=AddressRewriter(nodes),
             versions=VersionPolicy(),

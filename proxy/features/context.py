@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import trio
 
+from kipside.proxy.network.identity import Principal
 from kipside.proxy.network.lanes import LanePool
 from kipside.proxy.telemetry.stats import Stats
 from kipside.proxy.telemetry.tracing import Tracer
@@ -21,8 +22,9 @@ from kipside.rules import RuleSet
 
 @dataclass(frozen=True, slots=True)
 class FeatureContext:
-    pools: Callable[[int], LanePool]
-    """A broker node's shared connections (the server makes each pool on first use)."""
+    pools: Callable[[int, Principal], LanePool]
+    """A broker node's shared connections for one principal (the server makes each pool on
+    first use; two principals never share one)."""
     default_node: Callable[[], int | None]
     """The node that serves bootstrap connections' shared traffic; None before any is known."""
     rules: Callable[[], RuleSet]

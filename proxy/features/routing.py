@@ -73,7 +73,7 @@ class Router:
             return None
         if self.transactions.active() and self.transactions.takes(header):
             answer = await self.transactions.route(
-                node_id, frame, header, session.client_id, session.current_span
+                node_id, session.principal, frame, header, session.client_id, session.current_span
             )
             if answer is not None:
                 return Routed(answer, raw=False)
@@ -82,6 +82,7 @@ class Router:
                 return None
             taken = self.coalescer.submit(
                 node_id,
+                session.principal,
                 frame,
                 header,
                 session.client_id,
@@ -92,7 +93,7 @@ class Router:
                 return None
             return Routed(taken.pending, raw=taken.raw)
         if api_key in SHORT_APIS:
-            pool = self.context.pools(node_id)
+            pool = self.context.pools(node_id, session.principal)
             connection = await pool.connection(pool.next_short_lane())
             self.context.stats.upstream_requests[api_key] += 1
             return Routed(await connection.send(frame, api_key, header.api_version), raw=True)

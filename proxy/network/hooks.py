@@ -16,6 +16,7 @@ from typing import Protocol
 from opentelemetry.trace import Span
 
 from kipside.protocol import RequestHeader, ResponseHeader
+from kipside.proxy.network.identity import Principal
 from kipside.proxy.network.upstream import Pending, UpstreamConnection
 
 
@@ -39,6 +40,10 @@ class RoutedClient(Protocol):
 
     @property
     def client_id(self) -> str | None: ...
+
+    @property
+    def principal(self) -> Principal:
+        """Who the client is to kipside: it shares connections only with its own principal."""
 
     @property
     def current_span(self) -> Span | None:

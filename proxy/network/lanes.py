@@ -1,10 +1,12 @@
-"""Lanes: the few upstream connections per broker node that all clients share.
+"""Lanes: the few upstream connections per broker node that the clients of one principal share.
 
-Each node gets `coalescing.lanes` connections. Which lane carries a client's produce batches is
-the produce coalescer's choice; short request/response APIs are spread over the lanes with
-their correlation ids remapped. A lane whose connection broke is redialled on next use; what
-was in flight on it fails (see features.coalesce for produce). Lanes never carry
-SASL-authenticated traffic: a connection's identity belongs to one client.
+Each (node, principal) gets `coalescing.lanes` connections, dialled as that principal (see
+network.identity): two principals never share a lane. Which lane carries a client's produce
+batches is the produce coalescer's choice; short request/response APIs are spread over the
+lanes with their correlation ids remapped. A lane whose connection broke is redialled on next
+use; what was in flight on it fails (see features.coalesce for produce). Lanes never carry a
+connection whose SASL exchange passes through kipside to the broker: that identity belongs to
+one client connection alone.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from kipside.protocol import (
     encode_request_header,
     parse_response_header,
 )
-from kipside.proxy.network.upstream import UpstreamConnection, UpstreamFailed
+from kipside.proxy.network.identity import ANONYMOUS, Principal
+from kipside.proxy.network.upstream import Dial, UpstreamConnection, UpstreamFailed, plain_dial
 from kipside.proxy.telemetry.stats import Stats
 
 log = logging.getLogger("kipside.lanes")
@@ -33,7 +36,7 @@ PROBE_TIMEOUT_SECONDS = 10.0
 
 
 class LanePool:
-    """The shared upstream connections to one broker node."""
+    """The shared upstream connections to one broker node for one principal."""
 
     def __init__(
         self,
@@ -44,8 +47,12 @@ class LanePool:
         nursery: trio.Nursery,
         max_frame_bytes: int,
         stats: Stats,
+        principal: Principal = ANONYMOUS,
+        dial: Dial = plain_dial,
     ) -> None:
         self.node_id = node_id
+        self.principal = principal
+        self._dial = dial
         self._address = address
         self.lanes = lanes
         self._nursery = nursery
@@ -84,9 +91,10 @@ class LanePool:
                 connection = await UpstreamConnection.open(
                     address,
                     self._nursery,
-                    name=f"lane {index} to node {self.node_id} ({address})",
+                    name=f"lane {index} to node {self.node_id} ({address}){self._for_whom()}",
                     max_frame_bytes=self._max_frame_bytes,
                     on_closed=self._lane_closed,
+                    dial=self._dial,
                 )
             except UpstreamFailed as exc:
                 raise UpstreamFailed(f"cannot reach node {self.node_id} at {exc}") from exc
@@ -107,6 +115,9 @@ class LanePool:
             self._connections[index] = connection
             log.info("%s open", connection.name)
             return connection
+
+    def _for_whom(self) -> str:
+        return "" if self.principal == ANONYMOUS else f" for {self.principal}"
 
     def _lane_closed(self, connection: UpstreamConnection, reason: str) -> None:
         self._stats.upstream_connections -= 1

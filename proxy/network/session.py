@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import trio
@@ -41,7 +42,13 @@ from kipside.protocol import (
 )
 from kipside.proxy.network.addresses import AddressRewriter, carries_addresses
 from kipside.proxy.network.hooks import ApiVersionsPolicy, SharedRoute
-from kipside.proxy.network.upstream import Pending, UpstreamConnection, UpstreamFailed
+from kipside.proxy.network.identity import ANONYMOUS, Principal
+from kipside.proxy.network.upstream import (
+    Pending,
+    UpstreamConnection,
+    UpstreamFailed,
+    plain_dial,
+)
 from kipside.proxy.network.wire import BACKLOG_LIMIT_BYTES, WRITE_GRACE_SECONDS, Wire, WireBroken
 from kipside.proxy.telemetry.stats import Stats
 from kipside.proxy.telemetry.tracing import Tracer, finish
@@ -109,10 +116,18 @@ def produce_acks(frame: bytes, header: RequestHeader) -> int:
     return int(INT16.unpack_from(frame, offset)[0])
 
 
+UpstreamDial = Callable[[Address, Principal], Awaitable[Wire]]
+"""How a session dials its own upstream connection, as its principal (see network.identity)."""
+
+
+async def _plain(address: Address, _principal: Principal) -> Wire:
+    return await plain_dial(address)
+
+
 class Session:
     def __init__(
         self,
-        client: trio.SocketStream,
+        client: Wire,
         upstream_candidates: list[Address],
         *,
         rewriter: AddressRewriter,
@@ -123,8 +138,10 @@ class Session:
         stats: Stats | None = None,
         tracer: Tracer | None = None,
         connect_timeout: float = 10.0,
+        dial: UpstreamDial = _plain,
+        principal: Principal = ANONYMOUS,
     ) -> None:
-        self.wire = Wire.from_stream(client)
+        self.wire = client
         self.wire.on_broken(self._client_broken)
         self.upstream_candidates = upstream_candidates
         self.rewriter = rewriter
@@ -135,6 +152,9 @@ class Session:
         """The upstream node this client connected to (None: the bootstrap listener)."""
         self.authenticated = False
         """Set once the client speaks SASL: from then on everything uses its own connection."""
+        self.principal = principal
+        """Who the client is to kipside; shared connections are per principal."""
+        self._dial = dial
         self.stats = stats if stats is not None else Stats()
         self.tracer = tracer
         self.current_span: Span | None = None
@@ -151,6 +171,8 @@ class Session:
 
     def describe(self) -> str:
         who = f"client {self.peer}"
+        if self.principal != ANONYMOUS:
+            who += f" ({self.principal})"
         if self.client_id:
             who += f" (client.id {self.client_id!r})"
         return who
@@ -311,6 +333,7 @@ class Session:
                     max_frame_bytes=self.max_frame_bytes,
                     on_closed=self._dedicated_closed,
                     connect_timeout=self.connect_timeout,
+                    dial=self._dial_upstream,
                 )
             except UpstreamFailed as exc:
                 problems.append(str(exc))
@@ -319,6 +342,9 @@ class Session:
             self.stats.upstream_connections += 1
             return connection
         raise UpstreamFailed(f"cannot reach upstream ({'; '.join(problems)})")
+
+    async def _dial_upstream(self, address: Address) -> Wire:
+        return await self._dial(address, self.principal)
 
     def _dedicated_closed(self, connection: UpstreamConnection, reason: str) -> None:
         # Queued behind what is owed, so an idle client learns of the lost broker connection

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import trio
@@ -33,6 +33,15 @@ from kipside.protocol import (
 from kipside.proxy.network.wire import BACKLOG_LIMIT_BYTES, Wire, WireBroken
 
 log = logging.getLogger("kipside.upstream")
+
+Dial = Callable[[Address], Awaitable[Wire]]
+"""How a connection to a broker is made: TCP, then TLS and SASL where configured. Raises
+OSError (or UpstreamFailed) when the broker can't be reached or refuses kipside."""
+
+
+async def plain_dial(address: Address) -> Wire:
+    """A plaintext TCP connection to `address` (trio's happy eyeballs)."""
+    return await Wire.connect(address.host, address.port)
 
 
 class UpstreamFailed(Exception):
@@ -163,8 +172,10 @@ class UpstreamConnection:
         max_frame_bytes: int,
         on_closed: Callable[[UpstreamConnection, str], None] | None = None,
         connect_timeout: float = 10.0,
+        dial: Dial = plain_dial,
     ) -> UpstreamConnection:
-        """Dial `address` and start the connection's reader and flusher in nursery.
+        """Dial `address` (with `dial`) and start the connection's reader and flusher in
+        nursery.
 
         Raises UpstreamFailed ("HOST:PORT: why") if the broker can't be reached within
         connect_timeout.
@@ -172,7 +183,7 @@ class UpstreamConnection:
         connection = cls(address, name=name, max_frame_bytes=max_frame_bytes, on_closed=on_closed)
         try:
             with trio.fail_after(connect_timeout):
-                wire = await Wire.connect(address.host, address.port)
+                wire = await dial(address)
         except (OSError, trio.TooSlowError) as exc:
             raise UpstreamFailed(f"{address}: {exc or 'timed out'}") from exc
         wire.on_broken(lambda reason: connection._close(f"{name}: {reason}"))

@@ -21,6 +21,7 @@ from kipside.proxy.features.coalesce.client_produce import ClientProduce, Submit
 from kipside.proxy.features.coalesce.lane import ProduceLane, QueuedBatch
 from kipside.proxy.features.coalesce.placement import LanePlacement
 from kipside.proxy.features.context import FeatureContext
+from kipside.proxy.network.identity import Principal
 from kipside.proxy.network.nodes import NodeMap
 from kipside.rules import CoalescingRules
 
@@ -33,7 +34,7 @@ class Coalescer:
         self.nodes = nodes
         """Where the answers' node endpoints are learned and rewritten."""
         self.placement = LanePlacement()
-        self._lanes: dict[tuple[int, int], ProduceLane] = {}
+        self._lanes: dict[tuple[int, Principal, int], ProduceLane] = {}
 
     @property
     def rules(self) -> CoalescingRules:
@@ -41,11 +42,13 @@ class Coalescer:
         (the lane count of existing pools doesn't change)."""
         return self.context.rules().coalescing
 
-    def _lane(self, node_id: int, index: int) -> ProduceLane:
-        lane = self._lanes.get((node_id, index))
+    def _lane(self, node_id: int, principal: Principal, index: int) -> ProduceLane:
+        key = (node_id, principal, index)
+        lane = self._lanes.get(key)
         if lane is None:
-            lane = ProduceLane(self.context, self.placement, self.context.pools(node_id), index)
-            self._lanes[(node_id, index)] = lane
+            pool = self.context.pools(node_id, principal)
+            lane = ProduceLane(self.context, self.placement, pool, index)
+            self._lanes[key] = lane
             self.context.nursery.start_soon(lane.run)
         return lane
 
@@ -57,6 +60,7 @@ class Coalescer:
     def submit(
         self,
         node_id: int,
+        principal: Principal,
         frame: bytes,
         header: RequestHeader,
         client_id: str | None,
@@ -75,7 +79,7 @@ class Coalescer:
         if not all(rules.applies(p.topic, client_id or "") for p in request.partitions):
             return None
         acks, timeout_ms = request.acks, request.timeout_ms
-        lanes = self.context.pools(node_id).lanes
+        lanes = self.context.pools(node_id, principal).lanes
         # The client connection is known by its disconnect callable (bound methods of one
         # session compare and hash equal).
         place = self.placement.place
@@ -85,7 +89,8 @@ class Coalescer:
         ]
         batches = [QueuedBatch(p, acks, timeout_ms, None, disconnect) for p in request.partitions]
         if self.context.tracer is None and indexes.count(indexes[0]) == len(indexes):
-            passed = self._lane(node_id, indexes[0]).pass_through(frame, header, acks, batches)
+            lane = self._lane(node_id, principal, indexes[0])
+            passed = lane.pass_through(frame, header, acks, batches)
             if passed is not None:
                 return passed
         owner = None
@@ -93,5 +98,5 @@ class Coalescer:
             owner = ClientProduce(header.correlation_id, header.api_version, keys, self.nodes)
         for item, index in zip(batches, indexes, strict=True):
             item.owner, item.span = owner, span
-            self._lane(node_id, index).submit(item)
+            self._lane(node_id, principal, index).submit(item)
         return Submitted(owner.pending if owner is not None else None, raw=False)

@@ -24,6 +24,7 @@ from kipside.proxy.features.transactions.messages import (
 from kipside.proxy.features.transactions.outputs import DeclaredOutputs
 from kipside.proxy.features.transactions.registration import ClientAdd, Registrar
 from kipside.proxy.features.transactions.state import TransactionState
+from kipside.proxy.network.identity import Principal
 from kipside.proxy.network.lanes import LanePool
 from kipside.proxy.network.upstream import Pending, UpstreamFailed
 from kipside.proxy.telemetry.tracing import event
@@ -38,7 +39,8 @@ class TransactionManager:
     def __init__(self, context: FeatureContext) -> None:
         self.context = context
         self.registrar = Registrar(context.stats, DeclaredOutputs(context.stats))
-        self._states: dict[str, TransactionState] = {}
+        # Per principal too: a transactional id's state is never shared across identities.
+        self._states: dict[tuple[Principal, str], TransactionState] = {}
 
     def active(self) -> bool:
         return bool(self.context.rules().transactions)
@@ -57,15 +59,17 @@ class TransactionManager:
             return None
         return self.context.rules().transaction_rule_for(transactional_id)
 
-    def _state(self, transactional_id: str) -> TransactionState:
-        state = self._states.get(transactional_id)
+    def _state(self, principal: Principal, transactional_id: str) -> TransactionState:
+        state = self._states.get((principal, transactional_id))
         if state is None:
-            state = self._states[transactional_id] = TransactionState(transactional_id)
+            state = TransactionState(transactional_id)
+            self._states[(principal, transactional_id)] = state
         return state
 
     async def route(
         self,
         node_id: int | None,
+        principal: Principal,
         frame: bytes,
         header: RequestHeader,
         client_id: str | None,
@@ -85,8 +89,8 @@ class TransactionManager:
         target = self.context.node_for(node_id)
         if target is None:
             return None
-        pool = self.context.pools(target)
-        state = self._state(txn_id)
+        pool = self.context.pools(target, principal)
+        state = self._state(principal, txn_id)
         if header.api_key not in _ADDS:
             answer = Pending()
             self._spawn(answer, self._forward_and_track, pool, state, header, frame, answer)
