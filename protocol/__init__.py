@@ -46,7 +46,12 @@ from kipside.protocol.fetch import (
     fetch_response_names_nodes,
     parse_fetch_response,
 )
-from kipside.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
+from kipside.protocol.framing import (
+    DEFAULT_MAX_FRAME_BYTES,
+    FrameDecoder,
+    encode_frame,
+    sniff_kafka_request,
+)
 from kipside.protocol.headers import (
     RequestHeader,
     ResponseHeader,
@@ -223,6 +228,7 @@ __all__ = [
     "response_class",
     "response_correlation_id",
     "restamp",
+    "sniff_kafka_request",
     "scram_credential",
     "with_request_correlation_id",
     "with_response_correlation_id",

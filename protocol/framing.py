@@ -12,11 +12,14 @@ from __future__ import annotations
 import struct
 from typing import Final
 
+from .apis import ApiKey, api_name
 from .errors import FrameError, LocalProtocolError, NotKafkaError
 from .primitives import Buffer
 
 DEFAULT_MAX_FRAME_BYTES: Final = 100 * 1024 * 1024
 _SIZE = struct.Struct(">i")
+_REQUEST_START = struct.Struct(">ihh")  # size, api key, api version
+_API_KEYS: Final = frozenset(ApiKey)
 _HTTP_METHODS: Final = (
     b"GET ",
     b"POST",
@@ -39,6 +42,22 @@ def sniff_foreign_protocol(head: bytes) -> str | None:
         line = head.split(b"\r\n", 1)[0][:60]
         return f"an HTTP request ({line.decode('latin-1')!r})"
     return None
+
+
+def sniff_kafka_request(head: bytes) -> str | None:
+    """Name the request if the first bytes of a stream look like a plaintext Kafka request
+    ("an ApiVersions v3 request"): a plausible size, a known API key, a small version. For a
+    TLS listener that received plaintext instead of a ClientHello."""
+    if len(head) < 8:
+        return None
+    size, api_key, api_version = _REQUEST_START.unpack_from(head)
+    if not 8 <= size <= DEFAULT_MAX_FRAME_BYTES or api_key not in _API_KEYS:
+        return None
+    if not 0 <= api_version <= 64:
+        return None
+    name = api_name(api_key)
+    article = "an" if name[0] in "AEIOU" else "a"
+    return f"{article} {name} v{api_version} request"
 
 
 class FrameDecoder:
@@ -114,8 +133,8 @@ class FrameDecoder:
             return
         if what.startswith("a TLS"):
             advice = (
-                "kipside listens in plaintext: set the client's security.protocol=PLAINTEXT "
-                "(terminate TLS in front of kipside if the network needs it)"
+                "this listener is plaintext: set the client's security.protocol=PLAINTEXT, "
+                "or start kipside with --tls-cert FILE --tls-key FILE to serve TLS"
             )
         else:
             advice = "this is a Kafka port: HTTP belongs on the admin endpoint (--admin)"

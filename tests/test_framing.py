@@ -15,6 +15,7 @@ from kipside.protocol.framing import (
     FrameDecoder,
     encode_frame,
     sniff_foreign_protocol,
+    sniff_kafka_request,
 )
 
 # The first bytes of a real TLS 1.2/1.3 ClientHello record: content type 22 (handshake),
@@ -204,3 +205,15 @@ def test_sniff_only_on_the_first_frame() -> None:
         decoder.next_frame()
     assert not isinstance(info.value, NotKafkaError)
     assert str(struct.unpack(">i", b"GET ")[0]) in str(info.value)
+
+
+def test_sniff_kafka_request_names_a_plaintext_request() -> None:
+    # What a TLS listener says when a client sends plaintext Kafka instead of a ClientHello.
+    api_versions = bytes.fromhex("00000018 0012 0003 00000001 0004".replace(" ", "")) + b"test"
+    assert sniff_kafka_request(api_versions) == "an ApiVersions v3 request"
+    metadata = bytes.fromhex("00000020 0003 000c 00000002".replace(" ", ""))
+    assert sniff_kafka_request(metadata) == "a Metadata v12 request"
+    assert sniff_kafka_request(TLS_CLIENT_HELLO) is None
+    assert sniff_kafka_request(HTTP_GET) is None
+    assert sniff_kafka_request(api_versions[:7]) is None  # too short to tell
+    assert sniff_kafka_request(bytes.fromhex("00000018 7fff 0003".replace(" ", ""))) is None
