@@ -21,7 +21,7 @@ import signal
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Final, Literal, Protocol
 
@@ -175,6 +175,9 @@ class RuleReloader:
         self.on_applied: list[Callable[[RuleSet, RuleSet], None]] = []
         """Called with (old, new) after a new rule set is in force, for features that cache
         something derived from the rules."""
+        self.on_sighup: list[Callable[[], Awaitable[object]]] = []
+        """Also run on SIGHUP, after the rule file: other files kipside reloads (TLS
+        certificates). SIGHUP reaches one receiver only, and this reloader is it."""
         self._lock = trio.Lock()
         self._attempted: FileStamp | None = None
         """The file's stamp when it was last read, so the watcher does not read it again
@@ -275,6 +278,8 @@ class RuleReloader:
                 task_status.started()
                 async for _ in signals:
                     await self.reload("SIGHUP")
+                    for hook in self.on_sighup:
+                        await hook()
 
     async def _watch_file(self, path: str) -> None:
         """Poll the file's stamp; reload once a change has settled for one poll interval
