@@ -13,8 +13,10 @@ the broker lacks or to inject faults. `Relay` carries each connection it accepts
   or killed broker would), a delay per direction (`request_delay_ms`, `response_delay_ms`).
 
 A filter is a subclass that overrides the hooks, which run in the relay's trio thread:
-`on_request` decides per request (`FORWARD`, `Forward(rewritten)`, `Answer(frame)`, `DROP`),
-`on_response` may rewrite or drop the broker's answer, `on_open`/`on_close` see connections.
+`on_request` decides per request (`FORWARD`, `Forward(rewritten)`, `Answer(frame)`, `DROP`,
+`CLOSE`), `on_response` may rewrite or drop the broker's answer, `on_open`/`on_close` see
+connections, and `takes_raw_frame`/`on_raw_frame` answer the raw SASL tokens that follow a
+SaslHandshake v0 (frames with no Kafka header).
 Counters a filter keeps for the test's thread are guarded by `self._lock`.
 
 It binds and dials loopback only, and never changes a byte a hook did not change.
@@ -92,9 +94,16 @@ class Drop:
     """Swallow the request: the broker never sees it and the client gets no answer."""
 
 
+@dataclass(frozen=True, slots=True)
+class Close:
+    """End the connection once the answers owed before this request are written, as a broker
+    does with a request it refuses (an unauthenticated request on a SASL listener)."""
+
+
 FORWARD: Final = Forward()
 DROP: Final = Drop()
-Decision = Forward | Answer | Drop
+CLOSE: Final = Close()
+Decision = Forward | Answer | Drop | Close
 
 
 def response_frame(request: RequestHeader, body: bytes) -> bytes:
@@ -119,8 +128,9 @@ class LinkCounts:
 class _Owed:
     """One response owed to the client, in its place in request order."""
 
-    request: Request
+    request: Request | None  # None: a raw frame (see Relay.takes_raw_frame)
     done: trio.Event = field(default_factory=trio.Event)
+    close: bool = False  # end the connection once this slot is written
     frame: bytes | None = None  # when done: what to write (None: nothing)
     ready_at: float = 0.0  # trio clock: when the broker (or the relay) answered
 
@@ -187,6 +197,16 @@ class Relay:
         """The response to write to the client for the broker's answer `frame` to `request`
         (the client's request as received); None writes nothing."""
         return frame
+
+    def takes_raw_frame(self, conn: Conn) -> bool:
+        """Whether the client's next frame is a raw SASL token (after SaslHandshake v0) rather
+        than a Kafka request; if so, on_raw_frame answers it and nothing reaches the broker."""
+        return False
+
+    def on_raw_frame(self, conn: Conn, frame: bytes) -> bytes | None:
+        """The raw frame (size prefix included) answering a raw token `frame`; None closes the
+        connection, as a broker does on a failed legacy authentication."""
+        return None
 
     # Control (test thread) ---------------------------------------------------------------
 
@@ -375,12 +395,21 @@ class Relay:
                 if self.request_delay_ms:
                     await trio.sleep_until(at + self.request_delay_ms / 1000)
                 await self._wait_released()
+                if self.takes_raw_frame(link.conn):
+                    raw = self.on_raw_frame(link.conn, frame)
+                    slot = _Owed(None, close=raw is None)
+                    owed.send_nowait(slot)
+                    slot.resolve(raw)
+                    continue
                 request = Request(parse_request_header(frame), frame)
                 decision = self.on_request(link.conn, request)
                 if isinstance(decision, Drop):
                     continue
-                slot = _Owed(request)
+                slot = _Owed(request, close=isinstance(decision, Close))
                 owed.send_nowait(slot)
+                if isinstance(decision, Close):
+                    slot.resolve(None)
+                    await trio.sleep_forever()  # the writer ends the link at this slot
                 if isinstance(decision, Answer):
                     slot.resolve(decision.frame)
                     continue
@@ -415,7 +444,7 @@ class Relay:
                 for frame in iter(decoder.next_frame, None):
                     correlation_id = response_correlation_id(frame)
                     slot = link.in_flight.pop(correlation_id, None)
-                    if slot is None:
+                    if slot is None or slot.request is None:
                         self.note_problem(
                             f"connection {link.conn.number}: the broker answered correlation "
                             f"id {correlation_id}, which no request in flight has"
@@ -431,3 +460,5 @@ class Relay:
                     await trio.sleep_until(slot.ready_at + self.response_delay_ms / 1000)
                 if slot.frame is not None:
                     await link.client.send_all(slot.frame)
+                if slot.close:
+                    return
