@@ -79,6 +79,16 @@ class FrameDecoder:
         """Bytes received but not yet returned as a frame."""
         return len(self._buf) - self._pos
 
+    @property
+    def min_frame_bytes(self) -> int:
+        return self._min
+
+    @min_frame_bytes.setter
+    def min_frame_bytes(self, size: int) -> None:
+        """Lowered while raw SASL tokens (after SaslHandshake v0) are due: they carry no Kafka
+        header, and PLAIN's answer is an empty frame."""
+        self._min = size
+
     def receive_data(self, data: Buffer) -> None:
         if self._pos and self._pos == len(self._buf):
             self._buf.clear()
