@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from importlib.metadata import entry_points
 
 from kipside.protocol import Address
+from kipside.proxy.network.certificates import ListenerTlsFiles, UpstreamTlsFiles
 from kipside.proxy.server import ServerConfig, run
 from kipside.proxy.telemetry.tracing import TraceConfig
 from kipside.rules import RuleError, RuleSet, default_rules, load_rules
@@ -107,6 +108,32 @@ def _add_proxy_options(
         help="print one line per span to stdout",
     )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
+    tls = parser.add_argument_group("TLS toward clients (every listener; see docs/running.md)")
+    tls.add_argument("--tls-cert", metavar="FILE", help="PEM certificate (chain) clients see")
+    tls.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
+    tls.add_argument(
+        "--tls-client-ca",
+        metavar="FILE",
+        help="mutual TLS: clients must present a certificate signed by a CA in FILE; its "
+        "subject becomes the client's principal",
+    )
+
+
+def _add_upstream_tls_options(parser: argparse.ArgumentParser) -> None:
+    tls = parser.add_argument_group("TLS toward brokers (see docs/running.md)")
+    tls.add_argument(
+        "--upstream-ca",
+        metavar="FILE",
+        help="turn TLS on toward every broker; FILE: the PEM CA that signed their certificates",
+    )
+    tls.add_argument("--upstream-cert", metavar="FILE", help="PEM client certificate for brokers")
+    tls.add_argument("--upstream-key", metavar="FILE", help="PEM private key of --upstream-cert")
+    tls.add_argument(
+        "--upstream-server-name",
+        metavar="NAME",
+        help="check every broker's certificate against NAME and send it as SNI "
+        "(default: the broker's host)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated HOST:PORT bootstrap brokers, e.g. kafka-1:9092,kafka-2:9092",
     )
     _add_proxy_options(serve, listen_default=None)
+    _add_upstream_tls_options(serve)
 
     dev = sub.add_parser("dev", help="start the embedded Tansu broker with kipside in front")
     _add_proxy_options(dev, listen_default="127.0.0.1:9092", dev=True)
@@ -154,7 +182,37 @@ def _config(args: argparse.Namespace, upstreams: list[Address]) -> ServerConfig:
         share_connections=not args.one_to_one,
         admin=_admin_address(args.admin) if args.admin else None,
         trace=_trace_config(args),
+        tls=_listener_tls(args),
+        upstream_tls=_upstream_tls(args),
     )
+
+
+def _listener_tls(args: argparse.Namespace) -> ListenerTlsFiles | None:
+    if args.tls_cert is None and args.tls_key is None:
+        if args.tls_client_ca is not None:
+            raise UsageError("--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key")
+        return None
+    if args.tls_cert is None or args.tls_key is None:
+        raise UsageError(
+            "--tls-cert and --tls-key go together: the PEM certificate clients see and its key"
+        )
+    return ListenerTlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca)
+
+
+def _upstream_tls(args: argparse.Namespace) -> UpstreamTlsFiles | None:
+    ca = getattr(args, "upstream_ca", None)  # `kipside dev`'s own broker is plaintext
+    cert, key = getattr(args, "upstream_cert", None), getattr(args, "upstream_key", None)
+    name = getattr(args, "upstream_server_name", None)
+    if ca is None:
+        if cert or key or name:
+            raise UsageError(
+                "--upstream-cert, --upstream-key and --upstream-server-name need --upstream-ca "
+                "FILE (the CA that signed the brokers' certificates), which turns TLS on"
+            )
+        return None
+    if (cert is None) != (key is None):
+        raise UsageError("--upstream-cert and --upstream-key go together")
+    return UpstreamTlsFiles(ca, cert, key, name)
 
 
 def _trace_config(args: argparse.Namespace) -> TraceConfig:

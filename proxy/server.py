@@ -36,13 +36,22 @@ from kipside.proxy.features.routing import Router
 from kipside.proxy.features.transactions import TransactionManager
 from kipside.proxy.features.versions import VersionPolicy
 from kipside.proxy.network.addresses import AddressRewriter
-from kipside.proxy.network.identity import Principal
+from kipside.proxy.network.certificates import (
+    CertificateError,
+    ListenerTls,
+    ListenerTlsFiles,
+    UpstreamTls,
+    UpstreamTlsFiles,
+)
+from kipside.proxy.network.identity import ANONYMOUS, Principal
 from kipside.proxy.network.lanes import LanePool
 from kipside.proxy.network.nodes import NodeMap
 from kipside.proxy.network.session import Session
-from kipside.proxy.network.upstream import plain_dial
-from kipside.proxy.network.wire import Wire
+from kipside.proxy.network.tls import TlsError
+from kipside.proxy.network.upstream import Dial, plain_dial
+from kipside.proxy.network.wire import Wire, WireBroken
 from kipside.proxy.operations.admin import AdminApp, serve_admin
+from kipside.proxy.operations.cert_reload import CertificateReloader
 from kipside.proxy.operations.reload import ProduceOrder, RuleReloader
 from kipside.proxy.telemetry.metric_readers import otlp_metrics_endpoint
 from kipside.proxy.telemetry.metrics import Metrics
@@ -66,6 +75,10 @@ class ServerConfig:
     """Lanes and coalescing; False gives every client its own upstream connection (1:1)."""
     discovery_timeout_seconds: float = 30.0
     trace: TraceConfig = field(default_factory=lambda: TraceConfig("none"))
+    tls: ListenerTlsFiles | None = None
+    """TLS on every client listener (--tls-cert, --tls-key, --tls-client-ca)."""
+    upstream_tls: UpstreamTlsFiles | None = None
+    """TLS toward every broker (--upstream-ca, ...); None: plaintext."""
 
 
 class StartupError(RuntimeError):
@@ -85,19 +98,20 @@ def _bind(host: str, port: int) -> trio.SocketListener:
 
 
 async def discover_nodes(
-    upstreams: Sequence[Address], problems: list[str]
+    upstreams: Sequence[Address], problems: list[str], dial: Dial = plain_dial, *, tls: bool = False
 ) -> list[tuple[int, str, int]]:
     """Ask the first bootstrap broker that answers for its nodes: [(node_id, host, port)].
 
-    Retries until cancelled; each distinct failure is logged once and added to `problems`.
+    Connects with `dial` (TLS if so configured). Retries until cancelled; each distinct failure
+    is logged once and added to `problems`.
     """
     request = build_frame(encode_request_header(ApiKey.METADATA, 1, 1, "kipside"), INT32.pack(0))
     while True:
         for upstream in upstreams:
             try:
                 with trio.fail_after(5):
-                    return await _metadata_once(upstream, request)
-            except (OSError, trio.TooSlowError, trio.BrokenResourceError, ProtocolError) as exc:
+                    return await _metadata_once(upstream, request, dial, tls)
+            except (OSError, trio.TooSlowError, WireBroken, ProtocolError) as exc:
                 problem = f"{upstream}: {exc or 'timed out'}"
                 if problem not in problems:
                     log.warning("upstream bootstrap %s; retrying", problem)
@@ -105,16 +119,22 @@ async def discover_nodes(
         await trio.sleep(0.5)
 
 
-async def _metadata_once(upstream: Address, request: bytes) -> list[tuple[int, str, int]]:
-    stream = await trio.open_tcp_stream(upstream.host, upstream.port)
-    async with stream:
-        await stream.send_all(request)
+async def _metadata_once(
+    upstream: Address, request: bytes, dial: Dial, tls: bool
+) -> list[tuple[int, str, int]]:
+    wire = await dial(upstream)
+    try:
+        wire.write((request,))
         decoder = FrameDecoder(min_frame_bytes=4)
         while (frame := decoder.next_frame()) is None:
-            data = await stream.receive_some(65536)
+            data = await wire.receive()
             if not data:
-                raise ProtocolError("closed the connection during discovery")
+                # A TLS listener closes on plaintext (OpenSSL and Java send no alert first).
+                hint = "" if tls else "; if its listener uses TLS, start kipside with --upstream-ca"
+                raise ProtocolError(f"closed the connection during discovery{hint}")
             decoder.receive_data(data)
+    finally:
+        wire.close()
     header = parse_response_header(frame, ApiKey.METADATA, 1)
     message = decode_response(ApiKey.METADATA, 1, frame, header.body_offset)
     return [(int(b.node_id), str(b.host), int(b.port)) for b in message.brokers]
@@ -149,6 +169,8 @@ class Server:
         self._node_listeners: dict[int, trio.SocketListener] = {}
         self._rotation = 0
         self._session_ended = trio.Event()
+        self.listener_tls: ListenerTls | None = None
+        self.upstream_tls: UpstreamTls | None = None
         self.ready = trio.Event()
         self.reloader = RuleReloader(self)
         self.produce_order = ProduceOrder(self)  # keeps produce order across rule reloads
@@ -226,8 +248,12 @@ class Server:
             await trio.aclose_forcefully(stream)
             return
         self._over_limit_logged = False
+        accepted = await self._client_wire(stream)
+        if accepted is None:
+            return
+        wire, principal = accepted
         session = Session(
-            Wire.from_stream(stream),
+            wire,
             targets,
             rewriter=self.rewriter,
             versions=self.versions,
@@ -237,6 +263,7 @@ class Server:
             stats=self.stats,
             tracer=self.tracer if self.tracer.active else None,
             dial=self.dial,
+            principal=principal,
         )
         self.sessions.add(session)
         self.stats.client_connections += 1
@@ -246,6 +273,19 @@ class Server:
             self.stats.client_connections -= 1
             self.sessions.discard(session)
             self._session_ended.set()
+
+    async def _client_wire(self, stream: trio.SocketStream) -> tuple[Wire, Principal] | None:
+        """The client's connection and who it is: TLS (and its certificate's principal) on a
+        TLS listener; None if its TLS handshake failed (logged, closed)."""
+        if self.listener_tls is None:
+            return Wire.from_stream(stream), ANONYMOUS
+        host, port = stream.socket.getsockname()[:2]
+        try:
+            wire = await self.listener_tls.accept(stream, f"{host}:{port}")
+        except TlsError as exc:
+            log.warning("%s", exc)
+            return None
+        return wire, self.listener_tls.principal(wire)
 
     # Shared upstream connections -------------------------------------------------------
 
@@ -268,7 +308,9 @@ class Server:
         return pool
 
     async def dial(self, address: Address, principal: Principal) -> Wire:
-        """A connection to a broker for `principal`'s traffic (plaintext TCP for now)."""
+        """A connection to a broker for `principal`'s traffic: TLS with --upstream-ca."""
+        if self.upstream_tls is not None:
+            return await self.upstream_tls.connect(address)
         return await plain_dial(address)
 
     def default_node(self) -> int | None:
@@ -283,10 +325,16 @@ class Server:
     # Lifecycle -------------------------------------------------------------------------
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self._load_tls()
         problems: list[str] = []
         found: list[tuple[int, str, int]] | None = None
         with trio.move_on_after(self.config.discovery_timeout_seconds):
-            found = await discover_nodes(self.config.upstreams, problems)
+            found = await discover_nodes(
+                self.config.upstreams,
+                problems,
+                lambda address: self.dial(address, ANONYMOUS),
+                tls=self.upstream_tls is not None,
+            )
         if found is None:
             raise StartupError(
                 f"no upstream broker answered within {self.config.discovery_timeout_seconds:g} s "
@@ -322,6 +370,25 @@ class Server:
             self.stats.upstream_requests[produce],
         )
 
+    def _load_tls(self) -> None:
+        """TLS toward clients and toward brokers, as configured; StartupError if a file can't
+        be used."""
+        try:
+            if self.config.tls is not None:
+                self.listener_tls = ListenerTls(self.config.tls)
+                log.info("TLS on client listeners: %s", self.listener_tls.describe())
+            if self.config.upstream_tls is not None:
+                self.upstream_tls = UpstreamTls(self.config.upstream_tls)
+                files = self.config.upstream_tls
+                log.info(
+                    "TLS toward brokers: CA %s, names checked against %s%s",
+                    files.ca,
+                    files.server_name or "each broker's host",
+                    f", client certificate {files.cert}" if files.cert else "",
+                )
+        except CertificateError as exc:
+            raise StartupError(str(exc)) from None
+
     async def _serve_sessions(
         self,
         bootstrap: trio.SocketListener,
@@ -346,6 +413,10 @@ class Server:
                         flush=True,
                     )
                 print(f"kipside: bootstrap listening on {self.bootstrap_address}", flush=True)
+                if self.listener_tls is not None:
+                    certificates = CertificateReloader(self.listener_tls)
+                    self.reloader.on_sighup.append(certificates.on_sighup)
+                    listener_nursery.start_soon(certificates.watch)
                 await listener_nursery.start(self.reloader.run)  # SIGHUP and file changes
                 print("kipside: ready", flush=True)
                 self.ready.set()
