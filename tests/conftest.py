@@ -28,14 +28,16 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 from testkit import procs, tools
@@ -155,23 +157,48 @@ def _tail(text: str, lines: int = 40) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+class Upstream(Protocol):
+    """What kipside is put in front of: a Broker, or a relaykit.cluster.SimulatedCluster."""
+
+    @property
+    def bootstrap(self) -> str:
+        """Its bootstrap address(es), comma-separated: kipside's --upstream."""
+
+
+def _node_port_base(nodes: Collection[int]) -> int:
+    """A --node-port-base whose ports for `nodes`, and for one more node id above them (a
+    node joining), are all free now."""
+    ids = range(min(nodes), max(nodes) + 2)
+    for _ in range(50):
+        base = free_port() - min(nodes)
+        try:
+            for node_id in ids[1:]:
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", base + node_id))
+        except OSError:
+            continue
+        return base
+    raise KipsideError(f"found no free run of ports for nodes {sorted(nodes)}")
+
+
 def start_kipside(
-    upstream: Broker,
+    upstream: Upstream,
     workdir: Path,
     rules: Path | None = None,
     timeout: float = READY_TIMEOUT,
     extra_args: Sequence[str] = (),
+    nodes: Collection[int] = (TANSU_NODE_ID,),
 ) -> Kipside:
     """Start `kipside serve` in front of `upstream` and wait for its `kipside: ready` line.
 
-    extra_args go to `kipside serve` after those from KIPSIDE_TEST_SERVE_ARGS.
+    extra_args go to `kipside serve` after those from KIPSIDE_TEST_SERVE_ARGS. `nodes` are the
+    upstream node ids kipside must announce a listener for (Tansu alone is node 111).
     """
     if not KIPSIDE_BIN.exists():
         raise KipsideError(f"{KIPSIDE_BIN} is missing: pip install -e . in the venv")
     workdir.mkdir(parents=True, exist_ok=True)
     listen = free_port()
-    node_port = free_port()
-    base = node_port - TANSU_NODE_ID
+    base = _node_port_base(nodes)
     args = [
         str(KIPSIDE_BIN),
         "serve",
@@ -217,7 +244,7 @@ def start_kipside(
     for line in out_text.splitlines():
         if m := _NODE_LINE.match(line):
             node_ports[int(m.group(1))] = int(m.group(3))
-            assert f"{m.group(4)}:{m.group(5)}" == upstream.bootstrap, line
+            assert f"{m.group(4)}:{m.group(5)}" in upstream.bootstrap.split(","), line
         elif m := _BOOTSTRAP_LINE.match(line):
             bootstrap = (m.group(1), int(m.group(2)))
     ks = Kipside(
@@ -232,8 +259,8 @@ def start_kipside(
     problems = []
     if bootstrap != ("127.0.0.1", listen):
         problems.append(f"bootstrap line says {bootstrap}, expected 127.0.0.1:{listen}")
-    if node_ports != {TANSU_NODE_ID: node_port}:
-        problems.append(f"node lines say {node_ports}, expected {{111: {node_port}}}")
+    if node_ports != (expected := {node_id: base + node_id for node_id in nodes}):
+        problems.append(f"node lines say {node_ports}, expected {expected}")
     if problems:
         ks.stop()
         raise KipsideError("; ".join(problems) + f"\nstdout:\n{out_text}")
