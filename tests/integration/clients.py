@@ -244,19 +244,21 @@ def consume_assigned(
     timeout: float = CONSUME_TIMEOUT,
     *,
     client: str = "confluent-kafka",
+    conf: dict[str, Any] | None = None,
 ) -> tuple[list[Msg], Watermarks]:
     """Read every partition from the beginning (no group) until `expect` messages arrived, with
     confluent-kafka (which then waits for every partition's end, see ck_read_to_end) or with
-    kafka-python (which stops at `expect` and polls once more)."""
+    kafka-python (which stops at `expect` and polls once more). `conf`: more client settings
+    (TLS, SASL), in the client's own names."""
     if client == "kafka-python":
         return _kp_consume_assigned(
-            bootstrap, topic, partitions, isolation, Polled(expect, timeout)
+            bootstrap, topic, partitions, isolation, Polled(expect, timeout), conf or {}
         )
     assert client == "confluent-kafka", f"no assigned reader for {client!r}"
     c = ck_consumer(
         bootstrap,
         f"unused-{topic}",
-        **{"isolation.level": isolation, "enable.partition.eof": True},
+        **{"isolation.level": isolation, "enable.partition.eof": True, **(conf or {})},
     )
     try:
         c.assign([ck.TopicPartition(topic, p, ck.OFFSET_BEGINNING) for p in range(partitions)])
@@ -309,12 +311,17 @@ def kp_produce(bootstrap: str, topic: str, msgs: Sequence[Msg], **conf: Any) -> 
 
 
 def _kp_consume_assigned(
-    bootstrap: str, topic: str, partitions: int, isolation: str, polled: Polled
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    isolation: str,
+    polled: Polled,
+    conf: dict[str, Any],
 ) -> tuple[list[Msg], Watermarks]:
     """consume_assigned with kafka-python."""
     from kafka import KafkaConsumer, TopicPartition
 
-    c = KafkaConsumer(**assigned_conf(kp_common(bootstrap), isolation))
+    c = KafkaConsumer(**assigned_conf(kp_common(bootstrap), isolation), **conf)
     try:
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         c.assign(tps)
@@ -363,13 +370,14 @@ async def aio_produce(bootstrap: str, topic: str, msgs: Sequence[Msg], **conf: A
 
 
 async def aio_consume_assigned(
-    bootstrap: str, topic: str, partitions: int, expect: int
+    bootstrap: str, topic: str, partitions: int, expect: int, **conf: Any
 ) -> tuple[list[Msg], Watermarks]:
     """consume_assigned with aiokafka, read_uncommitted: aiokafka's transactions fail on
-    Tansu 0.6.0, so nothing here reads with read_committed through it."""
+    Tansu 0.6.0, so nothing here reads with read_committed through it. `conf`: more settings
+    (TLS, SASL)."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    c = AIOKafkaConsumer(**assigned_conf(aio_common(bootstrap), "read_uncommitted"))
+    c = AIOKafkaConsumer(**assigned_conf(aio_common(bootstrap), "read_uncommitted"), **conf)
     try:
         await c.start()
         tps = [TopicPartition(topic, p) for p in range(partitions)]
