@@ -43,6 +43,8 @@ from kipside.protocol import (
 from kipside.proxy.network.addresses import AddressRewriter, carries_addresses
 from kipside.proxy.network.hooks import ApiVersionsPolicy, SharedRoute
 from kipside.proxy.network.identity import ANONYMOUS, Principal
+from kipside.proxy.network.sasl import ClientSasl, SaslStep
+from kipside.proxy.network.sasl.kafka import SASL_APIS
 from kipside.proxy.network.upstream import (
     Pending,
     UpstreamConnection,
@@ -85,6 +87,8 @@ class _Marker:
 UPSTREAM_GONE = _Marker("upstream gone")
 # The session is draining for shutdown: no requests were read after this point.
 DRAINED = _Marker("drained")
+# kipside refused the client (SASL): close once the answers before this point are written.
+REFUSED = _Marker("refused")
 
 
 def _topics(frame: bytes, header: RequestHeader) -> tuple[str, ...]:
@@ -140,6 +144,7 @@ class Session:
         connect_timeout: float = 10.0,
         dial: UpstreamDial = _plain,
         principal: Principal = ANONYMOUS,
+        sasl: ClientSasl | None = None,
     ) -> None:
         self.wire = client
         self.wire.on_broken(self._client_broken)
@@ -154,6 +159,8 @@ class Session:
         """Set once the client speaks SASL: from then on everything uses its own connection."""
         self.principal = principal
         """Who the client is to kipside; shared connections are per principal."""
+        self.sasl = sasl if sasl is not None else ClientSasl()
+        """The client's SASL: carried to the broker, or answered by kipside (network.sasl)."""
         self._dial = dial
         self.stats = stats if stats is not None else Stats()
         self.tracer = tracer
@@ -240,9 +247,16 @@ class Session:
             decoder.receive_data(data)
             while True:
                 try:
+                    if self.sasl.raw_token_due:  # after SaslHandshake v0: no Kafka header
+                        decoder.min_frame_bytes = 0
                     frame = decoder.next_frame()
                     if frame is None:
                         break
+                    if self.sasl.raw_token_due:
+                        await self._on_raw_token(frame)
+                        if not self.sasl.raw_token_due:
+                            decoder.min_frame_bytes = 8
+                        continue
                     header = parse_request_header(frame)
                     if header.client_id and self.client_id is None:
                         self.client_id = header.client_id
@@ -276,6 +290,12 @@ class Session:
                 correlation_id=header.correlation_id,
             )
         self.current_span = span
+        if api_key in SASL_APIS or self.sasl.terminates:
+            step = self._sasl_request(frame, header)
+            if step is not None:
+                self._sasl_step(step, header.api_key, header.api_version, header.correlation_id)
+                finish(span)
+                return
         if api_key == ApiKey.API_VERSIONS:
             local = self.versions.unsupported_answer(header)
             if local is not None:
@@ -319,6 +339,60 @@ class Session:
         )
         pending.on_done(self._flush)
 
+    # SASL (network.sasl) -----------------------------------------------------------------
+
+    def _sasl_request(self, frame: bytes, header: RequestHeader) -> SaslStep | None:
+        """How kipside takes a request as the client's SASL stands; None: route it as usual."""
+        sasl = self.sasl
+        if not sasl.terminates:
+            forwarding = sasl.forwarding(frame, header)
+            return None if forwarding.answer is None and forwarding.close is None else forwarding
+        step = sasl.before_authentication(header)
+        if step is None and header.api_key in SASL_APIS:
+            step = sasl.answer(frame, header)
+        return step
+
+    async def _on_raw_token(self, frame: bytes) -> None:
+        """A legacy SASL token (after SaslHandshake v0): answered here or carried opaque."""
+        sasl = self.sasl
+        if sasl.terminates:
+            self._sasl_step(sasl.raw_token(frame))
+            return
+        connection = self.dedicated
+        if connection is None:  # cannot happen: the handshake went on it
+            raise UpstreamFailed("a raw SASL token came with no upstream connection to carry it")
+        pending = connection.send_raw_nowait(frame)
+        sasl.raw_token_forwarded()
+        self._slots.append(
+            Slot(ApiKey.SASL_AUTHENTICATE, 0, -1, pending, False, time.perf_counter(), None)
+        )
+        pending.on_done(self._flush)
+
+    def _sasl_step(
+        self, step: SaslStep, key: int = ApiKey.SASL_AUTHENTICATE, version: int = 0, cid: int = -1
+    ) -> None:
+        """Owe the client kipside's SASL answer (a raw token's by default), then act on it."""
+        if step.answer is not None:
+            pending = Pending.answered(step.answer)
+            self._slots.append(Slot(key, version, cid, pending, False, time.perf_counter(), None))
+        if step.principal is not None:
+            self._authenticated(step.principal)
+        if step.close is not None:
+            log.warning("%s %s; closing the connection", self.describe(), step.close)
+            self._slots.append(REFUSED)
+            self._reader_scope.cancel()
+        self._flush()
+
+    def _authenticated(self, principal: Principal) -> None:
+        """The client proved who it is: from now on every upstream connection is its
+        principal's. One dialled before (for ApiVersions, which Kafka answers before
+        authentication) is closed, so nothing the client sends later rides on it."""
+        log.info("%s authenticated as %s", self.describe(), principal)
+        self.principal = principal
+        before, self.dedicated = self.dedicated, None
+        if before is not None and self._nursery is not None:
+            self._nursery.start_soon(before.close_after_pending, DEDICATED_CLOSE_GRACE_SECONDS)
+
     async def _dedicated_connection(self) -> UpstreamConnection:
         if self.dedicated is not None:
             return self.dedicated
@@ -347,6 +421,9 @@ class Session:
         return await self._dial(address, self.principal)
 
     def _dedicated_closed(self, connection: UpstreamConnection, reason: str) -> None:
+        if connection is not self.dedicated:  # retired when the client authenticated
+            self.stats.upstream_connections -= 1
+            return
         # Queued behind what is owed, so an idle client learns of the lost broker connection
         # at once and a busy one gets every answer that did arrive first.
         if not self._dedicated_failed:
@@ -391,6 +468,8 @@ class Session:
         if marker is DRAINED:
             self._drained.set()
             return False
+        if marker is REFUSED:
+            return True
         if self.dedicated is not None:
             log.info(
                 "%s: %s; closing so the client retries",
@@ -432,6 +511,9 @@ class Session:
 
     def _process_response(self, slot: Slot, frame: bytes) -> bytes | None:
         try:
+            if slot.api_key == ApiKey.SASL_HANDSHAKE:
+                self.sasl.broker_answered(slot.api_key, slot.api_version, frame)
+                return frame
             if slot.api_key == ApiKey.API_VERSIONS:
                 header = parse_response_header(frame, slot.api_key, slot.api_version)
                 return self.versions.rewrite_response(slot.api_version, frame, header)

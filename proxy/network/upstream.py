@@ -21,6 +21,7 @@ import trio
 
 from kipside.protocol import (
     Address,
+    ApiKey,
     Buffer,
     FrameDecoder,
     ProtocolError,
@@ -123,6 +124,7 @@ class _InFlight:
     api_key: int
     api_version: int
     pending: Pending
+    raw: bool = False  # a legacy SASL token: its answer is a raw frame with no correlation id
 
 
 class UpstreamConnection:
@@ -152,6 +154,8 @@ class UpstreamConnection:
         self.close_reason: str | None = None
         """Why the connection closed; None while it is open."""
         self.requests_sent = 0
+        self._decoder = FrameDecoder(max_frame_bytes=max_frame_bytes, min_frame_bytes=4)
+        self._raw_in_flight = 0
 
     @property
     def in_flight(self) -> int:
@@ -237,6 +241,22 @@ class UpstreamConnection:
         self.requests_sent += 1
         return pending
 
+    def send_raw_nowait(self, frame: bytes) -> Pending:
+        """Send a legacy SASL token frame (after SaslHandshake v0) as it is; its answer is the
+        broker's next frame, also raw. Raises UpstreamFailed if the connection is closed."""
+        wire = self._wire
+        if self.closed or wire is None:
+            raise UpstreamFailed(self.close_reason or f"{self.name} is not connected")
+        pending = Pending()
+        self._in_flight.append(_InFlight(-1, -1, ApiKey.SASL_AUTHENTICATE, 0, pending, raw=True))
+        self._raw_in_flight += 1
+        self._decoder.min_frame_bytes = 0  # PLAIN's answer is an empty frame
+        try:
+            wire.write((frame,))
+        except WireBroken as exc:
+            raise UpstreamFailed(self.close_reason or str(exc)) from exc
+        return pending
+
     async def send(
         self, frame: bytes, api_key: int, api_version: int, *, expects_response: bool = True
     ) -> Pending | None:
@@ -247,7 +267,7 @@ class UpstreamConnection:
         return pending
 
     async def _read_responses(self, wire: Wire) -> None:
-        decoder = FrameDecoder(max_frame_bytes=self.max_frame_bytes, min_frame_bytes=4)
+        decoder = self._decoder
         reason = f"{self.name}: broker closed the connection"
         try:
             while True:
@@ -267,6 +287,12 @@ class UpstreamConnection:
             self._close(reason)
 
     def _deliver(self, frame: bytes) -> bool:
+        if self._raw_in_flight and self._in_flight[0].raw:
+            self._raw_in_flight -= 1
+            if not self._raw_in_flight:
+                self._decoder.min_frame_bytes = 4
+            self._in_flight.popleft().pending.resolve(frame)
+            return True
         correlation_id = response_correlation_id(frame)
         if not self._in_flight or self._in_flight[0].upstream_correlation_id != correlation_id:
             if correlation_id in self._unanswered:
