@@ -37,7 +37,7 @@ import uuid
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import pytest
 from testkit import procs, tools
@@ -380,12 +380,24 @@ def unique_name(prefix: str, request: pytest.FixtureRequest | None = None) -> st
     return f"{prefix}-{base}-{next(_topic_seq)}-{uuid.uuid4().hex[:8]}"
 
 
-def create_topics(bootstrap: str, names: list[str], partitions: int, timeout: float = 10.0) -> None:
-    """Create topics with confluent-kafka's AdminClient and wait until metadata shows them."""
+def create_topics(
+    bootstrap: str,
+    names: list[str],
+    partitions: int,
+    timeout: float = 10.0,
+    conf: dict[str, Any] | None = None,
+) -> None:
+    """Create topics with confluent-kafka's AdminClient and wait until metadata shows them.
+    `conf`: more client settings (TLS, SASL)."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient(
-        {"bootstrap.servers": bootstrap, "socket.timeout.ms": 5000, "client.id": "kipside-tests"}
+        {
+            "bootstrap.servers": bootstrap,
+            "socket.timeout.ms": 5000,
+            "client.id": "kipside-tests",
+            **(conf or {}),
+        }
     )
     futures = admin.create_topics(
         [NewTopic(n, num_partitions=partitions, replication_factor=1) for n in names],
@@ -408,11 +420,16 @@ def create_topics(bootstrap: str, names: list[str], partitions: int, timeout: fl
 
 
 def fresh_topic(
-    bootstrap: str, prefix: str, partitions: int, request: pytest.FixtureRequest | None = None
+    bootstrap: str,
+    prefix: str,
+    partitions: int,
+    request: pytest.FixtureRequest | None = None,
+    conf: dict[str, Any] | None = None,
 ) -> str:
-    """Create a topic with a name unique to this test run (see unique_name); return the name."""
+    """Create a topic with a name unique to this test run (see unique_name); return the name.
+    `conf`: more client settings (TLS, SASL)."""
     name = unique_name(prefix, request)
-    create_topics(bootstrap, [name], partitions)
+    create_topics(bootstrap, [name], partitions, conf=conf)
     return name
 
 
