@@ -50,6 +50,7 @@ from kipside.protocol.framing import (
     DEFAULT_MAX_FRAME_BYTES,
     FrameDecoder,
     encode_frame,
+    sniff_foreign_protocol,
     sniff_kafka_request,
 )
 from kipside.protocol.headers import (
@@ -228,6 +229,7 @@ __all__ = [
     "response_class",
     "response_correlation_id",
     "restamp",
+    "sniff_foreign_protocol",
     "sniff_kafka_request",
     "scram_credential",
     "with_request_correlation_id",
