@@ -229,9 +229,9 @@ __all__ = [
     "response_class",
     "response_correlation_id",
     "restamp",
+    "scram_credential",
     "sniff_foreign_protocol",
     "sniff_kafka_request",
-    "scram_credential",
     "with_request_correlation_id",
     "with_response_correlation_id",
 ]
