@@ -1,4 +1,4 @@
-"""The `kipside` command line: serve, dev, and rules check.
+"""The `kipside` command line: serve, dev, rules check, and credentials add.
 
 Parses arguments into a ServerConfig and hands over to proxy.server, or to proxy.dev for `dev`
 (the embedded broker and the live console). Errors a user can act on are printed as one line and
@@ -8,6 +8,7 @@ exit with status 2; nothing here knows the Kafka protocol.
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import logging
 import os
@@ -15,8 +16,15 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import entry_points
 
-from kipside.protocol import Address
+from kipside.protocol import SCRAM_DEFAULT_ITERATIONS, SCRAM_MECHANISMS, Address, scram_credential
 from kipside.proxy.network.certificates import ListenerTlsFiles, UpstreamTlsFiles
+from kipside.proxy.network.sasl import (
+    CredentialsError,
+    CredentialStore,
+    load_credentials,
+    with_user,
+    write_credentials,
+)
 from kipside.proxy.server import ServerConfig, run
 from kipside.proxy.telemetry.tracing import TraceConfig
 from kipside.rules import RuleError, RuleSet, default_rules, load_rules
@@ -136,6 +144,75 @@ def _add_upstream_tls_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_sasl_options(parser: argparse.ArgumentParser) -> None:
+    sasl = parser.add_argument_group("SASL (see docs/security.md)")
+    sasl.add_argument(
+        "--sasl-credentials",
+        metavar="FILE",
+        help="kipside authenticates clients itself (PLAIN, SCRAM-SHA-256/512) against FILE, "
+        "written by `kipside credentials add`; without it, clients' SASL passes through",
+    )
+    sasl.add_argument(
+        "--sasl-upstream",
+        metavar="FILE",
+        help="per principal, how kipside logs in to the brokers (mechanism, user name, a "
+        "password file or environment variable); `discovery:` names kipside's own login",
+    )
+
+
+def _add_credentials_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    credentials = sub.add_parser("credentials", help="write a --sasl-credentials file")
+    credentials_sub = credentials.add_subparsers(dest="credentials_command", required=True)
+    add = credentials_sub.add_parser(
+        "add",
+        help="add or replace a user; the password is read from standard input (or a prompt)",
+    )
+    add.add_argument("file")
+    add.add_argument("user")
+    add.add_argument(
+        "--mechanism",
+        action="append",
+        choices=SCRAM_MECHANISMS,
+        help="write this SCRAM mechanism's entry (repeatable; default: both; PLAIN logins "
+        "are checked against either)",
+    )
+    add.add_argument("--iterations", type=int, default=SCRAM_DEFAULT_ITERATIONS)
+    add.set_defaults(handler=_credentials_add)
+
+
+def _read_password(user: str) -> str:
+    if not sys.stdin.isatty():
+        return sys.stdin.readline().rstrip("\r\n")
+    password = getpass.getpass(f"password for {user}: ")
+    if getpass.getpass("again: ") != password:
+        raise UsageError("the two passwords differ; nothing was written")
+    return password
+
+
+def _credentials_add(args: argparse.Namespace) -> int:
+    try:
+        password = _read_password(args.user)
+        if not password:
+            raise UsageError("empty password; nothing was written")
+        store = (
+            load_credentials(args.file)
+            if os.path.exists(args.file)
+            else CredentialStore(args.file, {})
+        )
+        mechanisms = args.mechanism or list(SCRAM_MECHANISMS)
+        entries = [scram_credential(m, password, iterations=args.iterations) for m in mechanisms]
+        write_credentials(args.file, with_user(store, args.user, entries))
+    except (UsageError, CredentialsError, ValueError) as exc:
+        print(f"kipside: error: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"kipside: {args.file}: {args.user}: {', '.join(mechanisms)} "
+        f"({args.iterations} iterations); the password itself is not stored",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kipside", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -148,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_proxy_options(serve, listen_default=None)
     _add_upstream_tls_options(serve)
+    _add_sasl_options(serve)
 
     dev = sub.add_parser("dev", help="start the embedded Tansu broker with kipside in front")
     _add_proxy_options(dev, listen_default="127.0.0.1:9092", dev=True)
@@ -159,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     rules_sub = rules.add_subparsers(dest="rules_command", required=True)
     check = rules_sub.add_parser("check", help="validate a rule file, print the effective rules")
     check.add_argument("file")
+    _add_credentials_command(sub)
     _add_plugin_commands(sub)
     return parser
 
@@ -184,6 +263,8 @@ def _config(args: argparse.Namespace, upstreams: list[Address]) -> ServerConfig:
         trace=_trace_config(args),
         tls=_listener_tls(args),
         upstream_tls=_upstream_tls(args),
+        sasl_credentials=getattr(args, "sasl_credentials", None),
+        sasl_upstream=getattr(args, "sasl_upstream", None),
     )
 
 

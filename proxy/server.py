@@ -46,9 +46,19 @@ from kipside.proxy.network.certificates import (
 from kipside.proxy.network.identity import ANONYMOUS, Principal
 from kipside.proxy.network.lanes import LanePool
 from kipside.proxy.network.nodes import NodeMap
+from kipside.proxy.network.sasl import (
+    ClientSasl,
+    CredentialsError,
+    CredentialStore,
+    Termination,
+    UpstreamLogins,
+    load_credentials,
+    load_upstream_logins,
+    log_in,
+)
 from kipside.proxy.network.session import Session
 from kipside.proxy.network.tls import TlsError
-from kipside.proxy.network.upstream import Dial, plain_dial
+from kipside.proxy.network.upstream import Dial, UpstreamFailed, plain_dial
 from kipside.proxy.network.wire import Wire, WireBroken
 from kipside.proxy.operations.admin import AdminApp, serve_admin
 from kipside.proxy.operations.cert_reload import CertificateReloader
@@ -79,6 +89,11 @@ class ServerConfig:
     """TLS on every client listener (--tls-cert, --tls-key, --tls-client-ca)."""
     upstream_tls: UpstreamTlsFiles | None = None
     """TLS toward every broker (--upstream-ca, ...); None: plaintext."""
+    sasl_credentials: str | None = None
+    """kipside authenticates clients with SASL against this file (--sasl-credentials);
+    None: clients' SASL passes through to the brokers."""
+    sasl_upstream: str | None = None
+    """Per principal, kipside's SASL login to the brokers (--sasl-upstream)."""
 
 
 class StartupError(RuntimeError):
@@ -111,7 +126,7 @@ async def discover_nodes(
             try:
                 with trio.fail_after(5):
                     return await _metadata_once(upstream, request, dial, tls)
-            except (OSError, trio.TooSlowError, WireBroken, ProtocolError) as exc:
+            except (OSError, trio.TooSlowError, WireBroken, ProtocolError, UpstreamFailed) as exc:
                 problem = f"{upstream}: {exc or 'timed out'}"
                 if problem not in problems:
                     log.warning("upstream bootstrap %s; retrying", problem)
@@ -171,6 +186,8 @@ class Server:
         self._session_ended = trio.Event()
         self.listener_tls: ListenerTls | None = None
         self.upstream_tls: UpstreamTls | None = None
+        self.sasl_credentials: CredentialStore | None = None
+        self.upstream_logins: UpstreamLogins | None = None
         self.ready = trio.Event()
         self.reloader = RuleReloader(self)
         self.produce_order = ProduceOrder(self)  # keeps produce order across rule reloads
@@ -264,6 +281,7 @@ class Server:
             tracer=self.tracer if self.tracer.active else None,
             dial=self.dial,
             principal=principal,
+            sasl=ClientSasl(self._sasl_termination()),
         )
         self.sessions.add(session)
         self.stats.client_connections += 1
@@ -308,10 +326,66 @@ class Server:
         return pool
 
     async def dial(self, address: Address, principal: Principal) -> Wire:
-        """A connection to a broker for `principal`'s traffic: TLS with --upstream-ca."""
+        """A connection to a broker for `principal`'s traffic: TLS with --upstream-ca, then
+        a SASL login with the principal's --sasl-upstream entry, if it has one."""
+        wire: Wire
         if self.upstream_tls is not None:
-            return await self.upstream_tls.connect(address)
-        return await plain_dial(address)
+            wire = await self.upstream_tls.connect(address)
+        else:
+            wire = await plain_dial(address)
+        logins = self.upstream_logins
+        login = None if logins is None else logins.for_principal(principal)
+        if login is not None:  # SASL after TLS, as a Kafka client logs in
+            try:
+                await log_in(wire, login, address)
+            except BaseException:
+                wire.close()
+                raise
+        return wire
+
+    def kipside_principal(self) -> Principal:
+        """Who kipside's own requests (node discovery) are: --sasl-upstream's `discovery`."""
+        logins = self.upstream_logins
+        if logins is None or logins.discovery is None:
+            return ANONYMOUS
+        return Principal(logins.discovery, "sasl")
+
+    def _sasl_termination(self) -> Termination | None:
+        store, logins = self.sasl_credentials, self.upstream_logins
+        if store is None:
+            return None
+        return Termination(
+            store.lookup,
+            lambda principal: logins is not None and logins.for_principal(principal) is not None,
+            store.source,
+            None if logins is None else logins.source,
+        )
+
+    def _load_sasl(self) -> None:
+        """The SASL files, as configured; StartupError if one can't be used."""
+        config = self.config
+        try:
+            if config.sasl_upstream is not None:
+                self.upstream_logins = load_upstream_logins(config.sasl_upstream)
+                log.info(
+                    "SASL toward brokers: logins for %s (%s)",
+                    ", ".join(self.upstream_logins.logins) or "no principal",
+                    config.sasl_upstream,
+                )
+            if config.sasl_credentials is not None:
+                if self.upstream_logins is None:
+                    raise StartupError(
+                        "--sasl-credentials needs --sasl-upstream: kipside logs in to the "
+                        "brokers as each client principal, so it needs their upstream logins"
+                    )
+                self.sasl_credentials = load_credentials(config.sasl_credentials)
+                log.info(
+                    "SASL toward clients: kipside authenticates %d users (%s)",
+                    len(self.sasl_credentials.users),
+                    config.sasl_credentials,
+                )
+        except CredentialsError as exc:
+            raise StartupError(str(exc)) from None
 
     def default_node(self) -> int | None:
         """The node that serves bootstrap connections' shared traffic."""
@@ -326,13 +400,14 @@ class Server:
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self._load_tls()
+        self._load_sasl()
         problems: list[str] = []
         found: list[tuple[int, str, int]] | None = None
         with trio.move_on_after(self.config.discovery_timeout_seconds):
             found = await discover_nodes(
                 self.config.upstreams,
                 problems,
-                lambda address: self.dial(address, ANONYMOUS),
+                lambda address: self.dial(address, self.kipside_principal()),
                 tls=self.upstream_tls is not None,
             )
         if found is None:

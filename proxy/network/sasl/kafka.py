@@ -86,9 +86,23 @@ def raw_frame(token: bytes) -> bytes:
 # kipside as the client of a broker ----------------------------------------------------------
 
 
-def handshake_request(mechanism: str, correlation_id: int) -> bytes:
-    body = encode_message(request_class(ApiKey.SASL_HANDSHAKE, 1)(mechanism=mechanism))
-    head = encode_request_header(ApiKey.SASL_HANDSHAKE, 1, correlation_id, "kipside")
+def api_versions_request(correlation_id: int) -> bytes:
+    return build_frame(
+        encode_request_header(ApiKey.API_VERSIONS, 0, correlation_id, "kipside"), b""
+    )
+
+
+def offers_authenticate(frame: bytes) -> bool:
+    """Whether an ApiVersions v0 response lists SaslAuthenticate (Kafka 1.0+): if not, the
+    broker speaks only the legacy flow (SaslHandshake v0, raw tokens)."""
+    head = parse_response_header(frame, ApiKey.API_VERSIONS, 0)
+    message = decode_response(ApiKey.API_VERSIONS, 0, frame, head.body_offset)
+    return any(entry.api_key == ApiKey.SASL_AUTHENTICATE for entry in message.api_keys)
+
+
+def handshake_request(mechanism: str, correlation_id: int, version: int = 1) -> bytes:
+    body = encode_message(request_class(ApiKey.SASL_HANDSHAKE, version)(mechanism=mechanism))
+    head = encode_request_header(ApiKey.SASL_HANDSHAKE, version, correlation_id, "kipside")
     return build_frame(head, body)
 
 
@@ -98,10 +112,10 @@ def authenticate_request(token: bytes, correlation_id: int) -> bytes:
     return build_frame(head, body)
 
 
-def handshake_response(frame: bytes) -> tuple[int, tuple[str, ...]]:
-    """(error code, mechanisms the broker enables) of a SaslHandshake v1 response."""
-    head = parse_response_header(frame, ApiKey.SASL_HANDSHAKE, 1)
-    message = decode_response(ApiKey.SASL_HANDSHAKE, 1, frame, head.body_offset)
+def handshake_response(frame: bytes, version: int = 1) -> tuple[int, tuple[str, ...]]:
+    """(error code, mechanisms the broker enables) of a SaslHandshake response."""
+    head = parse_response_header(frame, ApiKey.SASL_HANDSHAKE, version)
+    message = decode_response(ApiKey.SASL_HANDSHAKE, version, frame, head.body_offset)
     return int(message.error_code), tuple(message.mechanisms)
 
 
