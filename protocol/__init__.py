@@ -24,7 +24,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from kipside.protocol.address import Address
-from kipside.protocol.apis import ApiKey, api_name
+from kipside.protocol.apis import (
+    ApiKey,
+    api_name,
+    request_header_version,
+    response_header_version,
+)
 from kipside.protocol.batch_builder import Record, encode_batch
 from kipside.protocol.client import ClientConnection, Response, VersionRange, pick_version
 from kipside.protocol.errors import (
@@ -226,8 +231,10 @@ __all__ = [
     "read_uvarint",
     "request_class",
     "request_correlation_id",
+    "request_header_version",
     "response_class",
     "response_correlation_id",
+    "response_header_version",
     "restamp",
     "scram_credential",
     "sniff_foreign_protocol",
