@@ -163,6 +163,7 @@ class Server:
             advertise_host=config.advertise_host or config.listen.host,
             node_port_base=config.node_port_base,
             on_new_node=self._on_new_node,
+            on_node_changed=self._on_node_changed,
         )
         self.rewriter = AddressRewriter(self.nodes)
         self.versions = VersionPolicy(
@@ -213,6 +214,18 @@ class Server:
             return
         self._start_node_listener(node_id, listener)
 
+    def _on_node_changed(self, node_id: int, why: str) -> None:
+        """A node left the cluster or moved: end the client connections that came in on its
+        listener and the shared connections to it (redialled on next use), so that nothing
+        stays connected to where it was. Its listener stays: its address never changes."""
+        reason = f"upstream node {node_id} {why}"
+        for session in list(self.sessions):
+            if session.node_id == node_id:
+                session.disconnect(reason)
+        for (pool_node, _principal), pool in self._pools.items():
+            if pool_node == node_id and self._service_nursery is not None:
+                self._service_nursery.start_soon(pool.aclose)
+
     def _start_node_listener(self, node_id: int, listener: trio.SocketListener) -> None:
         assert self._listener_nursery is not None
         bound = listener.socket.getsockname()[1]
@@ -228,6 +241,15 @@ class Server:
         async def for_node(stream: trio.SocketStream) -> None:
             target = self.nodes.upstream(node_id)
             if target is None:  # cannot happen: the listener exists because the node is known
+                await trio.aclose_forcefully(stream)
+                return
+            if self.nodes.is_gone(node_id):
+                log.info(
+                    "client %s dialled the listener of node %d, which has left the cluster; "
+                    "closing so the client refreshes its metadata",
+                    Address(*stream.socket.getpeername()[:2]),
+                    node_id,
+                )
                 await trio.aclose_forcefully(stream)
                 return
             await self._run_session(stream, [target], node_id)
@@ -388,8 +410,8 @@ class Server:
             raise StartupError(str(exc)) from None
 
     def default_node(self) -> int | None:
-        """The node that serves bootstrap connections' shared traffic."""
-        known = self.nodes.nodes()
+        """The node that serves bootstrap connections' shared traffic (a live one)."""
+        known = self.nodes.live_nodes()
         for upstream in self.config.upstreams:
             for node_id, address in known.items():
                 if address == upstream:

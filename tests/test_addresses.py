@@ -226,6 +226,56 @@ def test_moved_node_keeps_its_local_address(
     assert nodes.upstream(7) == Address("new.internal", 9092)
 
 
+def _list(rewriter: AddressRewriter, api_key: int, version: int, ids: list[int]) -> None:
+    brokers = [e for e in [*UPSTREAM, (3, "broker-3.internal", 9092, None)] if e[0] in ids]
+    frame = frame_of(api_key, version, build(api_key, version, brokers))
+    rewrite(rewriter, api_key, version, frame)
+
+
+@pytest.mark.parametrize(
+    ("api_key", "version"), [(ApiKey.METADATA, 12), (ApiKey.DESCRIBE_CLUSTER, 1)]
+)
+def test_node_left_out_of_the_broker_list_has_left_until_listed_again(
+    learned: Recorder, api_key: int, version: int
+) -> None:
+    changed: list[tuple[int, str]] = []
+    nodes = NodeMap(
+        advertise_host=ADVERTISE,
+        node_port_base=PORT_BASE,
+        on_new_node=learned,
+        on_node_changed=lambda node_id, why: changed.append((node_id, why)),
+    )
+    rewriter = AddressRewriter(nodes)
+    _list(rewriter, api_key, version, [1, 3, 7])
+    _list(rewriter, ApiKey.FIND_COORDINATOR, 4, [1])  # names one node: says nothing of others
+    _list(rewriter, api_key, version, [])  # an empty list says nothing either
+    assert changed == [] and not nodes.is_gone(7)
+
+    _list(rewriter, api_key, version, [1, 3])
+    assert changed == [(7, "left the cluster (no longer in the brokers' metadata)")]
+    assert nodes.is_gone(7) and set(nodes.live_nodes()) == {1, 3}
+    assert nodes.local_address(7) == Address(ADVERTISE, PORT_BASE + 7)  # the port stays
+    _list(rewriter, api_key, version, [1, 3])
+    assert len(changed) == 1  # told once
+
+    _list(rewriter, api_key, version, [1, 3, 7])
+    assert not nodes.is_gone(7) and set(nodes.live_nodes()) == {1, 3, 7}
+    assert sorted(learned.new_nodes) == [1, 3, 7] and len(changed) == 1
+
+
+def test_moved_node_is_reported(learned: Recorder) -> None:
+    changed: list[tuple[int, str]] = []
+    nodes = NodeMap(
+        advertise_host=ADVERTISE,
+        node_port_base=PORT_BASE,
+        on_node_changed=lambda node_id, why: changed.append((node_id, why)),
+    )
+    nodes.learn(7, "old.internal", 9092)
+    nodes.learn(7, "old.internal", 9092)
+    nodes.learn(7, "new.internal", 9092)
+    assert changed == [(7, "moved from old.internal:9092 to new.internal:9092")]
+
+
 def test_bound_listener_port_is_advertised(rewriter: AddressRewriter, nodes: NodeMap) -> None:
     nodes.bound(7, 45678)
     message = build(ApiKey.METADATA, 12, UPSTREAM)

@@ -3,8 +3,10 @@
 Covers Metadata Brokers[], FindCoordinator (v0-3 top level, v4+ Coordinators[]),
 DescribeCluster Brokers[], and the NodeEndpoints of Produce v10+, Fetch v16+, ShareFetch and
 ShareAcknowledge. Each upstream node keeps its node id; only host and port change, to the node's
-local listener. A response whose addresses can't be decoded is never passed through (that would
-leak a broker address): the caller fails the connection instead. Nothing here does I/O.
+local listener. Metadata and DescribeCluster list every live broker, so they also tell the node
+map which nodes have left the cluster. A response whose addresses can't be decoded is never
+passed through (that would leak a broker address): the caller fails the connection instead.
+Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ _FIRST_VERSION_WITH_ADDRESSES: Final[dict[int, int]] = {
     ApiKey.SHARE_FETCH: 0,
     ApiKey.SHARE_ACKNOWLEDGE: 0,
 }
+
+
+_BROKERS: Final = 1  # DescribeCluster's endpoint type for brokers (2: controllers)
 
 
 def carries_addresses(api_key: int, api_version: int) -> bool:
@@ -75,7 +80,9 @@ class AddressRewriter:
 
     def rewrite_message(self, api_key: int, message: Message) -> Message:
         if api_key == ApiKey.METADATA:
-            return dataclasses.replace(message, brokers=self._endpoints(message.brokers))
+            brokers = self._endpoints(message.brokers)
+            self._nodes.listed(int(b.node_id) for b in message.brokers)
+            return dataclasses.replace(message, brokers=brokers)
         if api_key == ApiKey.FIND_COORDINATOR:
             if hasattr(message, "coordinators"):
                 return dataclasses.replace(
@@ -83,9 +90,10 @@ class AddressRewriter:
                 )
             return self._endpoint(message)
         if api_key == ApiKey.DESCRIBE_CLUSTER:
-            return dataclasses.replace(
-                message, brokers=self._endpoints(message.brokers, "broker_id")
-            )
+            brokers = self._endpoints(message.brokers, "broker_id")
+            if getattr(message, "endpoint_type", _BROKERS) == _BROKERS:  # not KIP-919's controllers
+                self._nodes.listed(int(b.broker_id) for b in message.brokers)
+            return dataclasses.replace(message, brokers=brokers)
         if not message.node_endpoints:
             return message
         return dataclasses.replace(message, node_endpoints=self._endpoints(message.node_endpoints))

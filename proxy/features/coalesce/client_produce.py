@@ -1,8 +1,9 @@
 """One client's ProduceRequest as the coalescer took it, and the answer it gets back.
 
 The answer lists exactly the client's partitions, in its order, under its correlation id and
-request version, with the largest throttle time and every node endpoint its partitions' answers
-named (rewritten to kipside's listeners). It is built once the last partition is answered.
+request version, with the largest throttle time and the node endpoints of the leaders its
+partitions' answers name (rewritten to kipside's listeners). It is built once the last
+partition is answered.
 """
 
 from __future__ import annotations
@@ -80,8 +81,13 @@ class ClientProduce:
             self.pending.resolve(self._frame())
 
     def _frame(self) -> bytes:
+        # Only the leaders this client's partitions name: the upstream answer carried other
+        # clients' partitions too, and a broker lists just the leaders of what it answers.
+        leaders = {r.current_leader[0] for r in self.results.values() if r.current_leader}
         endpoints = []
         for e in self.endpoints.values():
+            if e.node_id not in leaders:
+                continue
             local = self.nodes.learn(e.node_id, e.host, e.port)
             endpoints.append(NodeEndpointData(e.node_id, local.host, local.port, e.rack))
         response = ProduceResponseData(
