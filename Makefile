@@ -17,7 +17,7 @@ $(BIN)/python:
 # editable install is setuptools' strict mode: a tree of links under build/ that mirrors the
 # installed layout (Spark also finds pyspark_kipside there, by listing sys.path). A link tree
 # does not see new files, so the install is redone whenever the list of package files changes.
-PACKAGES := protocol proxy rules pipeline pyspark_kipside
+PACKAGES := protocol proxy rules pipeline evidence pyspark_kipside
 LAYOUT := $(VENV)/.layout
 $(LAYOUT): FORCE | $(BIN)/python
 	@find $(PACKAGES) -type f -not -name '*.pyc' -not -path '*/__pycache__/*' | sort > $@.new
@@ -58,7 +58,7 @@ run: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	$(BIN)/ruff format --check protocol proxy rules pipeline pyspark_kipside tests bench
+	$(BIN)/ruff format --check protocol proxy rules pipeline evidence pyspark_kipside tests bench
 
 # mypy reads kipside.* from the link tree and names files by their checkout paths. tests/ and
 # bench/ are not packages: a second run checks them with their folders on MYPYPATH, as they are

@@ -1,0 +1,144 @@
+"""Capture files read packet by packet: pcap and pcapng (gzipped or not), through scapy's readers.
+
+Packets are streamed, never held: a capture of many gigabytes is read in the memory of one
+packet. What a file lacks is counted, never fatal: a file that ends inside a packet (a capture
+copied while tcpdump still wrote it, or cut with `head -c`) gives every packet before the cut
+and the number of bytes the last one lacked. A file that is not a capture at all, or missing,
+is a CaptureError whose message says what to do. Knows nothing of TCP or Kafka.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+__all__ = ["CaptureError", "CaptureFile", "FileCounts"]
+
+# scapy's readers cut packets to their `size` argument, 65535 by default: less than a loopback
+# packet of a 64 KiB TSO/GSO segment with its headers. Read up to what scapy reads at once.
+_MAX_PACKET: Final = 4 * 0xFFFF
+_HOW_TO_CAPTURE: Final = (
+    "capture with `tcpdump -i IFACE -s 0 -w FILE 'tcp port PORT'` (or `tshark -w FILE`): "
+    "pcap and pcapng files are read, gzipped or not"
+)
+
+
+class CaptureError(Exception):
+    """A capture file that cannot be read at all; the message names the file and the fix."""
+
+
+@dataclass
+class FileCounts:
+    """What reading the file itself found."""
+
+    packets: int = 0
+    captured_bytes: int = 0
+    cut_at_end: int = 0
+    """Bytes the file lacks at its end: the last packet, or its record header, was cut."""
+    link_types: dict[int, int] = field(default_factory=dict)
+    """Packets per link type."""
+
+
+class CaptureFile:
+    """One capture file, iterated as (timestamp, link type, packet bytes, length on the wire)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.counts = FileCounts()
+        if not self.path.exists():
+            raise CaptureError(f"{self.path}: no such file; {_HOW_TO_CAPTURE}")
+        if not self.path.is_file():
+            raise CaptureError(f"{self.path}: not a file; give the path of a capture file")
+        self.size = self.path.stat().st_size
+        self._reader = _open_reader(self.path)
+        self._pcapng = type(self._reader).__name__ == "RawPcapNgReader"
+        self._gzipped = self._reader.f is not None and not hasattr(self._reader.f, "fileno")
+
+    def position(self) -> int:
+        """How far into the file reading has come (bytes), for progress reports."""
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            raw = self._reader.f
+            fileobj = getattr(raw, "fileobj", None)  # a gzip file: its compressed position
+            return int((fileobj or raw).tell())
+        return 0
+
+    def close(self) -> None:
+        self._reader.close()
+
+    def __enter__(self) -> CaptureFile:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[tuple[float, int, bytes, int]]:
+        reader = self._reader
+        counts = self.counts
+        link_types = counts.link_types
+        read = reader._read_packet  # the reader's own iterator cuts packets at 65535 bytes
+        scapy_log = logging.getLogger("scapy.runtime")
+        level = scapy_log.level
+        scapy_log.setLevel(logging.CRITICAL)  # a cut packet is counted here, not warned of
+        try:
+            if self._pcapng:
+                yield from self._pcapng_packets(read, counts, link_types)
+            else:
+                linktype = reader.linktype
+                scale = 1e-9 if reader.nano else 1e-6
+                while True:
+                    try:
+                        data, meta = read(_MAX_PACKET)
+                    except EOFError:
+                        break
+                    counts.packets += 1
+                    counts.captured_bytes += len(data)
+                    link_types[linktype] = link_types.get(linktype, 0) + 1
+                    if len(data) < min(meta.caplen, _MAX_PACKET):
+                        counts.cut_at_end += meta.caplen - len(data)
+                    yield meta.sec + meta.usec * scale, linktype, data, meta.wirelen
+        finally:
+            scapy_log.setLevel(level)
+        self._count_trailing_bytes()
+
+    @staticmethod
+    def _pcapng_packets(
+        read: Any, counts: FileCounts, link_types: dict[int, int]
+    ) -> Iterator[tuple[float, int, bytes, int]]:
+        while True:
+            try:
+                data, meta = read(_MAX_PACKET)
+            except EOFError:
+                return
+            counts.packets += 1
+            counts.captured_bytes += len(data)
+            link_types[meta.linktype] = link_types.get(meta.linktype, 0) + 1
+            ts = ((meta.tshigh << 32) | meta.tslow) / meta.tsresol
+            yield ts, meta.linktype, data, meta.wirelen
+
+    def _count_trailing_bytes(self) -> None:
+        """Bytes after the last whole record: a file cut inside a record header or block."""
+        if self._gzipped:
+            return
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            left = self.size - self._reader.f.tell()
+            if left > 0:
+                self.counts.cut_at_end += left
+
+
+def _open_reader(path: Path) -> Any:
+    from scapy.error import Scapy_Exception
+    from scapy.utils import RawPcapReader
+
+    try:
+        return RawPcapReader(str(path))
+    except (Scapy_Exception, EOFError, OSError) as exc:
+        with path.open("rb") as f:
+            head = f.read(4)
+        what = "an empty file" if not head else f"it starts with bytes {head.hex(' ')}"
+        raise CaptureError(
+            f"{path}: not a pcap or pcapng capture ({what}; {exc}); {_HOW_TO_CAPTURE}"
+        ) from None
