@@ -113,6 +113,13 @@ class TlsWire(Wire):
     # Reading ---------------------------------------------------------------------------
 
     async def receive(self, max_bytes: int = READ_SIZE) -> bytes:
+        if self._incoming.pending or self._tls.pending():
+            # Read with the handshake's last record (a client's first request often is), or
+            # left over by a read that reached max_bytes.
+            plaintext = self._decrypt(max_bytes)
+            if plaintext:
+                await trio.lowlevel.checkpoint()
+                return plaintext
         while True:
             if self._tls_ended:
                 await trio.lowlevel.checkpoint()
@@ -133,14 +140,15 @@ class TlsWire(Wire):
         try:
             while size < max_bytes:
                 piece = tls.read(max_bytes - size)
-                if not piece:
+                if not piece:  # the peer's close_notify: the end of the stream
+                    self._tls_ended = True
                     break
                 pieces.append(piece)
                 size += len(piece)
         except ssl.SSLWantReadError:
             pass
         except ssl.SSLZeroReturnError:
-            self._tls_ended = True  # close_notify: the end of the stream
+            self._tls_ended = True
         except ssl.SSLError as exc:
             self._tls_ended = True
             self.broken_reason = f"TLS error: {exc.reason or exc}"
@@ -184,6 +192,17 @@ class TlsWire(Wire):
             except WireBroken:
                 return
         await super().send_eof()
+
+    def close(self) -> None:
+        """Close now; a close_notify first if nothing is queued before it (best effort: some
+        clients, asyncio's among them, wait for it before they finish closing)."""
+        if not self.closed and not self.backlog_bytes:
+            with contextlib.suppress(ssl.SSLError, OSError):
+                with contextlib.suppress(ssl.SSLWantReadError):
+                    self._tls.unwrap()
+                if self._outgoing.pending:
+                    self._sock.send(self._outgoing.read())
+        super().close()
 
 
 # Accepting and connecting ----------------------------------------------------------------
