@@ -30,7 +30,9 @@ $(STAMP): pyproject.toml $(LAYOUT) | $(BIN)/python
 FORCE:
 
 # From Debian: kcat (a real client for the tests), haproxy (the benchmarks' floor) and libpcap
-# (the coalescing test captures loopback traffic with scapy); Java 17 for Spark (the pipelines);
+# (the coalescing test captures loopback traffic with scapy); tcpdump and tshark (the capture
+# tests of `kipside pcap`; tshark's question about non-root capture keeps its default, no);
+# Java 17 for Spark (the pipelines);
 # chromium, if it can be installed, for the status page test (skipped without it).
 system-deps:
 	@command -v kcat >/dev/null 2>&1 && command -v haproxy >/dev/null 2>&1 \
@@ -39,6 +41,13 @@ system-deps:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq kcat haproxy libpcap0.8 >/dev/null; }
+	@command -v tcpdump >/dev/null 2>&1 && command -v tshark >/dev/null 2>&1 || { \
+	  echo "installing tcpdump and tshark from Debian (captures, and tshark's Kafka dissector)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  echo "wireshark-common wireshark-common/install-setuid boolean false" \
+	    | $$SUDO debconf-set-selections; \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq tcpdump tshark >/dev/null; }
 	@command -v java >/dev/null 2>&1 || { \
 	  echo "installing Java 17 from Debian (Spark runs the pipelines)"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \

@@ -17,7 +17,8 @@ INSTALL: dict[str, str] = {
     "haproxy": "`make system-deps` (apt-get install haproxy)",
     "java": "`make system-deps` (apt-get install openjdk-17-jre-headless)",
     "chromium": "`make system-deps` (apt-get install chromium)",
-    "tshark": "`apt-get install -y tshark`",
+    "tshark": "`make system-deps` (apt-get install tshark)",
+    "tcpdump": "`make system-deps` (apt-get install tcpdump)",
     "curl": "`apt-get install -y curl`",
     "libpcap": "`make system-deps` (apt-get install libpcap0.8)",
 }
