@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import confluent_kafka as ck
+import psutil
 from conftest import Kipside, start_kipside
 from relaykit.cluster import NodeRecord, SimulatedCluster, simulated_cluster
 from testkit.metrics import scrape
@@ -56,9 +57,13 @@ class ClusterStack:
         self.kipside.assert_alive()
         return self.kipside.bootstrap
 
+    def metric(self, name: str, **labels: str) -> float:
+        """kipside's own count, from its /metrics (0 if it has no such sample yet)."""
+        return scrape(self.admin_port).value(name, 0.0, **labels)
+
     def client_requests(self, api: str) -> float:
-        """What clients sent kipside so far, by kipside's own count."""
-        return scrape(self.admin_port).value("kipside_client_requests_total", 0.0, api=api)
+        """What clients sent kipside so far."""
+        return self.metric("kipside_client_requests_total", api=api)
 
 
 @contextmanager
@@ -149,13 +154,16 @@ def served(before: dict[int, NodeRecord], after: dict[int, NodeRecord], api: int
 class Mover:
     """Moves the leaders of a topic's partitions, one at a time, to the next live node, every
     `interval` s while running (a background thread); `also` runs after each move (e.g. to move
-    a coordinator too)."""
+    a coordinator too). At each move it also looks at this process's sockets: a client that
+    learned a node's own address (from an answer kipside failed to rewrite) would be connected
+    to it; `bypassed` lists any such connection."""
 
     cluster: SimulatedCluster
     topic: str
     interval: float = 0.15
     also: Callable[[int], None] | None = None
     moves: int = 0
+    bypassed: set[tuple[str, int]] = field(default_factory=set)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -176,6 +184,18 @@ class Mover:
             self.moves += 1
             if self.also is not None:
                 self.also(self.moves)
+            self.bypassed |= connections_to(self.cluster)
+
+
+def connections_to(cluster: SimulatedCluster) -> set[tuple[str, int]]:
+    """This process's TCP connections to the simulated nodes themselves (clients must reach
+    them only through kipside)."""
+    ports = {cluster.port(n) for n in cluster.nodes()}
+    return {
+        (c.raddr.ip, c.raddr.port)
+        for c in psutil.Process().net_connections(kind="tcp")
+        if c.raddr and c.raddr.port in ports
+    }
 
 
 def move_next(cluster: SimulatedCluster, topic: str, partition: int) -> int:

@@ -134,6 +134,7 @@ def test_produce_through_leader_moves(
     traffic = topic_traffic(before, stack.cluster.records(), topic)
 
     assert mover.moves >= 3, mover.moves
+    assert not mover.bypassed, f"clients connected to nodes directly: {mover.bypassed}"
     assert sum(traffic.refused.values()) > 0, f"no move hit the traffic: {traffic}"
     _check_received(sends, stack.bootstrap, topic)
 
@@ -214,6 +215,7 @@ def test_nodes_join_and_leave_mid_traffic(tmp_path: Path, request: pytest.Fixtur
             assert producing.running(), "the traffic ended before node 3 left: too little of it"
             producing.join()
         assert mover.moves >= 4, mover.moves
+        assert not mover.bypassed, f"clients connected to nodes directly: {mover.bypassed}"
         after = cluster.records()
         traffic = topic_traffic(before, after, topic)
         assert 4 in traffic.partitions, traffic  # node 4 took traffic once it led

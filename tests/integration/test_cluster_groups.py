@@ -198,6 +198,7 @@ def test_group_consumes_across_nodes_through_moves(
     ends = {p: sum(1 for m in sent if m.partition == p) for p in range(PARTITIONS)}
     assert _committed(stack.bootstrap, topic, group) == ends
     assert mover.moves >= MIN_MOVES, mover.moves
+    assert not mover.bypassed, f"the member connected to nodes directly: {mover.bypassed}"
     assert served(before, after, ApiKey.FETCH) == set(cluster.nodes())
     group_refused = sum(
         refusals(before, after, api, NOT_COORDINATOR)
