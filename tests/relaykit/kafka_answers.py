@@ -152,7 +152,8 @@ def request_partitions(api_key: int, request: Message) -> Iterator[tuple[TopicKe
 
 def keep_partitions(api_key: int, request: Message, keep: set[tuple[TopicKey, int]]) -> Message:
     """The request naming only the partitions in `keep` (topics left empty are dropped). A
-    Fetch that lost partitions waits no more: their errors must come back at once."""
+    Fetch that lost partitions waits at most 1 ms: their errors must come back at once (not 0:
+    Tansu 0.6.0 answers a Fetch with max_wait 0 with no partitions at all, seen here)."""
     spec = PARTITIONED[api_key]
     topics = []
     for topic in getattr(request, spec.request_topics):
@@ -166,7 +167,7 @@ def keep_partitions(api_key: int, request: Message, keep: set[tuple[TopicKey, in
             topics.append(dataclasses.replace(topic, **{spec.request_partitions: kept}))
     changes: dict[str, Any] = {spec.request_topics: tuple(topics)}
     if api_key == ApiKey.FETCH:
-        changes["max_wait"] = datetime.timedelta(0)
+        changes["max_wait"] = min(request.max_wait, datetime.timedelta(milliseconds=1))
     return dataclasses.replace(request, **changes)
 
 
