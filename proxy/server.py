@@ -323,7 +323,7 @@ class Server:
         try:
             wire = await self.listener_tls.accept(stream, f"{host}:{port}")
         except TlsError as exc:
-            log.warning("%s", exc)
+            log.log(logging.DEBUG if exc.routine else logging.WARNING, "%s", exc)
             return None
         return wire, self.listener_tls.principal(wire)
 

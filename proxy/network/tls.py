@@ -45,6 +45,12 @@ class TlsError(ConnectionError):
     An OSError, so every caller that handles a failed dial (UpstreamConnection.open, upstream
     discovery) reports it as it reports a refused connection."""
 
+    def __init__(self, message: str, *, routine: bool = False) -> None:
+        super().__init__(message)
+        self.routine = routine
+        """Nothing to fix: a client that left during its handshake (a TCP health check, a
+        client shutting down); a client that rejects kipside's certificate says so first."""
+
 
 def looks_like_tls(head: bytes) -> bool:
     """Whether a stream starts like TLS (a record header), as far as its first byte shows."""
@@ -253,9 +259,8 @@ async def accept(
     except EOFError as exc:
         wire.close()
         raise TlsError(
-            f"{client} closed the connection during the TLS handshake on {listener} ({exc}); "
-            "if it logged a certificate error, give it the CA that signed kipside's --tls-cert "
-            "(ssl.ca.location)"
+            f"{client} closed the connection during the TLS handshake on {listener} ({exc})",
+            routine=True,
         ) from None
     except ssl.SSLError as exc:
         wire.close()
