@@ -74,6 +74,8 @@ class Carried:
     topics: set[str] = field(default_factory=set)
     producer_ids: set[int] = field(default_factory=set)
     transactional_ids: set[str] = field(default_factory=set)
+    mixed_produce_requests: int = 0
+    """ProduceRequests carrying batches of two or more producers (coalesced by a proxy)."""
     refused: list[str] = field(default_factory=list)
     """Requests refused before authentication (the connection closed at the first)."""
 
@@ -306,6 +308,7 @@ class SaslRelay(Relay):
                 carried.client_ids.add(header.client_id)
             carried.topics |= topics
             carried.producer_ids |= producer_ids - {-1}
+            carried.mixed_produce_requests += len(producer_ids - {-1}) > 1
             if transactional_id:
                 carried.transactional_ids.add(transactional_id)
 
