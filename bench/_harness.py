@@ -21,8 +21,8 @@ import shutil
 import subprocess
 import sys
 import tarfile
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -203,6 +203,8 @@ class Stack:
     broker_port: int
     proxy: Managed | None
     logdir: Path
+    client: dict[str, Any] = field(default_factory=dict)
+    """Settings every client of this stack needs, in librdkafka's names (TLS)."""
 
 
 @contextlib.contextmanager
@@ -213,12 +215,14 @@ def open_stack(
     kipside_args: Sequence[str] = (),
     code: KipsideCode = INSTALLED,
     relay: Any = None,
+    client: Mapping[str, Any] | None = None,
 ) -> Iterator[Stack]:
     """Start a fresh Tansu and, unless `path` is direct, the proxy in front of it.
 
     `kipside_args` go to `kipside serve` on kipside paths. With `relay` (a tests/ relay),
     Tansu advertises the relay and the proxy (or a direct client) talks to the relay. A plain
     TCP proxy (haproxy, the trio relay) cannot rewrite metadata, so Tansu advertises its port.
+    `client`: settings every client of the stack needs (TLS toward kipside).
     """
     kind = "kipside" if path.startswith("kipside") else path
     if kind not in PATHS:
@@ -237,4 +241,4 @@ def open_stack(
             stack.callback(procs.stop, proxy.popen)
             port = listen
         tansu = Managed("tansu", broker.proc)
-        yield Stack(path, f"{HOST}:{port}", tansu, broker.port, proxy, logdir)
+        yield Stack(path, f"{HOST}:{port}", tansu, broker.port, proxy, logdir, dict(client or {}))

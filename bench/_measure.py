@@ -120,7 +120,8 @@ def worker(stack: Stack, command: str, args: dict[str, Any]) -> tuple[dict[str, 
     time for the stack, so it costs the window nothing)."""
     window = Window.of(stack)
     try:
-        data = run_json(WORKLOAD, command, json.dumps(args), timeout=300)
+        spec = json.dumps({"client": stack.client, **args})
+        data = run_json(WORKLOAD, command, spec, timeout=300)
     except HarnessError as exc:
         raise HarnessError(f"{exc}{stack.proxy.log_tail() if stack.proxy else ''}") from None
     return data, window.close()
@@ -194,7 +195,8 @@ def fleet(
     have finished (a profiler)."""
     topics = {"bootstrap": stack.bootstrap, "topics": [load["topic"]], "partitions": partitions}
     worker(stack, "create-topics", topics)
-    common = {"bootstrap": stack.bootstrap, "size": 100, "go_timeout": 120, **load}
+    common = {"bootstrap": stack.bootstrap, "client": stack.client, "size": 100, **load}
+    common.setdefault("go_timeout", 120)
     before, staged = produce_requests(admin), []
     try:
         for i, n in enumerate(counts):

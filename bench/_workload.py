@@ -40,7 +40,7 @@ def cpu_seconds() -> float:
 
 
 def create_topics(a: dict[str, Any]) -> dict[str, Any]:
-    admin = AdminClient({"bootstrap.servers": a["bootstrap"]})
+    admin = AdminClient({"bootstrap.servers": a["bootstrap"], **a.get("client", {})})
     topics, partitions = list(a["topics"]), int(a["partitions"])
     new = [NewTopic(t, num_partitions=partitions, replication_factor=1) for t in topics]
     for future in admin.create_topics(new).values():
@@ -79,7 +79,7 @@ class Client:
         conf: dict[str, Any] = {"bootstrap.servers": a["bootstrap"], "acks": "all"}
         conf |= {"client.id": f"{a['client_prefix']}-{index}", "linger.ms": a.get("linger_ms", 0)}
         conf |= {"statistics.interval.ms": 1000, "stats_cb": self.stats.append}
-        conf |= {"on_delivery": self._on_delivery}
+        conf |= {"on_delivery": self._on_delivery, **a.get("client", {})}
         self.producer = Producer({**conf, **(mixed_config(index) if a.get("mixed") else {})})
         self.topic, self.value = a["topic"], b"x" * int(a["size"])
 
@@ -219,11 +219,11 @@ def produce(a: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def assigned(bootstrap: str, topic: str, **config: Any) -> tuple[Consumer, int]:
+def assigned(a: dict[str, Any], **config: Any) -> tuple[Consumer, int]:
     """A consumer assigned to every partition of `topic` from the beginning; and how many."""
-    c = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "kipside-bench", **CONSUMER, **config}
-    )
+    bootstrap, topic, client = a["bootstrap"], a["topic"], a.get("client", {})
+    conf = {"bootstrap.servers": bootstrap, "group.id": "kipside-bench", **CONSUMER, **client}
+    c = Consumer({**conf, **config})
     md = c.list_topics(topic, timeout=30).topics[topic]
     if md.error is not None:
         raise KafkaException(md.error)
@@ -233,7 +233,7 @@ def assigned(bootstrap: str, topic: str, **config: Any) -> tuple[Consumer, int]:
 
 def consume(a: dict[str, Any]) -> dict[str, Any]:
     cpu0, t0 = cpu_seconds(), time.perf_counter()
-    c, _ = assigned(a["bootstrap"], a["topic"])
+    c, _ = assigned(a)
     deadline, count, size, capped = t0 + float(a["seconds"]), 0, 0, False
     while count < int(a["messages"]):
         if (now := time.perf_counter()) > deadline:
@@ -250,7 +250,7 @@ def consume(a: dict[str, Any]) -> dict[str, Any]:
 
 
 def verify_sequences(a: dict[str, Any]) -> dict[str, Any]:
-    c, partitions = assigned(a["bootstrap"], a["topic"], **{"enable.partition.eof": True})
+    c, partitions = assigned(a, **{"enable.partition.eof": True})
     seen: Counter[tuple[int, int]] = Counter()
     last: dict[tuple[int, int], int] = {}
     out_of_order, at_end = 0, set[int]()

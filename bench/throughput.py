@@ -37,10 +37,11 @@ NOISY, RATIO, LATENCY_BUDGET_MS = 0.1, 0.9, 0.5
 
 
 def workloads(
-    path: str, args: argparse.Namespace, extra: Sequence[str], logdir: Path
+    path: str, args: argparse.Namespace, extra: Sequence[str], logdir: Path, **options: Any
 ) -> dict[str, float]:
-    """The probe, the producer and the consumer on a fresh stack of `path`: their numbers."""
-    with open_stack(path, logdir, kipside_args=extra) as stack:
+    """The probe, the producer and the consumer on a fresh stack of `path` (more of open_stack's
+    options in `options`): their numbers."""
+    with open_stack(path, logdir, kipside_args=extra, **options) as stack:
         load, parts = {"client_prefix": "bench-throughput"}, args.partitions
         seconds = args.probe_messages / args.probe_rate
         paced = {
