@@ -34,6 +34,7 @@ from kipside.rules.model import (
     CoalescingRules,
     HoldBegin,
     Limits,
+    PrincipalRule,
     RuleSet,
     Tracing,
     TransactionOutput,
@@ -65,6 +66,7 @@ _MAPPINGS: dict[type, str] = {
     TransactionOutput: "an output mapping with keys {keys}",
     HoldBegin: "a mapping with the key {keys}",
     Tracing: "a mapping of tracing settings",
+    PrincipalRule: "a principal rule mapping with keys {keys}",
 }
 # RuleSet fields the loader fills in; they describe the file and are not keys in it.
 _NOT_IN_FILE = ("source", "version")

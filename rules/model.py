@@ -44,6 +44,7 @@ __all__ = [
     "CoalescingRules",
     "HoldBegin",
     "Limits",
+    "PrincipalRule",
     "RuleSet",
     "Tracing",
     "TransactionOutput",
@@ -239,6 +240,51 @@ class TransactionRule:
         return self._transactional_id_re.match(transactional_id) is not None
 
 
+Globs = Annotated[
+    tuple[Glob, ...], Field(description="a list of glob patterns (such as 'orders.*')")
+]
+
+
+@_closed
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrincipalRule:
+    """One ``principals`` entry: what a principal may use through kipside (never more than the
+    broker allows it; the broker still authorizes everything it is sent)."""
+
+    principal: Annotated[
+        NonEmptyText, Field(description="a principal glob such as 'User:alice' or 'User:app-*'")
+    ]
+    topics: Globs | None = field(default=None, metadata={"absent": "every topic"})
+    transactional_ids: Globs | None = field(
+        default=None, metadata={"absent": "every transactional id"}
+    )
+    _principal_re: re.Pattern[str] = field(init=False, repr=False, compare=False)
+    _topic_res: tuple[re.Pattern[str], ...] | None = field(init=False, repr=False, compare=False)
+    _transactional_id_res: tuple[re.Pattern[str], ...] | None = field(
+        init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_principal_re", _compile_glob(self.principal))
+        for name, globs in (
+            ("_topic_res", self.topics),
+            ("_transactional_id_res", self.transactional_ids),
+        ):
+            compiled = None if globs is None else tuple(_compile_glob(g) for g in globs)
+            object.__setattr__(self, name, compiled)
+
+    def matches(self, principal: str) -> bool:
+        return self._principal_re.match(principal) is not None
+
+    def allows_topic(self, topic: str) -> bool:
+        patterns = self._topic_res
+        return patterns is None or any(p.match(topic) for p in patterns)
+
+    def allows_transactional_id(self, transactional_id: str) -> bool:
+        patterns = self._transactional_id_res
+        return patterns is None or any(p.match(transactional_id) for p in patterns)
+
+
 @_closed
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Tracing:
@@ -265,6 +311,17 @@ class RuleSet:
         Field(description="a list of transaction rules ({transactional_id, outputs, ...})"),
     ] = ()
     tracing: Tracing = field(default_factory=Tracing)
+    principals: Annotated[
+        tuple[PrincipalRule, ...],
+        Field(description="a list of principal rules ({principal, topics, transactional_ids})"),
+    ] = ()
+
+    def principal_rule_for(self, principal: str) -> PrincipalRule | None:
+        """The first ``principals`` entry whose glob matches, or None (no restriction)."""
+        for rule in self.principals:
+            if rule.matches(principal):
+                return rule
+        return None
 
     def transaction_rule_for(self, transactional_id: str) -> TransactionRule | None:
         """The first ``transactions`` entry whose glob matches, or None."""
