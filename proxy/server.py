@@ -32,6 +32,7 @@ from kipside.protocol import (
 )
 from kipside.proxy.features.coalesce import Coalescer
 from kipside.proxy.features.context import FeatureContext
+from kipside.proxy.features.principals import FETCH_BY_NAME_MAX_VERSION, PrincipalRules
 from kipside.proxy.features.routing import Router
 from kipside.proxy.features.transactions import TransactionManager
 from kipside.proxy.features.versions import VersionPolicy
@@ -167,8 +168,12 @@ class Server:
         )
         self.rewriter = AddressRewriter(self.nodes)
         self.versions = VersionPolicy(
-            lower_transaction_version=bool(config.rules.transactions) and config.share_connections
+            lower_transaction_version=bool(config.rules.transactions) and config.share_connections,
+            max_fetch_version=FETCH_BY_NAME_MAX_VERSION
+            if any(rule.topics is not None for rule in config.rules.principals)
+            else None,
         )
+        self.principal_rules = PrincipalRules(lambda: self.rules)
         self.stats = Stats()
         self.tracer = tracer or Tracer(config.trace, config.rules.tracing)
         self._shutdown_requested = trio.Event()
@@ -304,6 +309,7 @@ class Server:
             dial=self.dial,
             principal=principal,
             sasl=ClientSasl(self._sasl_termination()),
+            check=self.principal_rules.refusal,
         )
         self.sessions.add(session)
         self.stats.client_connections += 1

@@ -68,9 +68,14 @@ class VersionPolicy:
         ranges: dict[int, tuple[int, int]] | None = None,
         *,
         lower_transaction_version: bool = False,
+        max_fetch_version: int | None = None,
     ) -> None:
         self.ranges = kipside_ranges() if ranges is None else ranges
         self.lower_transaction_version = lower_transaction_version
+        if max_fetch_version is not None:
+            # Rules that restrict topics read Fetch's topic names: v13+ names them by id.
+            low, high = self.ranges.get(ApiKey.FETCH, (0, max_fetch_version))
+            self.ranges[ApiKey.FETCH] = (low, min(high, max_fetch_version))
 
     def _lower_features(self, message: Message) -> Message:
         cap = MAX_TRANSACTION_VERSION_WITH_RULES

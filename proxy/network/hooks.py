@@ -64,6 +64,11 @@ class RoutedClient(Protocol):
 SharedRoute = Callable[[RoutedClient, bytes, RequestHeader], Awaitable[Routed | None]]
 
 
+# A request check takes (client, frame, header) and returns kipside's answer refusing the
+# request (the rule file's principals section), or None if it may go on.
+RequestCheck = Callable[[RoutedClient, bytes, RequestHeader], bytes | None]
+
+
 class ApiVersionsPolicy(Protocol):
     """What kipside advertises in ApiVersions (features.versions.VersionPolicy is the one)."""
 

@@ -41,7 +41,7 @@ from kipside.protocol import (
     read_uvarint,
 )
 from kipside.proxy.network.addresses import AddressRewriter, carries_addresses
-from kipside.proxy.network.hooks import ApiVersionsPolicy, SharedRoute
+from kipside.proxy.network.hooks import ApiVersionsPolicy, RequestCheck, SharedRoute
 from kipside.proxy.network.identity import ANONYMOUS, Principal
 from kipside.proxy.network.sasl import ClientSasl, SaslStep
 from kipside.proxy.network.sasl.kafka import SASL_APIS
@@ -145,6 +145,7 @@ class Session:
         dial: UpstreamDial = _plain,
         principal: Principal = ANONYMOUS,
         sasl: ClientSasl | None = None,
+        check: RequestCheck | None = None,
     ) -> None:
         self.wire = client
         self.wire.on_broken(self._client_broken)
@@ -161,6 +162,8 @@ class Session:
         """Who the client is to kipside; shared connections are per principal."""
         self.sasl = sasl if sasl is not None else ClientSasl()
         """The client's SASL: carried to the broker, or answered by kipside (network.sasl)."""
+        self.check = check
+        """What the client's principal may send (features.principals); None: anything."""
         self._dial = dial
         self.stats = stats if stats is not None else Stats()
         self.tracer = tracer
@@ -296,6 +299,9 @@ class Session:
                 self._sasl_step(step, header.api_key, header.api_version, header.correlation_id)
                 finish(span)
                 return
+        if self.check is not None and (refusal := self.check(self, frame, header)) is not None:
+            self._owe(header, Pending.answered(refusal), False, started, span)
+            return
         if api_key == ApiKey.API_VERSIONS:
             local = self.versions.unsupported_answer(header)
             if local is not None:

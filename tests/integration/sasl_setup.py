@@ -17,9 +17,18 @@ from relaykit.sasl import SaslRelay
 from relaykit.tansu import tansu_behind
 
 # Who clients are (to the relay in passthrough, to kipside in termination).
-CLIENT_PASSWORDS = {"alice": "alice-pw-Zq81", "bob": "bob-pw-Xr27", "carol": "carol-pw-Wk55"}
+CLIENT_PASSWORDS = {
+    "alice": "alice-pw-Zq81",
+    "bob": "bob-pw-Xr27",
+    "carol": "carol-pw-Wk55",
+    "dave": "dave-pw-Tn38",
+}
 # Who kipside is to the relay in termination mode, per principal (carol has no login).
-UPSTREAM_PASSWORDS = {"alice-up": "alice-up-pw-Jd40", "bob-up": "bob-up-pw-Hs63"}
+UPSTREAM_PASSWORDS = {
+    "alice-up": "alice-up-pw-Jd40",
+    "bob-up": "bob-up-pw-Hs63",
+    "dave-up": "dave-up-pw-Pc19",
+}
 KIPSIDE_PASSWORD = "kipside-pw-Lm92"  # kipside's own login (node discovery)
 BOB_ENV = "KIPSIDE_TEST_BOB_UP_PASSWORD"
 SECRETS = (*CLIENT_PASSWORDS.values(), *UPSTREAM_PASSWORDS.values(), KIPSIDE_PASSWORD)
@@ -39,8 +48,9 @@ def upstream_file(folder: Path, *, termination: bool) -> Path:
     """The --sasl-upstream file: kipside's own login, and in termination one per principal
     (alice's password in a file, bob's in an environment variable)."""
     (folder / "kipside.pw").write_text(KIPSIDE_PASSWORD + "\n")
-    (folder / "alice-up.pw").write_text(UPSTREAM_PASSWORDS["alice-up"] + "\n")
-    for name in ("kipside.pw", "alice-up.pw"):
+    for user in ("alice-up", "dave-up"):
+        (folder / f"{user}.pw").write_text(UPSTREAM_PASSWORDS[user] + "\n")
+    for name in ("kipside.pw", "alice-up.pw", "dave-up.pw"):
         (folder / name).chmod(0o600)
     text = (
         "discovery: User:kipside\n"
@@ -52,6 +62,7 @@ def upstream_file(folder: Path, *, termination: bool) -> Path:
             "  User:alice: {mechanism: SCRAM-SHA-256, username: alice-up, "
             "password_file: alice-up.pw}\n"
             f"  User:bob: {{mechanism: PLAIN, username: bob-up, password_env: {BOB_ENV}}}\n"
+            "  User:dave: {mechanism: PLAIN, username: dave-up, password_file: dave-up.pw}\n"
         )
     path = folder / "upstream.yaml"
     path.write_text(text)

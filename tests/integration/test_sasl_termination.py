@@ -37,6 +37,10 @@ RULES = """
 coalescing:
   lanes: 1  # every partition on one lane, so one request can carry two producers' batches
   linger_ms: 20
+principals:
+  - principal: "User:dave"
+    topics: ["dave.*"]
+    transactional_ids: ["dave-*"]
 tracing:
   enabled: true
   api_keys: [Produce, Fetch, InitProducerId, SaslHandshake, SaslAuthenticate, Metadata]
@@ -217,6 +221,36 @@ def test_two_principals_never_share(terminating: SaslSetup) -> None:
     # One principal's producers share: some upstream request carried several of alice's.
     assert any(c.mixed_produce_requests for c in carried if c.user == "alice-up")
     assert any(c.mixed_produce_requests for c in carried if c.user == "bob-up")
+
+
+def test_principal_rules_refuse_what_dave_may_not_use(terminating: SaslSetup) -> None:
+    """dave may use topics dave.* and transactional ids dave-*: the errors his client sees for
+    anything else are Kafka's authorization errors, and nothing refused reached the relay."""
+    setup = terminating
+    dave = ck_sasl("PLAIN", "dave")
+    mine = fresh_topic(setup.bootstrap, "dave.ok", 1, conf=dave)
+    other = fresh_topic(setup.bootstrap, "other", 1, conf=ck_sasl("PLAIN", "alice"))
+    ck_produce(setup.bootstrap, mine, make_messages(3, 1), conf=dave)
+    errors: list[ck.KafkaError] = []
+    producer = ck.Producer({**ck_config(setup.bootstrap), **dave, "message.timeout.ms": 5000})
+    producer.produce(other, b"x", on_delivery=lambda error, _m: errors.append(error))
+    assert producer.flush(10) == 0
+    assert [e.code() for e in errors] == [ck.KafkaError.TOPIC_AUTHORIZATION_FAILED]
+    transactional = ck.Producer(
+        {**ck_config(setup.bootstrap), **dave, "transactional.id": "other-1"}
+    )
+    with pytest.raises(ck.KafkaException) as refused:
+        transactional.init_transactions(10)
+    assert refused.value.args[0].code() == ck.KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    allowed = ck.Producer({**ck_config(setup.bootstrap), **dave, "transactional.id": "dave-1"})
+    allowed.init_transactions(10)
+    allowed.begin_transaction()
+    allowed.produce(mine, b"in-txn", partition=0)
+    allowed.commit_transaction(10)
+    carried = [c for c in setup.relay.carried() if c.user == "dave-up"]
+    assert not any(other in c.topics for c in carried)
+    assert not any("other-1" in c.transactional_ids for c in carried)
+    assert any("dave-1" in c.transactional_ids for c in carried)
 
 
 def test_secrets_nowhere(terminating: SaslSetup) -> None:
