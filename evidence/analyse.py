@@ -70,6 +70,13 @@ def summarize(
         skipped=_skipped(capture.counts, not_segments, table),
     )
     if not summary.apis and not summary.connections:
+        tls = summary.other_connections.get("TLS", 0)
+        if tls:
+            raise NoKafkaError(
+                f"{path}: TLS: {tls} connection{'s' * (tls != 1)} carry TLS, so their Kafka "
+                "traffic is encrypted and cannot be read; capture where it is plaintext (on "
+                "the far side of whatever terminates TLS)"
+            )
         raise NoKafkaError(_no_kafka(Path(path), wanted, capture.counts, table))
     return summary
 
@@ -79,7 +86,7 @@ def _skipped(
 ) -> dict[str, int]:
     """Every count of what was skipped or guessed, under the names report.SKIPPED explains."""
     out = {
-        "file_cut_bytes": file.cut_at_end,
+        "file_cut": file.cut_at_end,
         "not_tcp_packets": not_segments[NOT_IP] + not_segments[NOT_TCP],
         "unknown_link_packets": not_segments[UNKNOWN_LINK],
         "ip_fragments": not_segments[FRAGMENT],

@@ -10,6 +10,7 @@ is a CaptureError whose message says what to do. Knows nothing of TCP or Kafka.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,6 +22,8 @@ __all__ = ["CaptureError", "CaptureFile", "FileCounts"]
 # scapy's readers cut packets to their `size` argument, 65535 by default: less than a loopback
 # packet of a 64 KiB TSO/GSO segment with its headers. Read up to what scapy reads at once.
 _MAX_PACKET: Final = 4 * 0xFFFF
+_PCAP_HEADER: Final = 24
+_PCAP_RECORD_HEADER: Final = 16
 _HOW_TO_CAPTURE: Final = (
     "capture with `tcpdump -i IFACE -s 0 -w FILE 'tcp port PORT'` (or `tshark -w FILE`): "
     "pcap and pcapng files are read, gzipped or not"
@@ -38,7 +41,8 @@ class FileCounts:
     packets: int = 0
     captured_bytes: int = 0
     cut_at_end: int = 0
-    """Bytes the file lacks at its end: the last packet, or its record header, was cut."""
+    """1 when the file ends inside a packet record (it was cut, or copied while written): the
+    last packet is incomplete, or missing if its record header is."""
     link_types: dict[int, int] = field(default_factory=dict)
     """Packets per link type."""
 
@@ -56,7 +60,7 @@ class CaptureFile:
         self.size = self.path.stat().st_size
         self._reader = _open_reader(self.path)
         self._pcapng = type(self._reader).__name__ == "RawPcapNgReader"
-        self._gzipped = self._reader.f is not None and not hasattr(self._reader.f, "fileno")
+        self._gzipped = isinstance(self._reader.f, gzip.GzipFile)
 
     def position(self) -> int:
         """How far into the file reading has come (bytes), for progress reports."""
@@ -82,13 +86,14 @@ class CaptureFile:
         read = reader._read_packet  # the reader's own iterator cuts packets at 65535 bytes
         scapy_log = logging.getLogger("scapy.runtime")
         level = scapy_log.level
-        scapy_log.setLevel(logging.CRITICAL)  # a cut packet is counted here, not warned of
+        scapy_log.setLevel(logging.CRITICAL)  # a cut packet is counted, not warned of
         try:
             if self._pcapng:
                 yield from self._pcapng_packets(read, counts, link_types)
             else:
                 linktype = reader.linktype
                 scale = 1e-9 if reader.nano else 1e-6
+                records_end = _PCAP_HEADER  # where the file would end after each record
                 while True:
                     try:
                         data, meta = read(_MAX_PACKET)
@@ -96,13 +101,15 @@ class CaptureFile:
                         break
                     counts.packets += 1
                     counts.captured_bytes += len(data)
+                    records_end += _PCAP_RECORD_HEADER + meta.caplen
                     link_types[linktype] = link_types.get(linktype, 0) + 1
-                    if len(data) < min(meta.caplen, _MAX_PACKET):
-                        counts.cut_at_end += meta.caplen - len(data)
                     yield meta.sec + meta.usec * scale, linktype, data, meta.wirelen
+                if not self._gzipped and self.size != records_end:
+                    counts.cut_at_end = 1
         finally:
             scapy_log.setLevel(level)
-        self._count_trailing_bytes()
+        if self._pcapng:
+            self._count_trailing_bytes()
 
     @staticmethod
     def _pcapng_packets(
@@ -120,13 +127,12 @@ class CaptureFile:
             yield ts, meta.linktype, data, meta.wirelen
 
     def _count_trailing_bytes(self) -> None:
-        """Bytes after the last whole record: a file cut inside a record header or block."""
+        """Whether bytes follow the last whole pcapng block: a file cut inside one."""
         if self._gzipped:
             return
         with contextlib.suppress(OSError, ValueError, AttributeError):
-            left = self.size - self._reader.f.tell()
-            if left > 0:
-                self.counts.cut_at_end += left
+            if self.size > self._reader.f.tell():
+                self.counts.cut_at_end = 1
 
 
 def _open_reader(path: Path) -> Any:

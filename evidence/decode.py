@@ -201,11 +201,11 @@ def _error_codes(api_key: int, api_version: int, data: bytes) -> frozenset[int]:
 
 
 def _walk_error_codes(message: Any) -> set[int]:
-    """Every `error_code` field anywhere in a kio message."""
+    """Every error code anywhere in a kio message (`error_code`, `partition_error_code`...)."""
     found: set[int] = set()
     for f in dataclasses.fields(message):
         value = getattr(message, f.name)
-        if f.name == "error_code" and value is not None:
+        if f.name.endswith("error_code") and value is not None:
             found.add(int(value))
         elif dataclasses.is_dataclass(value):
             found |= _walk_error_codes(value)

@@ -335,14 +335,18 @@ class RequestBoundaries:
     whose frame is followed by another one, or ends exactly where the captured bytes end."""
 
     def find(self, buf: bytearray, start: int) -> tuple[int | None, int]:
+        # The first candidate confirmed by the header after it wins, even over an earlier one
+        # whose frame runs past the bytes so far (undecided): next time the search starts at
+        # the first undecided one.
+        undecided: int | None = None
         for match in _REQUEST_START.finditer(buf, start):
             at = match.start()
             verdict = self._check(buf, at)
-            if verdict is None:
-                return None, at  # undecided until more bytes arrive
             if verdict:
                 return at, 0
-        return None, max(start, len(buf) - 7)
+            if verdict is None and undecided is None:
+                undecided = at
+        return None, max(start, len(buf) - 7) if undecided is None else undecided
 
     @staticmethod
     def _check(buf: bytearray, at: int) -> bool | None:

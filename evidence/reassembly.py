@@ -7,7 +7,7 @@ StreamSink, with every byte the capture lacks reported as lost, by count, where 
   trimmed to their new bytes;
 - a segment that arrives ahead of a missing predecessor is held (out of order) until the
   predecessor comes; held bytes are bounded, and when the bound is reached, when the peer
-  acknowledges bytes the capture never saw, or when the connection ends, the hole is given up:
+  has acknowledged bytes the capture never saw, or when the connection ends, the hole is given up:
   the sink hears how many bytes were lost and the stream carries on after them;
 - a segment cut by the capture's snap length delivers what was kept, then the rest as lost;
 - a direction whose start was not captured (no SYN: the capture began mid-connection) starts
@@ -78,7 +78,16 @@ def _signed(value: int) -> int:
 class TcpDirection:
     """Reassembles the segments of one direction of one TCP connection into its StreamSink."""
 
-    __slots__ = ("_counts", "_held", "_held_bytes", "_max_bytes", "_max_segments", "_next", "sink")
+    __slots__ = (
+        "_acked",
+        "_counts",
+        "_held",
+        "_held_bytes",
+        "_max_bytes",
+        "_max_segments",
+        "_next",
+        "sink",
+    )
 
     def __init__(
         self,
@@ -91,6 +100,7 @@ class TcpDirection:
         self.sink = sink
         self._counts = counts
         self._next: int | None = None
+        self._acked: int | None = None  # the highest acknowledgment the peer sent
         self._held: dict[int, tuple[Buffer, int, float]] = {}
         self._held_bytes = 0
         self._max_bytes = max_held_bytes
@@ -126,6 +136,13 @@ class TcpDirection:
         elif ahead < 0:
             if not self._trimmed(payload, missing, -ahead, ts):
                 return
+        elif self._acked is not None and _signed(self._acked - seq) >= 0:
+            # The peer had acknowledged the bytes before this segment: they are lost.
+            counts.gaps += 1
+            counts.gap_bytes += ahead
+            self.sink.lost(ahead)
+            self._next = seq
+            self._deliver(payload, missing, ts)
         else:
             counts.out_of_order += 1
             self._hold(seq, payload, missing, ts)
@@ -135,7 +152,10 @@ class TcpDirection:
 
     def acked(self, ack: int) -> None:
         """The peer acknowledged everything before `ack`: a hole before it was captured by
-        nobody, so give it up now instead of holding what follows it."""
+        nobody, so give it up now (or as soon as the bytes after it arrive) instead of holding
+        what follows it."""
+        if self._acked is None or _signed(ack - self._acked) > 0:
+            self._acked = ack
         if self._held and self._next is not None and _signed(ack - self._next) > 0:
             self._skip_hole()
 

@@ -16,7 +16,7 @@ from .summary import Summary
 __all__ = ["SKIPPED", "format_comparison", "format_summary"]
 
 SKIPPED: Final = {
-    "file_cut_bytes": "bytes missing at the end of the file (it was cut inside a packet)",
+    "file_cut": "file ending inside a packet record (cut, or copied while being written)",
     "not_tcp_packets": "packets that are not TCP over IP",
     "unknown_link_packets": "packets of a link type the reader does not know",
     "ip_fragments": "IP fragments (not reassembled)",
@@ -172,7 +172,8 @@ def format_comparison(comparison: Comparison) -> str:
         return [label, text(client), text(broker), saved]
 
     rows = [row("requests", c.requests, b.requests)]
-    for name in sorted({*c.apis, *b.apis}, key=lambda n: -c.api(n).requests - b.api(n).requests):
+    busiest = sorted({*c.apis, *b.apis}, key=lambda n: (-c.api(n).requests - b.api(n).requests, n))
+    for name in busiest:
         rows.append(row(f"  {name}", c.api(name).requests, b.api(name).requests))
     rows += [
         row("Produce partitions", c.produce.partitions, b.produce.partitions),

@@ -10,6 +10,7 @@ packet that completed its answer, as seen where the capture was taken.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -35,6 +36,8 @@ class ApiFigures:
     p99_ms: float | None = None
     errors: dict[str, int] = field(default_factory=dict)
     """Answers carrying each error (by Kafka's name), each answer counted once per error."""
+    versions: dict[str, int] = field(default_factory=dict)
+    """Requests per API version ("v9": 12)."""
 
 
 @dataclass
@@ -49,6 +52,8 @@ class ProduceFigures:
     """Requests with acks=0 (no answer expected)."""
     unread: int = 0
     """Requests whose body was not read (bytes lost in the capture, or it did not decode)."""
+    partitions_by_version: dict[str, int] = field(default_factory=dict)
+    """Partitions in the requests of each Produce version (other dissectors read only some)."""
 
     @property
     def batches_per_request(self) -> float | None:
@@ -99,13 +104,14 @@ def _rounded(value: float | None) -> float | None:
 
 
 class _Api:
-    __slots__ = ("errors", "latency", "requests", "responses")
+    __slots__ = ("errors", "latency", "requests", "responses", "versions")
 
     def __init__(self) -> None:
         self.requests = 0
         self.responses = 0
         self.latency = LatencyHistogram()
         self.errors: Counter[int] = Counter()
+        self.versions: Counter[int] = Counter()
 
 
 class SummaryBuilder:
@@ -126,6 +132,7 @@ class SummaryBuilder:
         if api is None:
             api = self._apis[request.api_key] = _Api()
         api.requests += 1
+        api.versions[request.api_version] += 1
         if request.api_key == ApiKey.PRODUCE:
             produce = self.produce
             produce.requests += 1
@@ -133,6 +140,9 @@ class SummaryBuilder:
                 produce.unread += 1
                 return
             produce.partitions += request.partitions
+            version = f"v{request.api_version}"
+            by_version = produce.partitions_by_version
+            by_version[version] = by_version.get(version, 0) + request.partitions
             produce.batches += request.batches
             produce.records += request.records
             produce.batch_bytes += request.batch_bytes
@@ -174,6 +184,7 @@ class SummaryBuilder:
                 None if math.isnan(p50) else round(p50 * 1000, 3),
                 None if math.isnan(p99) else round(p99 * 1000, 3),
                 {error_name(code): n for code, n in sorted(api.errors.items())},
+                {f"v{version}": n for version, n in sorted(api.versions.items())},
             )
         # A connection that carried nothing is a Kafka connection if its server speaks Kafka.
         kafka_servers = set(self._kafka) | {s for s in self._empty if s.port in self._ports}
@@ -187,7 +198,14 @@ class SummaryBuilder:
             file_bytes=file_bytes,
             seconds=round(seconds, 6),
             apis=apis,
-            produce=self.produce,
+            produce=dataclasses.replace(
+                self.produce,
+                partitions_by_version=dict(
+                    sorted(
+                        self.produce.partitions_by_version.items(), key=lambda kv: int(kv[0][1:])
+                    )
+                ),
+            ),
             transactions=self._transactions.figures(),
             concurrent_transactions={api_name(k): n for k, n in sorted(self._concurrent.items())},
             connections=dict(sorted(connections.items())),

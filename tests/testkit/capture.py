@@ -61,6 +61,9 @@ class Tcpdump:
             "-s",
             str(snaplen),
             "-U",
+            # Packets reach tcpdump as they come, not a ring block at a time: a block still
+            # in the ring when SIGINT arrives would be lost.
+            "--immediate-mode",
             "-B",
             str(buffer_kib),
             "-w",
