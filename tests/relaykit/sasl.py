@@ -259,7 +259,10 @@ class SaslRelay(Relay):
 
                 def credentials(user: str) -> tuple[bytes, bytes, bytes, int]:
                     login.claimed = user  # scramp keeps no user name
-                    return self._auth_info[(user, str(login.mechanism))]
+                    salt, stored_key, server_key, iterations = self._auth_info[
+                        (user, str(login.mechanism))
+                    ]
+                    return bytes(salt), bytes(stored_key), bytes(server_key), int(iterations)
 
                 login.scram = scramp.ScramMechanism(login.mechanism).make_server(credentials)
                 login.scram.set_client_first(token.decode())
