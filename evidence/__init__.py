@@ -7,9 +7,11 @@ loss counted (reassembly), Kafka frames split and resynchronised (frames), respo
 requests by correlation id (connection), the bodies that matter decoded through kipside.protocol
 (decode), and the figures added up (summary, transactions, latency) and compared (compare).
 
-The scapy layers for Kafka frames (layers) dissect and craft frames; the robustness kit (craft)
-builds malformed ones for tests and fuzzing. They import scapy, so they load on first use: the
-`kipside` command line registers `pcap` without paying for scapy.
+The scapy layers for Kafka frames (layers) dissect and craft frames, and kafka_frames (dissect)
+hands over every frame of a capture, reassembled and matched, to dissect with them; the
+robustness kit (craft) builds malformed frames for tests and fuzzing. The layers and the kit
+import scapy, so they load on first use: the `kipside` command line registers `pcap` without
+paying for scapy.
 
 kipside.protocol does the Kafka decoding and stays free of scapy and files; this package is a
 shell over it, like the proxy and the pipelines, and neither of those imports it (`make lint`).
@@ -23,6 +25,7 @@ from kipside.evidence.analyse import NoKafkaError, summarize
 from kipside.evidence.capture import CaptureError
 from kipside.evidence.cli import register_pcap
 from kipside.evidence.compare import Comparison, compare
+from kipside.evidence.dissect import CapturedFrame, kafka_frames
 from kipside.evidence.summary import ApiFigures, ProduceFigures, Summary
 from kipside.evidence.transactions import TransactionFigures
 
@@ -95,6 +98,7 @@ __all__ = [
     "MALFORMED",
     "ApiFigures",
     "CaptureError",
+    "CapturedFrame",
     "Comparison",
     "KafkaRequest",
     "KafkaResponse",
@@ -112,6 +116,7 @@ __all__ = [
     "dissect_request",
     "dissect_response",
     "huge_array",
+    "kafka_frames",
     "negative_length",
     "produce_request",
     "register_pcap",

@@ -94,6 +94,12 @@ class Listener(Protocol):
 
     def closed(self, connection: Connection) -> None: ...
 
+    def frame(
+        self, connection: Connection, frame: Frame, request: RequestSeen, is_response: bool
+    ) -> None:
+        """Every frame (only if the listener's `keeps_frames` is true: then every frame is
+        kept whole)."""
+
 
 class _Discard:
     """Where the bytes of a connection that is not Kafka go."""
@@ -119,6 +125,7 @@ class Connection:
         "client",
         "counts",
         "first_ts",
+        "keep_frames",
         "kind",
         "last_ts",
         "midstream",
@@ -145,6 +152,7 @@ class Connection:
         self.last_ts = ts
         self.counts = counts
         self._listener = listener
+        self.keep_frames = bool(getattr(listener, "keeps_frames", False))
         self.waiting: OrderedDict[int, RequestSeen] = OrderedDict()
         self._acks0: OrderedDict[int, RequestSeen] = OrderedDict()
         self._request_frames = FrameSplitter(
@@ -196,6 +204,8 @@ class Connection:
         if request.problem is not None:
             self.counts.unread_requests += 1
         self._listener.request(self, request)
+        if self.keep_frames:
+            self._listener.frame(self, frame, request, False)
         if request.expects_response:
             waiting = self.waiting
             if len(waiting) >= MAX_WAITING:
@@ -227,12 +237,14 @@ class Connection:
         if response.problem is not None:
             self.counts.unread_responses += 1
         self._listener.response(self, request, response, frame.ts)
+        if self.keep_frames:
+            self._listener.frame(self, frame, request, True)
 
     def response_wanted(self, head: bytes) -> bool:
         if len(head) < 8:
             return False
         request = self.waiting.get(INT32.unpack_from(head, 4)[0])
-        return request is not None and request.api_key in RESPONSE_BODIES
+        return request is not None and (self.keep_frames or request.api_key in RESPONSE_BODIES)
 
 
 class _Requests:
@@ -242,6 +254,8 @@ class _Requests:
         self._connection = connection
 
     def wants_body(self, head: bytes) -> bool:
+        if self._connection.keep_frames:
+            return True
         return len(head) >= 8 and int.from_bytes(head[4:6], "big", signed=True) in REQUEST_BODIES
 
     def frame(self, frame: Frame) -> None:

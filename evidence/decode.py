@@ -71,6 +71,7 @@ class RequestSeen:
         "batches",
         "committed",
         "correlation_id",
+        "corrupt_batches",
         "partitions",
         "problem",
         "records",
@@ -90,6 +91,8 @@ class RequestSeen:
         self.batches = 0
         self.records = 0
         self.batch_bytes = 0
+        self.corrupt_batches = 0
+        """Batches whose CRC does not match (their records are not counted)."""
         self.problem: str | None = None
         """Why the body was not read (bytes lost in the capture, or it does not decode)."""
 
@@ -145,7 +148,10 @@ class RequestSeen:
         self.batch_bytes += len(records)
         for batch in iter_batches(records):
             self.batches += 1
-            self.records += batch.records_count
+            if batch.crc_valid():  # else its record count is not to be trusted
+                self.records += batch.records_count
+            else:
+                self.corrupt_batches += 1
 
 
 class ResponseSeen:

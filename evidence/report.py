@@ -89,6 +89,7 @@ def _produce(summary: Summary) -> str:
     )
     extra = [f"{_n(p.acks0)} with acks=0"] if p.acks0 else []
     extra += [f"{_n(p.unread)} not read"] if p.unread else []
+    extra += [f"{_n(p.corrupt_batches)} batches with a bad CRC"] if p.corrupt_batches else []
     return line + (f" ({', '.join(extra)})" if extra else "")
 
 

@@ -20,6 +20,7 @@ from kipside.protocol import ApiKey, ErrorCode, api_name, error_name
 
 from .connection import KAFKA, NOT_KAFKA, TLS, Connection, Endpoint
 from .decode import RequestSeen, ResponseSeen
+from .frames import Frame
 from .latency import LatencyHistogram
 from .transactions import TransactionFigures, TransactionTracker
 
@@ -52,6 +53,8 @@ class ProduceFigures:
     """Requests with acks=0 (no answer expected)."""
     unread: int = 0
     """Requests whose body was not read (bytes lost in the capture, or it did not decode)."""
+    corrupt_batches: int = 0
+    """Batches whose CRC-32C does not match their bytes (their records are not counted)."""
     partitions_by_version: dict[str, int] = field(default_factory=dict)
     """Partitions in the requests of each Produce version (other dissectors read only some)."""
 
@@ -146,6 +149,7 @@ class SummaryBuilder:
             produce.batches += request.batches
             produce.records += request.records
             produce.batch_bytes += request.batch_bytes
+            produce.corrupt_batches += request.corrupt_batches
             produce.acks0 += request.acks == 0
         else:
             self._transactions.request(request)
@@ -162,6 +166,11 @@ class SummaryBuilder:
         if CONCURRENT_TRANSACTIONS in response.error_codes:
             self._concurrent[request.api_key] += 1
         self._transactions.response(request, response)
+
+    def frame(
+        self, connection: Connection, frame: Frame, request: RequestSeen, is_response: bool
+    ) -> None:
+        pass  # keeps_frames is not set: never called
 
     def closed(self, connection: Connection) -> None:
         if connection.kind == KAFKA:
