@@ -1,9 +1,11 @@
 """What TLS costs kipside: bench/throughput.py's workloads over plaintext, TLS toward clients,
 TLS toward brokers, and TLS on both sides, in one run.
 
-    .venv/bin/python bench/tls_cost.py [--repeats 3] [--seconds 8] [--messages 1000000] [--quick]
+    .venv/bin/python bench/tls_cost.py [--repeats 3] [--seconds 8] [--messages 1000000]
+                                       [--ref HEAD] [--quick]
 
-Per repetition and case, a fresh Tansu behind haproxy (TCP mode; it terminates TLS, as a TLS
+kipside runs as of git --ref (every run the same code while others edit the checkout). Per
+repetition and case, a fresh Tansu behind haproxy (TCP mode; it terminates TLS, as a TLS
 broker's listener would, when kipside speaks TLS to the brokers) and kipside in front of it;
 the confluent-kafka clients speak TLS to kipside when it serves TLS. Certificates are made at
 run time (trustme, ECDSA P-256). Loopback only. docs/performance.md ("TLS cost") says what each
@@ -19,7 +21,7 @@ import tempfile
 from functools import partial
 from pathlib import Path
 
-from _harness import HOST, Managed
+from _harness import HOST, KipsideCode, Managed, at_ref
 from _measure import medians, repeat
 from _report import Report, facts, parse_args, relative, run_notes, table
 from relaykit.tls import TestCA
@@ -90,7 +92,12 @@ class Front:
 
 
 def case(
-    tls_clients: bool, tls_brokers: bool, args: argparse.Namespace, pki: Path, logdir: Path
+    tls_clients: bool,
+    tls_brokers: bool,
+    args: argparse.Namespace,
+    code: KipsideCode,
+    pki: Path,
+    logdir: Path,
 ) -> dict[str, float]:
     """throughput's workloads through kipside, with TLS on the sides asked for."""
     extra, client = [], {}
@@ -102,7 +109,7 @@ def case(
         extra += ["--upstream-server-name", "broker.test"]
     front = Front(logdir, pki / "broker.pem+key" if tls_brokers else None)
     try:
-        found = workloads("kipside", args, extra, logdir, relay=front, client=client)
+        found = workloads("kipside", args, extra, logdir, relay=front, client=client, code=code)
     finally:
         front_cpu_s = front.close()
     messages = found["prod_delivered"] + found["cons_messages"]
@@ -120,9 +127,11 @@ def certificates(directory: Path) -> Path:
 
 def main() -> int:
     options = {k: v for k, v in OPTIONS.items() if k != "--paths"}
-    args = parse_args(__doc__, {**options, "--messages": (int, 1_000_000, "records")}, QUICK)
-    pki = certificates(Path(tempfile.mkdtemp(prefix="kipside-tls-bench-")))
-    cases = {name: partial(case, *sides, args, pki) for name, sides in CASES.items()}
+    options |= {"--messages": (int, 1_000_000, "records"), "--ref": (str, "HEAD", "git ref")}
+    args = parse_args(__doc__, options, QUICK)
+    work = Path(tempfile.mkdtemp(prefix="kipside-tls-bench-"))
+    code, pki = at_ref(args.ref, work / "code"), certificates(work)
+    cases = {name: partial(case, *sides, args, code, pki) for name, sides in CASES.items()}
     runs = repeat(cases, args.repeats, noisy=NOISY, retries=1, budget=300)
     med = {c: medians(runs, c) for c in cases}
     relative(med, "plaintext", ["proxy_us_msg", "probe_proxy_cpu_per_m", "prod_msgs_per_s"])
@@ -134,7 +143,12 @@ def main() -> int:
     found = table(f"Results (median of {args.repeats})", list(cases), med, COLUMNS, first="")
     title = "TLS cost: kipside's CPU with TLS toward clients, toward brokers, both, and neither"
     Report(
-        "tls", title, facts(*more, tools=["haproxy"]), [found], [], run_notes(runs, NOISY)
+        "tls",
+        title,
+        facts(*more, tools=["haproxy"], code={"kipside code": code.label}),
+        [found],
+        [],
+        run_notes(runs, NOISY),
     ).publish(args)
     return 0 if all(r.ok for r in runs) else 1
 
