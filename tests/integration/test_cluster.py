@@ -14,7 +14,9 @@ not lead as Apache Kafka does, and records what kipside sent each node).
   nothing is lost, duplicated or reordered.
 - test_not_leader_answer_is_the_brokers: one raw Produce v11 naming a partition the node leads
   and one it does not, to kipside's listener and to the simulated node itself: the same answer
-  (error, current leader, its endpoint), the endpoint rewritten to kipside's listener.
+  (error, current leader, its endpoint), the endpoint rewritten to kipside's listener, on the
+  coalesced path (this module's kipside lingers); the nodes test below checks the same on the
+  pass-through path.
 - test_nodes_join_and_leave_mid_traffic (its own kipside, linger 0: the pass-through path):
   node 4 joins and leads two partitions, node 3 leaves, mid-traffic: kipside opens node 4's
   listener from Metadata, ends what it had open to node 3, keeps node 3's listener (its port
@@ -164,27 +166,37 @@ def _produce(address: tuple[str, int], topic: str, partitions: list[int]) -> Pro
     return parse_produce_response(frame, offset, version)
 
 
-def check_not_leader_answer(stack: ClusterStack, topic: str) -> None:
-    """kipside's node 1 listener answers partition 0 (led by node 1) and partition 1 (led by
-    node 2) as the simulated node 1 does, node 2's endpoint pointing at kipside."""
+def check_not_leader_answer(stack: ClusterStack, topic: str, path: str) -> int:
+    """kipside's node 1 listener answers a Produce naming partition 0 (led by node 1) and 2
+    (led by node 3) as the simulated node 1 itself does, node 3's endpoint pointing at kipside.
+    `path` is how kipside must carry it: "coalesced" (a request kipside wrote) or
+    "pass-through" (the client's own frame: a first request dials node 1's lane, the second
+    finds it idle). Returns how many records it wrote to partition 0."""
     cluster, ks = stack.cluster, stack.kipside
-    direct = _produce(("127.0.0.1", cluster.port(1)), topic, [0, 1])
-    via = _produce(("127.0.0.1", ks.node_ports[1]), topic, [0, 1])
-    leader, epoch = cluster.leader(topic, 1)
-    for answer, node2 in ((direct, cluster.port(2)), (via, ks.node_ports[2])):
+    direct = _produce(("127.0.0.1", cluster.port(1)), topic, [0, 2])
+    if path == "pass-through":
+        _produce(("127.0.0.1", ks.node_ports[1]), topic, [0, 2])
+    via = _produce(("127.0.0.1", ks.node_ports[1]), topic, [0, 2])
+    upstream = cluster.record(1).produce[-1]
+    assert upstream.client_id == ("kipside-it-raw" if path == "pass-through" else "kipside")
+    assert upstream.refused == ((topic, 2),), upstream
+    leader, epoch = cluster.leader(topic, 2)
+    for answer, node3 in ((direct, cluster.port(3)), (via, ks.node_ports[3])):
         ok, refused = answer.partitions
         assert (ok.partition, ok.error_code) == (0, 0) and ok.base_offset >= 0, answer
-        assert (refused.partition, refused.error_code) == (1, NOT_LEADER), answer
-        assert refused.current_leader == (leader, epoch) == (2, epoch), answer
+        assert (refused.partition, refused.error_code) == (2, NOT_LEADER), answer
+        assert refused.current_leader == (leader, epoch) == (3, epoch), answer
         assert [(e.node_id, e.host, e.port) for e in answer.node_endpoints] == [
-            (2, "127.0.0.1", node2)
+            (3, "127.0.0.1", node3)
         ], answer
+    return 3 if path == "pass-through" else 2
 
 
 def test_not_leader_answer_is_the_brokers(
     stack: ClusterStack, request: pytest.FixtureRequest
 ) -> None:
-    check_not_leader_answer(stack, fresh_topic(stack.bootstrap, "raw", PARTITIONS, request))
+    topic = fresh_topic(stack.bootstrap, "raw", PARTITIONS, request)
+    check_not_leader_answer(stack, topic, "coalesced")  # this module's kipside lingers
 
 
 # --------------------------------------------------------------------------- nodes come and go
@@ -196,7 +208,7 @@ def test_nodes_join_and_leave_mid_traffic(tmp_path: Path, request: pytest.Fixtur
     with cluster_stack(tmp_path / "nodes") as stack:
         cluster, ks = stack.cluster, stack.kipside
         topic = fresh_topic(stack.bootstrap, "nodes", PARTITIONS, request)
-        check_not_leader_answer(stack, topic)  # the pass-through path (linger 0)
+        raw = check_not_leader_answer(stack, topic, "pass-through")  # linger 0 here
         before = cluster.records()
         base = ks.node_ports[1] - 1
         sends = {f"n{i}": make_messages(400, PARTITIONS, tag=f"n{i}") for i in range(2)}
@@ -238,4 +250,4 @@ def test_nodes_join_and_leave_mid_traffic(tmp_path: Path, request: pytest.Fixtur
             mark,
         ), ks.log_since(mark)
 
-        _check_received(sends, stack.bootstrap, topic, raw=2)  # check_not_leader_answer's
+        _check_received(sends, stack.bootstrap, topic, raw)

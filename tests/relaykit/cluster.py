@@ -103,6 +103,7 @@ class ProduceSeen:
     """One ProduceRequest a node received."""
 
     connection: int  # the node's connection number (relaykit.base.Conn.number)
+    client_id: str  # from the request header ("kipside" for requests kipside wrote itself)
     acks: int
     batches: tuple[BatchSeen, ...]  # forwarded to the broker, in request order
     refused: tuple[TopicPartition, ...]  # answered with an error by the node itself
@@ -419,7 +420,9 @@ class SimulatedNode(Relay):
                 seen = produce_batches(request.frame)
                 batches = tuple(b for b in seen if (b.topic, b.partition) not in refused)
                 keys = tuple((str(k), p) for k, p in refused)
-                self._produce.append(ProduceSeen(conn.number, int(message.acks), batches, keys))
+                client_id = h.client_id or ""
+                seen = ProduceSeen(conn.number, client_id, int(message.acks), batches, keys)
+                self._produce.append(seen)
         if not refused:
             return FORWARD
         if h.api_key == ApiKey.PRODUCE and message.acks == 0:
