@@ -417,8 +417,8 @@ class SimulatedNode(Relay):
             for refusal in refused.values():
                 self._refused[(h.api_key, refusal.error_code)] += 1
             if h.api_key == ApiKey.PRODUCE:
-                seen = produce_batches(request.frame)
-                batches = tuple(b for b in seen if (b.topic, b.partition) not in refused)
+                every = produce_batches(request.frame)
+                batches = tuple(b for b in every if (b.topic, b.partition) not in refused)
                 keys = tuple((str(k), p) for k, p in refused)
                 client_id = h.client_id or ""
                 seen = ProduceSeen(conn.number, client_id, int(message.acks), batches, keys)
