@@ -383,7 +383,7 @@ class SimulatedNode(Relay):
         h = request.header
         with self._lock:
             self._requests[h.api_key] += 1
-        if h.api_key in PARTITIONED and (h.api_key != ApiKey.PRODUCE or h.api_version >= 3):
+        if h.api_key in PARTITIONED:
             return self._led_only(conn, request)
         if h.api_key in _COORDINATED:
             return self._coordinated_only(request)
@@ -417,7 +417,8 @@ class SimulatedNode(Relay):
             for refusal in refused.values():
                 self._refused[(h.api_key, refusal.error_code)] += 1
             if h.api_key == ApiKey.PRODUCE:
-                every = produce_batches(request.frame)
+                # v0-2 carry legacy message sets, not record batches: none recorded
+                every = produce_batches(request.frame) if h.api_version >= 3 else []
                 batches = tuple(b for b in every if (b.topic, b.partition) not in refused)
                 keys = tuple((str(k), p) for k, p in refused)
                 client_id = h.client_id or ""
