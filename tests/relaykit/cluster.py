@@ -20,8 +20,9 @@ It enforces what Apache Kafka enforces:
   FENCED_LEADER_EPOCH, a newer one UNKNOWN_LEADER_EPOCH (checked first, as ReplicaManager
   does). Refusals name the current leader, and its endpoint where the version has endpoints
   (KIP-951). A request mixing served and refused partitions has only the served ones forwarded
-  and both merged into one answer in request order; acks=0 produce with a refused partition
-  closes the connection (Kafka sends no answer, and closes);
+  and both merged into one answer in request order; an acks=0 produce with a refused
+  partition is not forwarded at all and its connection is closed (Kafka sends no answer to
+  acks=0, and closes the connection on an error);
 - JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch, TxnOffsetCommit
   (group coordinator) and InitProducerId with a transactional id, AddPartitionsToTxn,
   AddOffsetsToTxn, EndTxn (transaction coordinator) sent to any other node get
