@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from captures.checks import assert_broker_side, assert_client_side, assert_tshark_agrees
 from captures.scenarios import Run
-from captures.tshark_check import readable_partitions, tshark_view
 from kipside.evidence import Summary, summarize
 from kipside.proxy.cli import main
 
@@ -36,10 +36,6 @@ SIDES = ["client", "broker"]
 def _summary(scenario: str, side: str, monkeypatch: pytest.MonkeyPatch) -> Summary:
     monkeypatch.chdir(GOLDEN / scenario)  # the committed outputs name the files relatively
     return summarize(f"{side}.pcap")
-
-
-def _requests(summary: Summary) -> dict[str, int]:
-    return {name: api.requests for name, api in summary.apis.items()}
 
 
 @pytest.mark.parametrize("side", SIDES)
@@ -69,28 +65,6 @@ def test_broker_side_is_what_the_relay_counted(
     assert_broker_side(summary, run)
 
 
-def assert_broker_side(summary: Summary, run: Run) -> None:
-    """The summary of a broker-side capture equals the relay's counts of the same run."""
-    relay = run.relay
-    assert _requests(summary) == relay["requests"]
-    assert sum(summary.connections.values()) == relay["connections"]
-    assert summary.skipped == dict.fromkeys(summary.skipped, 0)
-    if run.scenario == "coalescing":
-        assert summary.produce.batches == relay["produce_batches"]
-        assert summary.produce.partitions == relay["produce_batches"]  # one batch a partition
-        assert summary.produce.records == relay["produce_records"]
-        assert summary.produce.acks0 == relay["acks0_requests"]
-    else:
-        assert relay["failed_end_txn"] == 0  # the relay counts no failed EndTxn in a transaction
-        t = summary.transactions
-        assert t.ended == relay["transactions_ended"]
-        assert t.committed == relay["committed"]
-        assert t.round_trips == relay["coordinator_round_trips"]
-        assert (t.open, t.open_round_trips) == (0, 0)
-        concurrent = {api: n for api, n in relay["concurrent_transactions"].items() if n}
-        assert summary.concurrent_transactions == concurrent
-
-
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_client_side_is_what_kipside_counted_and_carries_the_same_batches(
     scenario: str, monkeypatch: pytest.MonkeyPatch
@@ -101,22 +75,6 @@ def test_client_side_is_what_kipside_counted_and_carries_the_same_batches(
     assert_client_side(client, broker, run)
 
 
-def assert_client_side(client: Summary, broker: Summary, run: Run) -> None:
-    """The summary of a client-side capture equals kipside's count of its clients' requests,
-    and its Produce batches are the broker side's."""
-    assert _requests(client) == run.kipside["client_requests"]
-    assert client.skipped == dict.fromkeys(client.skipped, 0)
-    produce, upstream = client.produce, broker.produce
-    assert (produce.batches, produce.records, produce.batch_bytes) == (
-        upstream.batches,
-        upstream.records,
-        upstream.batch_bytes,
-    )
-    if run.scenario == "transactions":
-        assert client.transactions.committed == run.kipside["committed_by_client"]
-        assert client.concurrent_transactions == {}  # kipside held the client through them
-
-
 @pytest.mark.parametrize("side", SIDES)
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_tshark_reads_the_same_requests_and_partitions(
@@ -124,13 +82,3 @@ def test_tshark_reads_the_same_requests_and_partitions(
 ) -> None:
     summary = _summary(scenario, side, monkeypatch)
     assert_tshark_agrees(Path(f"{side}.pcap"), summary, Run.load(GOLDEN / scenario), side)
-
-
-def assert_tshark_agrees(path: Path, summary: Summary, run: Run, side: str) -> None:
-    ports = run.kipside_ports if side == "client" else [run.broker_port]
-    view = tshark_view(path, ports)
-    assert dict(view.requests) == _requests(summary)
-    partitions = readable_partitions(summary.produce.partitions_by_version)
-    assert view.readable_produce_partitions == partitions
-    if run.scenario == "coalescing" and side == "client":
-        assert partitions > summary.api("Produce").versions.get("v7", 0) > 0  # aiokafka's
