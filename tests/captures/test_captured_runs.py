@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 from conftest import skip_unless_shared_lanes
+from testkit import tools
 
 from captures.checks import assert_broker_side, assert_client_side, assert_tshark_agrees
 from captures.scenarios import BROKER_PCAP, CLIENT_PCAP, Run, coalescing_run, transaction_run
 from kipside.evidence import compare
-from testkit import tools
 
 pytestmark = pytest.mark.integration
 
