@@ -25,7 +25,7 @@ from kipside.evidence.analyse import NoKafkaError, summarize
 from kipside.evidence.capture import CaptureError
 from kipside.evidence.cli import register_pcap
 from kipside.evidence.compare import Comparison, compare
-from kipside.evidence.dissect import CapturedFrame, kafka_frames
+from kipside.evidence.dissect import CapturedFrame, KafkaFrames, kafka_frames
 from kipside.evidence.summary import ApiFigures, ProduceFigures, Summary
 from kipside.evidence.transactions import TransactionFigures
 
@@ -100,6 +100,7 @@ __all__ = [
     "CaptureError",
     "CapturedFrame",
     "Comparison",
+    "KafkaFrames",
     "KafkaRequest",
     "KafkaResponse",
     "KafkaResponseV1",

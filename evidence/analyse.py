@@ -67,7 +67,7 @@ def summarize(
         packets=capture.counts.packets,
         file_bytes=capture.size,
         seconds=(last - first) if first is not None and last is not None else 0.0,
-        skipped=_skipped(capture.counts, not_segments, table),
+        skipped=skipped_counts(capture.counts, not_segments, table),
     )
     if not summary.apis and not summary.connections:
         tls = summary.other_connections.get("TLS", 0)
@@ -81,7 +81,7 @@ def summarize(
     return summary
 
 
-def _skipped(
+def skipped_counts(
     file: FileCounts, not_segments: Counter[str], table: ConnectionTable
 ) -> dict[str, int]:
     """Every count of what was skipped or guessed, under the names report.SKIPPED explains."""

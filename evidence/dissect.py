@@ -3,8 +3,9 @@
 `kafka_frames(path)` reads a capture as `kipside pcap summary` does (the same reassembly,
 frame splitting and correlation-id matching, every loss counted the same way) but keeps every
 frame whole and hands each one over in stream order, with the request a response answers.
-`CapturedFrame.layer()` dissects it with the layers of layers.py (KafkaRequest, KafkaResponse
-or KafkaResponseV1 as the request's version says; Raw when bytes were lost).
+Once iterated, its `skipped` holds what the capture made the reading skip.
+`CapturedFrame.layer()` dissects a frame with the layers of layers.py (KafkaRequest,
+KafkaResponse or KafkaResponseV1 as the request's version says; Raw when bytes were lost).
 
     from kipside.evidence import kafka_frames
     for frame in kafka_frames("client.pcap", ports=[9092]):
@@ -13,12 +14,13 @@ or KafkaResponseV1 as the request's version says; Raw when bytes were lost).
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .analyse import skipped_counts
 from .capture import CaptureFile
 from .connection import Connection
 from .decode import RequestSeen, ResponseSeen
@@ -26,7 +28,7 @@ from .frames import Frame
 from .packets import Segment, tcp_segment
 from .table import ConnectionTable
 
-__all__ = ["CapturedFrame", "kafka_frames"]
+__all__ = ["CapturedFrame", "KafkaFrames", "kafka_frames"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,17 +96,34 @@ class _Frames:
         )
 
 
-def kafka_frames(path: str | Path, ports: Iterable[int] = ()) -> Iterator[CapturedFrame]:
+class KafkaFrames:
+    """The frames of one capture, iterated once; then `skipped` says what the capture made the
+    reading skip, under the names of Summary.skipped."""
+
+    def __init__(self, path: str | Path, ports: Iterable[int] = ()) -> None:
+        self.path = Path(path)
+        self.ports = frozenset(ports)
+        self.skipped: dict[str, int] = {}
+
+    def __iter__(self) -> Iterator[CapturedFrame]:
+        frames = _Frames()
+        table = ConnectionTable(frames, self.ports)
+        not_segments: Counter[str] = Counter()
+        with CaptureFile(self.path) as capture:
+            for ts, linktype, data, wirelen in capture:
+                segment = tcp_segment(linktype, data, wirelen)
+                if isinstance(segment, Segment):
+                    table.segment(ts, segment)
+                    while frames.ready:
+                        yield frames.ready.popleft()
+                else:
+                    not_segments[segment] += 1
+            table.close_all()
+            while frames.ready:
+                yield frames.ready.popleft()
+        self.skipped = skipped_counts(capture.counts, not_segments, table)
+
+
+def kafka_frames(path: str | Path, ports: Iterable[int] = ()) -> KafkaFrames:
     """Every Kafka frame in a capture, in the order they completed (see the module's doc)."""
-    frames = _Frames()
-    table = ConnectionTable(frames, frozenset(ports))
-    with CaptureFile(path) as capture:
-        for ts, linktype, data, wirelen in capture:
-            segment = tcp_segment(linktype, data, wirelen)
-            if isinstance(segment, Segment):
-                table.segment(ts, segment)
-                while frames.ready:
-                    yield frames.ready.popleft()
-        table.close_all()
-        while frames.ready:
-            yield frames.ready.popleft()
+    return KafkaFrames(path, ports)

@@ -4,8 +4,9 @@ Every test starts its own Tansu that advertises a CountingRelay's port, so kipsi
 --upstream is the relay) reaches the broker only through the relay, which counts, independently
 of kipside, every request and connection kipside makes upstream and records the CRC, producer
 id, epoch and base sequence of every record batch it forwards. The clients' side is captured on
-loopback with scapy (client -> kipside direction only) and reassembled per TCP connection, so
-what each client sent is known byte for byte without trusting kipside.
+loopback with scapy (client -> kipside direction only) and read back by kipside.evidence (the
+`kipside pcap` reader: TCP reassembled per connection, frames split), so what each client sent
+is known byte for byte without trusting kipside's proxy.
 
 Producers run in separate processes (multiprocessing, spawn) so that many really are
 concurrent; each puts "name|seq|" in every value so the log can be checked per producer, and
@@ -71,9 +72,9 @@ from testkit.broker import Broker
 from testkit.metrics import Metrics, scrape
 from testkit.ports import free_port
 
+from kipside.evidence import kafka_frames
 from kipside.protocol.apis import ApiKey
 from kipside.protocol.framing import FrameDecoder
-from kipside.protocol.headers import parse_request_header
 from kipside.protocol.records import Compression
 
 from .clients import ck_read_to_end
@@ -294,59 +295,43 @@ class ClientCapture:
         self._sniffer = AsyncSniffer(opened_socket=self._sock, store=True)
         self._sniffer.start()
 
-    def stop(self) -> list[ClientRequest]:
+    def stop(self, path: Path) -> list[ClientRequest]:
+        """Stop capturing, write what was captured to `path` (pcap) and read it back."""
+        from scapy.data import DLT_EN10MB
+        from scapy.utils import RawPcapWriter
+
         time.sleep(0.3)  # let the last segments reach the socket
         packets = self._sniffer.stop(join=True)
         self.packets, self.drops = _packet_stats(self._sock)
         self._sock.close()
         assert self.drops == 0, f"the kernel dropped {self.drops} of {self.packets} packets"
-        return _client_requests(_reassemble(bytes(p.load) for p in packets))
+        with RawPcapWriter(str(path), linktype=DLT_EN10MB, snaplen=SNAPLEN) as writer:
+            writer.write_header(None)
+            for p in packets:
+                writer.write_packet(bytes(p.load), sec=int(p.time), usec=int(p.time % 1 * 1e6))
+        return _client_requests(path, self.ports)
 
 
-def _reassemble(frames: Iterator[bytes] | Any) -> dict[str, bytes]:
-    """Each captured TCP connection's byte stream, in sequence order, holes refused."""
-    from scapy.layers.inet import IP, TCP
-    from scapy.layers.l2 import Ether
-
-    isn: dict[str, int] = {}
-    segments: dict[str, list[tuple[int, bytes]]] = defaultdict(list)
-    for raw in frames:
-        packet = Ether(raw)
-        if IP not in packet or TCP not in packet:
-            continue
-        ip, tcp = packet[IP], packet[TCP]
-        key = f"{ip.src}:{tcp.sport}->{ip.dst}:{tcp.dport}"
-        if tcp.flags.S:
-            isn[key] = tcp.seq
-        size = ip.len - ip.ihl * 4 - tcp.dataofs * 4
-        if size > 0:
-            payload = bytes(tcp.payload)[:size]
-            assert len(payload) == size, f"{key}: segment cut short ({len(payload)}/{size})"
-            segments[key].append((tcp.seq, payload))
-    streams = {}
-    for key, segs in segments.items():
-        assert key in isn, f"{key}: no SYN captured (the capture started too late)"
-        out = bytearray()
-        for seq, payload in sorted(segs, key=lambda s: (s[0] - isn[key] - 1) % (1 << 32)):
-            offset = (seq - isn[key] - 1) % (1 << 32)
-            assert offset <= len(out), f"{key}: {offset - len(out)} bytes missing at {len(out)}"
-            out += payload[len(out) - offset :]  # retransmissions overlap what we have
-        streams[key] = bytes(out)
-    return streams
+# Lose nothing: repeated or reordered segments (loopback's tail-loss probes retransmit), and
+# answers (the capture holds the client -> kipside direction only).
+_NOTHING_LOST_BUT = frozenset({"retransmitted", "overlapping", "out_of_order", "unanswered"})
 
 
-def _client_requests(streams: dict[str, bytes]) -> list[ClientRequest]:
+def _client_requests(capture: Path, ports: set[int]) -> list[ClientRequest]:
+    """Every request in the capture, read by kipside.evidence (the `kipside pcap` reader: TCP
+    reassembled per connection, frames split); a connection whose SYN was not captured, a
+    hole, a segment cut short or a capture ending inside a frame fails the test."""
     requests = []
-    for key, data in streams.items():
-        decoder = FrameDecoder()
-        decoder.receive_data(data)
-        while (frame := decoder.next_frame()) is not None:
-            header = parse_request_header(frame)
-            batches: tuple[BatchSeen, ...] = ()
-            if header.api_key == ApiKey.PRODUCE:
-                batches = tuple(produce_batches(frame))
-            requests.append(ClientRequest(key, header.api_key, header.api_version, batches))
-        assert decoder.buffered == 0, f"{key}: capture ends inside a frame"
+    frames = kafka_frames(capture, ports)
+    for frame in frames:
+        assert not frame.is_response and not frame.damaged, frame
+        batches: tuple[BatchSeen, ...] = ()
+        if frame.api_key == ApiKey.PRODUCE:
+            batches = tuple(produce_batches(frame.data))
+        connection = f"{frame.client}->{frame.server}"
+        requests.append(ClientRequest(connection, frame.api_key, frame.api_version, batches))
+    lost = {why: n for why, n in frames.skipped.items() if n and why not in _NOTHING_LOST_BUT}
+    assert not lost, f"{capture}: the capture lacks bytes: {lost}"
     return requests
 
 
@@ -813,7 +798,7 @@ def test_many_producers_coalesce_without_loss_or_change(
     after = stack.relay.counts()
     connections = stack.relay.connections()  # before the checker's consumer adds its own
     metrics_after = stack.metrics()
-    client_requests = capture.stop()
+    client_requests = capture.stop(tmp_path / "clients.pcap")
 
     # Every producer finished and saw every message delivered.
     for o in outcomes:
