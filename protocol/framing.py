@@ -38,6 +38,9 @@ def sniff_foreign_protocol(head: bytes) -> str | None:
     """Name the protocol if the first bytes of a stream are TLS or HTTP rather than Kafka."""
     if len(head) >= 3 and head[0] == 0x16 and head[1] == 0x03 and head[2] <= 0x04:
         return "a TLS ClientHello"
+    if len(head) >= 3 and head[0] == 0x15 and head[1] == 0x03 and head[2] <= 0x04:
+        # A TLS client may open with an alert (librdkafka did, retrying, seen here).
+        return "a TLS alert"
     if head[:4] in _HTTP_METHODS:
         line = head.split(b"\r\n", 1)[0][:60]
         return f"an HTTP request ({line.decode('latin-1')!r})"

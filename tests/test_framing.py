@@ -194,6 +194,7 @@ def test_sniff_leaves_kafka_alone() -> None:
     assert sniff_foreign_protocol(b"") is None
     assert sniff_foreign_protocol(b"\x16") is None  # too short to tell
     assert sniff_foreign_protocol(TLS_CLIENT_HELLO) == "a TLS ClientHello"
+    assert sniff_foreign_protocol(bytes.fromhex("1503030002")) == "a TLS alert"
 
 
 def test_sniff_only_on_the_first_frame() -> None:

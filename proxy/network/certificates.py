@@ -74,11 +74,14 @@ def _load_chain(context: ssl.SSLContext, cert: str, key: str, options: str) -> N
                     f"{key_option} {key} is not the private key of the certificate in "
                     f"{cert_option} {cert}"
                 ) from None
-            raise CertificateError(
-                f"cannot load {cert_option} {cert} with {key_option} {key}: {reason}; the first "
-                "must hold the PEM certificate (then any intermediates), the second its PEM "
-                "private key, unencrypted"
-            ) from None
+            try:
+                with open(cert, "rb") as f:
+                    x509.load_pem_x509_certificates(f.read())
+            except (OSError, ValueError):
+                bad = f"{cert_option} {cert} holds no PEM certificate (then any intermediates)"
+            else:
+                bad = f"{key_option} {key} holds no PEM private key (unencrypted)"
+            raise CertificateError(f"cannot load {bad}: {reason}") from None
         missing = exc.filename if exc.filename else f"{cert} or {key}"
         raise CertificateError(
             f"cannot read {missing} ({cert_option}/{key_option}): {exc.strerror or exc}"

@@ -96,7 +96,12 @@ class TlsWire(Wire):
         while True:
             try:
                 self._tls.do_handshake()
-            except ssl.SSLWantReadError:
+            except ssl.SSLError as exc:
+                if not isinstance(exc, ssl.SSLWantReadError):
+                    # The alert that says why (e.g. "certificate required") goes out first.
+                    with contextlib.suppress(WireBroken):
+                        self._send_tls_output()
+                    raise
                 self._send_tls_output()
                 await self._flush_backlog()
                 data = await Wire.receive(self)
@@ -203,9 +208,9 @@ class TlsWire(Wire):
         """Close now; a close_notify first if nothing is queued before it (best effort: some
         clients, asyncio's among them, wait for it before they finish closing)."""
         if not self.closed and not self.backlog_bytes:
-            with contextlib.suppress(ssl.SSLError, OSError):
-                with contextlib.suppress(ssl.SSLWantReadError):
-                    self._tls.unwrap()
+            with contextlib.suppress(ssl.SSLError):
+                self._tls.unwrap()  # SSLWantReadError once close_notify is written
+            with contextlib.suppress(OSError):
                 if self._outgoing.pending:
                     self._sock.send(self._outgoing.read())
         super().close()
@@ -310,7 +315,7 @@ async def connect(
     name = server_name or address.host
     stream = await trio.open_tcp_stream(address.host, address.port)
     wire = TlsWire(_socket_of(stream), context, server_side=False, server_hostname=name)
-    where = f"upstream {address}"
+    # Callers name the broker ("HOST:PORT: ..."); these messages say what happened to it.
     hint = (
         "is it a plaintext listener? --upstream-ca turns TLS on toward every broker: "
         "point --upstream at the brokers' TLS listeners, or drop --upstream-ca"
@@ -318,9 +323,7 @@ async def connect(
 
     def plaintext_check(head: bytes) -> None:
         if not looks_like_tls(head):
-            raise TlsError(
-                f"{where} answered the TLS ClientHello with bytes that are not TLS; {hint}"
-            )
+            raise TlsError(f"answered the TLS ClientHello with bytes that are not TLS; {hint}")
 
     # Within the caller's own deadline (a dial has one), so this message wins over its timeout.
     remaining = trio.current_effective_deadline() - trio.current_time()
@@ -330,19 +333,15 @@ async def connect(
             await wire.handshake(plaintext_check)
     except trio.TooSlowError:
         wire.close()
-        raise TlsError(
-            f"{where} did not complete the TLS handshake within {limit:.2g} s; {hint}"
-        ) from None
+        raise TlsError(f"no TLS handshake completed within {limit:.2g} s; {hint}") from None
     except EOFError as exc:
         wire.close()
-        raise TlsError(
-            f"{where} closed the connection during the TLS handshake ({exc}); {hint}"
-        ) from None
+        raise TlsError(f"closed the connection during the TLS handshake ({exc}); {hint}") from None
     except ssl.SSLCertVerificationError as exc:
         wire.close()
         checked = f"--upstream-server-name {server_name}" if server_name else f"the host {name}"
         raise TlsError(
-            f"{where}: the broker's certificate did not verify: {exc.verify_message} (checked "
+            f"the broker's certificate did not verify: {exc.verify_message} (checked "
             f"against {checked}, CA file --upstream-ca {ca_file}); set --upstream-server-name "
             "to a name the broker's certificate holds, or --upstream-ca to the CA that signed it"
         ) from None
@@ -354,7 +353,7 @@ async def connect(
             if "CERTIFICATE" in reason
             else ""
         )
-        raise TlsError(f"{where} refused kipside's TLS handshake: {reason}{more}") from None
+        raise TlsError(f"refused kipside's TLS handshake: {reason}{more}") from None
     except BaseException:
         wire.close()
         raise

@@ -304,17 +304,20 @@ def test_mtls_refuses_clients_without_a_valid_certificate(
     pki: Pki, tansu: Broker, tmp_path: Path
 ) -> None:
     """Under mTLS a client with no certificate, or one from a CA kipside does not trust, is
-    refused, and kipside's log line names the client, the listener and the fix."""
+    refused: the client gets the TLS alert that says why, and kipside's log line names the
+    client, the listener and the fix."""
     ks = start_kipside(tansu, tmp_path, extra_args=tls_args(pki, mtls=True))
     try:
         listener = f"the TLS listener 127.0.0.1:{ks.port}"
-        for cert, says in (
-            (None, "it sent no client certificate, and --tls-client-ca"),
-            (pki.stranger, "its certificate did not verify against --tls-client-ca"),
+        for cert, says, alert in (
+            (None, "it sent no client certificate, and --tls-client-ca", "CERTIFICATE_REQUIRED"),
+            (pki.stranger, "its certificate did not verify against --tls-client-ca", "UNKNOWN_CA"),
         ):
             mark = ks.log_mark()
             sock, peer = handshake(ks.port, pki.kipside_ca, cert)
             with sock:
+                with pytest.raises(ssl.SSLError, match=alert):
+                    sock.recv(1)  # TLS 1.3: the client learns it at its first read
                 line = one_line_about(ks, mark, peer)
             assert f"client 127.0.0.1:{peer} refused on {listener}: {says}" in line, line
             assert str(pki.clients_ca) in line, line
@@ -445,7 +448,7 @@ def test_upstream_mismatches_are_named(
     cases = [
         # Tansu waits for the rest of the 369 MB "frame" a ClientHello's first bytes announce
         # (Apache Kafka closes at once: "closed the connection during the TLS handshake").
-        (tansu.bootstrap, ca, "did not complete the TLS handshake within 4.5 s; is it a "
+        (tansu.bootstrap, ca, "no TLS handshake completed within 4.5 s; is it a "
          "plaintext listener? --upstream-ca turns TLS on toward every broker"),
         (relay, [], "closed the connection during discovery; if its listener uses TLS, start "
          "kipside with --upstream-ca"),
