@@ -81,7 +81,7 @@ def _load_chain(context: ssl.SSLContext, cert: str, key: str, options: str) -> N
                 bad = f"{cert_option} {cert} holds no PEM certificate (then any intermediates)"
             else:
                 bad = f"{key_option} {key} holds no PEM private key (unencrypted)"
-            raise CertificateError(f"cannot load {bad}: {reason}") from None
+            raise CertificateError(f"{bad}: {reason}") from None
         missing = exc.filename if exc.filename else f"{cert} or {key}"
         raise CertificateError(
             f"cannot read {missing} ({cert_option}/{key_option}): {exc.strerror or exc}"
