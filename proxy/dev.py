@@ -91,7 +91,12 @@ def _banner(server: Server) -> str:
     admin = f"http://{host}:{config.admin.port}"
     return "\n".join(
         (
-            f"kipside: give clients bootstrap.servers={server.bootstrap_address}",
+            f"kipside: give clients bootstrap.servers={server.bootstrap_address}"
+            + (
+                f" security.protocol=SSL (the CA of {config.tls.cert} in ssl.ca.location)"
+                if config.tls is not None
+                else ""
+            ),
             f"kipside: status page {admin}/ (also /status.json and /metrics)",
             f"kipside: {_traces_hint(config)}",
         )
