@@ -33,6 +33,7 @@ from .primitives import (
     write_string,
     write_uvarint,
 )
+from .records import count_batches
 
 MIN_VERSION: Final = 3
 MAX_VERSION: Final = 12
@@ -134,6 +135,66 @@ def parse_produce_request(frame: Buffer, body_offset: int, version: int) -> Prod
     if offset != len(view):
         raise DecodeError(f"ProduceRequest v{version} has {len(view) - offset} trailing bytes")
     return ProduceRequestData(transactional_id, acks, timeout_ms, tuple(batches))
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceCounts:
+    """What a ProduceRequest carries, counted (count_produce_request)."""
+
+    transactional_id: str | None
+    acks: int
+    partitions: int
+    batches: int
+    records: int
+    batch_bytes: int
+    corrupt_batches: int
+    """Batches whose CRC-32C does not match their bytes (their records are not counted)."""
+
+
+def count_produce_request(frame: Buffer, body_offset: int, version: int) -> ProduceCounts:
+    """A ProduceRequest body's figures, read as parse_produce_request reads it but without a
+    PartitionBatch or a batch view per partition: for readers of packet captures, which count
+    hundreds of thousands of requests. Raises DecodeError and RecordBatchError as parsing does."""
+    _check_version(version)
+    flexible = is_flexible(ApiKey.PRODUCE, version)
+    view = memoryview(frame)
+    offset = body_offset
+    transactional_id, offset = read_string(view, offset, flexible)
+    acks, offset = read_int16(view, offset)
+    offset += 4  # timeout
+    topics, offset = read_array_length(view, offset, flexible)
+    partitions = batches = records = batch_bytes = corrupt = 0
+    for _ in range(max(topics, 0)):
+        topic, offset = read_string(view, offset, flexible)
+        if topic is None:
+            raise DecodeError("ProduceRequest names a null topic")
+        count, offset = read_array_length(view, offset, flexible)
+        for _ in range(max(count, 0)):
+            offset += 4  # partition index
+            if flexible:
+                size, offset = read_uvarint(view, offset)
+                size -= 1
+            else:
+                size, offset = read_int32(view, offset)
+            partitions += 1
+            if size >= 0:
+                if offset + size > len(view):
+                    raise DecodeError(f"records of {topic} run past the request end")
+                found, counted, bad = count_batches(view[offset : offset + size])
+                batches += found
+                records += counted
+                corrupt += bad
+                batch_bytes += size
+                offset += size
+            if flexible:
+                offset = skip_tagged_fields(view, offset)
+        if flexible:
+            offset = skip_tagged_fields(view, offset)
+    if flexible:
+        offset = skip_tagged_fields(view, offset)
+    if offset != len(view):
+        raise DecodeError(f"ProduceRequest v{version} has {len(view) - offset} trailing bytes")
+    return ProduceCounts(transactional_id, acks, partitions, batches, records, batch_bytes, corrupt)
 
 
 def _group_by_topic(items: Sequence[PartitionBatch]) -> list[tuple[str, list[PartitionBatch]]]:
@@ -259,6 +320,45 @@ def parse_produce_response(frame: Buffer, body_offset: int, version: int) -> Pro
     if offset != len(frame):
         raise DecodeError(f"ProduceResponse v{version} has {len(frame) - offset} trailing bytes")
     return ProduceResponseData(tuple(results), throttle, tuple(endpoints))
+
+
+def produce_response_error_codes(frame: Buffer, body_offset: int, version: int) -> set[int]:
+    """The error codes of a ProduceResponse's partitions (each once), read as
+    parse_produce_response reads them but without a PartitionResult per partition (see
+    count_produce_request). Raises DecodeError as parsing does."""
+    _check_version(version)
+    flexible = is_flexible(ApiKey.PRODUCE, version)
+    codes: set[int] = set()
+    offset = body_offset
+    end = len(frame)
+    fixed = _PARTITION_HEAD.size + 8 + (8 if version >= 5 else 0)  # + append time, log start
+    topics, offset = read_array_length(frame, offset, flexible)
+    for _ in range(max(topics, 0)):
+        _topic, offset = read_string(frame, offset, flexible)
+        count, offset = read_array_length(frame, offset, flexible)
+        for _ in range(max(count, 0)):
+            if offset + fixed > end:
+                raise DecodeError("truncated ProduceResponse partition")
+            codes.add(INT16.unpack_from(frame, offset + 4)[0])
+            offset += fixed
+            if version >= 8:
+                n_errors, offset = read_array_length(frame, offset, flexible)
+                for _ in range(max(n_errors, 0)):
+                    offset += 4  # batch index
+                    _message, offset = read_string(frame, offset, flexible)
+                    if flexible:
+                        offset = skip_tagged_fields(frame, offset)
+                _message, offset = read_string(frame, offset, flexible)
+            if flexible:
+                offset = skip_tagged_fields(frame, offset)
+        if flexible:
+            offset = skip_tagged_fields(frame, offset)
+    offset += 4  # throttle time
+    if flexible:
+        offset = skip_tagged_fields(frame, offset)
+    if offset != end:
+        raise DecodeError(f"ProduceResponse v{version} has {end - offset} trailing bytes")
+    return codes
 
 
 def produce_response_names_nodes(frame: Buffer, body_offset: int, version: int) -> bool:

@@ -36,6 +36,7 @@ __all__ = [
     "as_plain_producer",
     "batch_extent",
     "control_type",
+    "count_batches",
     "iter_batches",
     "restamp",
 ]
@@ -312,6 +313,33 @@ def iter_batches(records: Buffer, *, allow_partial_tail: bool = False) -> Iterat
         batch = RecordBatchView.from_buffer(view, pos)
         yield batch
         pos += batch.size
+
+
+_RECORDS_COUNT_OFFSET: Final = HEADER_SIZE - 4
+
+
+def count_batches(records: Buffer) -> tuple[int, int, int]:
+    """(batches, records, corrupt batches) of a records blob, as iter_batches would find them
+    but without a view per batch: readers of packet captures count hundreds of thousands of
+    requests. A batch whose CRC-32C does not match its bytes is corrupt and its records are not
+    counted (its count field can't be trusted). Raises RecordBatchError as iter_batches does."""
+    view = _byte_view(records)
+    end = len(view)
+    pos = batches = count = corrupt = 0
+    while pos < end:
+        if end - pos < HEADER_SIZE or view[pos + _MAGIC_OFFSET] != 2:
+            RecordBatchView.from_buffer(view, pos)  # raises the error that says what is wrong
+        size = LOG_OVERHEAD + _INT32.unpack_from(view, pos + _BATCH_LENGTH_OFFSET)[0]
+        if size < HEADER_SIZE or pos + size > end:
+            RecordBatchView.from_buffer(view, pos)
+        batches += 1
+        crc = _UINT32.unpack_from(view, pos + _CRC_OFFSET)[0]
+        if crc32c.crc32c(view[pos + _ATTRIBUTES_OFFSET : pos + size]) == crc:
+            count += _INT32.unpack_from(view, pos + _RECORDS_COUNT_OFFSET)[0]
+        else:
+            corrupt += 1
+        pos += size
+    return batches, count, corrupt
 
 
 def restamp(
