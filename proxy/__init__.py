@@ -2,7 +2,7 @@
 
 ``run(ServerConfig(...))`` serves until SIGTERM/SIGINT; ``Server`` is the same thing for a
 caller that already runs trio (tests, embedding). The ``kipside`` command (kipside.proxy.cli)
-builds a ``ServerConfig`` from its options.
+builds a ``ServerConfig`` from its options (TLS as ``ListenerTlsFiles``, ``UpstreamTlsFiles``).
 
 The subpackages are layers, each importing only the ones below it (``make lint`` checks it):
 operations/ (admin endpoint, rule reload) > features/ (routing, coalescing, transactions,
@@ -12,6 +12,15 @@ This package must never import kipside.pipeline: the pipelines are found through
 """
 
 from kipside.protocol import Address
+from kipside.proxy.network.certificates import ListenerTlsFiles, UpstreamTlsFiles
 from kipside.proxy.server import Server, ServerConfig, StartupError, run
 
-__all__ = ["Address", "Server", "ServerConfig", "StartupError", "run"]
+__all__ = [
+    "Address",
+    "ListenerTlsFiles",
+    "Server",
+    "ServerConfig",
+    "StartupError",
+    "UpstreamTlsFiles",
+    "run",
+]

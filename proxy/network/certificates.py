@@ -22,14 +22,16 @@ import datetime as dt
 import logging
 import ssl
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import trio
-from cryptography import x509
 
 from kipside.protocol import Address
 from kipside.proxy.network import tls
 from kipside.proxy.network.identity import ANONYMOUS, Principal
+
+if TYPE_CHECKING:
+    from cryptography import x509  # imported where used: a plaintext kipside never loads it
 
 log = logging.getLogger("kipside.tls")
 
@@ -74,6 +76,8 @@ def _load_chain(context: ssl.SSLContext, cert: str, key: str, options: str) -> N
                     f"{key_option} {key} is not the private key of the certificate in "
                     f"{cert_option} {cert}"
                 ) from None
+            from cryptography import x509
+
             try:
                 with open(cert, "rb") as f:
                     x509.load_pem_x509_certificates(f.read())
@@ -122,6 +126,8 @@ def upstream_context(files: UpstreamTlsFiles) -> ssl.SSLContext:
 
 def describe_certificate(path: str) -> str:
     """The first certificate of a PEM file as a log line names it: subject, serial, expiry."""
+    from cryptography import x509
+
     try:
         with open(path, "rb") as f:
             cert = x509.load_pem_x509_certificates(f.read())[0]
@@ -228,6 +234,8 @@ _ESCAPED: Final = frozenset(',=+<>#;"\\')
 
 def certificate_principal(der: bytes) -> Principal:
     """``User:`` + the subject of a DER certificate, as Kafka names an mTLS client."""
+    from cryptography import x509
+
     subject = x509.load_der_x509_certificate(der).subject
     return Principal(f"User:{rfc2253(subject)}", "tls")
 
