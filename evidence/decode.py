@@ -23,15 +23,15 @@ from kipside.protocol import (
     ApiKey,
     ProtocolError,
     RecordBatchError,
+    count_batches,
+    count_produce_request,
     decode_request,
     decode_response,
-    iter_batches,
     known_versions,
     parse_fetch_response,
-    parse_produce_request,
-    parse_produce_response,
-    parse_request_header,
     parse_response_header,
+    produce_response_error_codes,
+    request_body_offset,
 )
 
 from .frames import Frame
@@ -114,18 +114,19 @@ class RequestSeen:
         return request
 
     def _read_body(self, data: bytes) -> None:
-        header = parse_request_header(data)
+        body_offset = request_body_offset(data)
         key, version = self.api_key, self.api_version
         if key == ApiKey.PRODUCE and PRODUCE_MIN_VERSION <= version <= PRODUCE_MAX_VERSION:
-            produce = parse_produce_request(data, header.body_offset, version)
-            self.acks = produce.acks
-            self.transactional_id = produce.transactional_id
-            self.partitions = len(produce.partitions)
-            for partition in produce.partitions:
-                if partition.records is not None:
-                    self._count_batches(partition.records)
+            counts = count_produce_request(data, body_offset, version)
+            self.acks = counts.acks
+            self.transactional_id = counts.transactional_id
+            self.partitions = counts.partitions
+            self.batches = counts.batches
+            self.records = counts.records
+            self.batch_bytes = counts.batch_bytes
+            self.corrupt_batches = counts.corrupt_batches
             return
-        message = decode_request(key, version, data, header.body_offset)
+        message = decode_request(key, version, data, body_offset)
         if key == ApiKey.PRODUCE:  # v13+ (topic ids): kio's classes
             self.acks = int(message.acks)
             self.transactional_id = message.transactional_id
@@ -145,13 +146,11 @@ class RequestSeen:
                 self.committed = bool(message.committed)
 
     def _count_batches(self, records: memoryview) -> None:
+        batches, count, corrupt = count_batches(records)
         self.batch_bytes += len(records)
-        for batch in iter_batches(records):
-            self.batches += 1
-            if batch.crc_valid():  # else its record count is not to be trusted
-                self.records += batch.records_count
-            else:
-                self.corrupt_batches += 1
+        self.batches += batches
+        self.records += count
+        self.corrupt_batches += corrupt
 
 
 class ResponseSeen:
@@ -198,8 +197,7 @@ def _error_codes(api_key: int, api_version: int, data: bytes) -> frozenset[int]:
     header = parse_response_header(data, api_key, api_version)
     offset = header.body_offset
     if api_key == ApiKey.PRODUCE and PRODUCE_MIN_VERSION <= api_version <= PRODUCE_MAX_VERSION:
-        produce = parse_produce_response(data, offset, api_version)
-        return frozenset(p.error_code for p in produce.partitions)
+        return frozenset(produce_response_error_codes(data, offset, api_version))
     if api_key == ApiKey.FETCH and FETCH_MIN_VERSION <= api_version <= FETCH_MAX_VERSION:
         fetch = parse_fetch_response(data, offset, api_version)
         return frozenset({fetch.error_code, *(p.error_code for p in fetch.partitions)})

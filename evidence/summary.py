@@ -114,7 +114,7 @@ class _Api:
         self.responses = 0
         self.latency = LatencyHistogram()
         self.errors: Counter[int] = Counter()
-        self.versions: Counter[int] = Counter()
+        self.versions: dict[int, int] = {}
 
 
 class SummaryBuilder:
@@ -129,13 +129,15 @@ class SummaryBuilder:
         self._kafka: Counter[Endpoint] = Counter()
         self._empty: Counter[Endpoint] = Counter()
         self._other: Counter[str] = Counter()
+        self._produce_partitions: dict[int, int] = {}  # by Produce version
 
     def request(self, connection: Connection, request: RequestSeen) -> None:
         api = self._apis.get(request.api_key)
         if api is None:
             api = self._apis[request.api_key] = _Api()
         api.requests += 1
-        api.versions[request.api_version] += 1
+        versions = api.versions
+        versions[request.api_version] = versions.get(request.api_version, 0) + 1
         if request.api_key == ApiKey.PRODUCE:
             produce = self.produce
             produce.requests += 1
@@ -143,9 +145,10 @@ class SummaryBuilder:
                 produce.unread += 1
                 return
             produce.partitions += request.partitions
-            version = f"v{request.api_version}"
-            by_version = produce.partitions_by_version
-            by_version[version] = by_version.get(version, 0) + request.partitions
+            by_version = self._produce_partitions
+            by_version[request.api_version] = by_version.get(request.api_version, 0) + (
+                request.partitions
+            )
             produce.batches += request.batches
             produce.records += request.records
             produce.batch_bytes += request.batch_bytes
@@ -209,11 +212,9 @@ class SummaryBuilder:
             apis=apis,
             produce=dataclasses.replace(
                 self.produce,
-                partitions_by_version=dict(
-                    sorted(
-                        self.produce.partitions_by_version.items(), key=lambda kv: int(kv[0][1:])
-                    )
-                ),
+                partitions_by_version={
+                    f"v{v}": n for v, n in sorted(self._produce_partitions.items())
+                },
             ),
             transactions=self._transactions.figures(),
             concurrent_transactions={api_name(k): n for k, n in sorted(self._concurrent.items())},

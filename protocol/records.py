@@ -37,6 +37,7 @@ __all__ = [
     "batch_extent",
     "control_type",
     "count_batches",
+    "count_batches_in",
     "iter_batches",
     "restamp",
 ]
@@ -324,14 +325,18 @@ def count_batches(records: Buffer) -> tuple[int, int, int]:
     requests. A batch whose CRC-32C does not match its bytes is corrupt and its records are not
     counted (its count field can't be trusted). Raises RecordBatchError as iter_batches does."""
     view = _byte_view(records)
-    end = len(view)
-    pos = batches = count = corrupt = 0
+    return count_batches_in(view, 0, len(view))
+
+
+def count_batches_in(view: memoryview, start: int, end: int) -> tuple[int, int, int]:
+    """count_batches of the bytes view[start:end] of a byte view."""
+    pos, batches, count, corrupt = start, 0, 0, 0
     while pos < end:
         if end - pos < HEADER_SIZE or view[pos + _MAGIC_OFFSET] != 2:
-            RecordBatchView.from_buffer(view, pos)  # raises the error that says what is wrong
+            RecordBatchView.from_buffer(view[start:end], pos - start)  # raises what is wrong
         size = LOG_OVERHEAD + _INT32.unpack_from(view, pos + _BATCH_LENGTH_OFFSET)[0]
         if size < HEADER_SIZE or pos + size > end:
-            RecordBatchView.from_buffer(view, pos)
+            RecordBatchView.from_buffer(view[start:end], pos - start)
         batches += 1
         crc = _UINT32.unpack_from(view, pos + _CRC_OFFSET)[0]
         if crc32c.crc32c(view[pos + _ATTRIBUTES_OFFSET : pos + size]) == crc:

@@ -92,6 +92,14 @@ def test_request_header_golden(name: str) -> None:
     assert headers.parse_request_header(frame) == expected
 
 
+@pytest.mark.parametrize("name", GOLDEN_REQUESTS)
+def test_request_body_offset_is_the_headers(name: str) -> None:
+    frame, expected = GOLDEN_REQUESTS[name]
+    assert headers.request_body_offset(frame) == expected.body_offset
+    with pytest.raises(DecodeError):
+        headers.request_body_offset(frame[:13])
+
+
 @pytest.mark.parametrize("name", ["metadata-v1", "heartbeat-v0-null-client"])
 def test_request_header_v1_encodes_its_golden_frame(name: str) -> None:
     frame, h = GOLDEN_REQUESTS[name]
