@@ -71,7 +71,7 @@ def request_body_offset(frame: Buffer) -> int:
         )
     api_key = INT16.unpack_from(frame, 4)[0]
     api_version = INT16.unpack_from(frame, 6)[0]
-    offset = 14 + max(INT16.unpack_from(frame, 12)[0], 0)
+    offset: int = 14 + max(INT16.unpack_from(frame, 12)[0], 0)
     if offset > len(frame):
         raise DecodeError("truncated client id")
     if request_header_version(api_key, api_version) >= 2:
