@@ -1,5 +1,6 @@
 """proxy.network.tls and .certificates without a broker: TlsWire's ordered writes and reads on
-real loopback sockets, and a client certificate's principal as Kafka writes it (RFC 2253)."""
+real loopback sockets, a client certificate's principal as Kafka writes it (RFC 2253), and the
+TLS options' usage errors."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import pytest
 import trio
 import trustme
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
+from kipside.proxy.cli import main
 from kipside.proxy.network.certificates import certificate_principal, rfc2253
 from kipside.proxy.network.identity import Principal
 from kipside.proxy.network.tls import TlsWire
@@ -146,3 +149,33 @@ def test_a_client_certificate_names_its_principal() -> None:
     )
     der = ssl.PEM_cert_to_DER_cert(leaf.cert_chain_pems[0].bytes().decode())
     assert certificate_principal(der) == Principal("User:CN=app,OU=pay,O=acme", "tls")
+
+
+# --------------------------------------------------------------------------- options
+
+SERVE = ["serve", "--upstream", "127.0.0.1:9", "--listen", "127.0.0.1:0"]
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        (["--tls-cert", "c.pem"], "--tls-cert and --tls-key go together"),
+        (["--tls-key", "k.pem"], "--tls-cert and --tls-key go together"),
+        (["--tls-client-ca", "ca.pem"], "--tls-client-ca (mutual TLS) needs --tls-cert and"),
+        (
+            ["--upstream-cert", "c.pem"],
+            "--upstream-key and --upstream-server-name need --upstream-ca",
+        ),
+        (["--upstream-server-name", "b"], "need --upstream-ca FILE"),
+        (
+            ["--upstream-ca", "ca.pem", "--upstream-key", "k"],
+            "--upstream-cert and --upstream-key go",
+        ),
+    ],
+)
+def test_tls_options_that_need_each_other(
+    options: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Refused before anything starts (exit status 2), with the option that is missing."""
+    assert main([*SERVE, *options]) == 2
+    assert says in capsys.readouterr().err
