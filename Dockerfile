@@ -29,6 +29,7 @@ COPY protocol /src/protocol
 COPY proxy /src/proxy
 COPY rules /src/rules
 COPY pipeline /src/pipeline
+COPY evidence /src/evidence
 COPY pyspark_kipside /src/pyspark_kipside
 RUN pip install --no-cache-dir /src \
     && rm -rf /src

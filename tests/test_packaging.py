@@ -10,13 +10,26 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-PUBLIC = ("kipside.protocol", "kipside.proxy", "kipside.rules", "kipside.pipeline")
+PUBLIC = (
+    "kipside.protocol",
+    "kipside.proxy",
+    "kipside.rules",
+    "kipside.pipeline",
+    "kipside.evidence",
+)
+# The package folders at the top of the checkout, as pyproject maps them (and the Dockerfile copies
+# them: tests/test_dockerfile.py), plus the Spark shim, which keeps its own name.
+PACKAGE_DIRS: dict[str, str] = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"][
+    "setuptools"
+]["package-dir"]
+PACKAGE_FOLDERS = (*PACKAGE_DIRS.values(), "pyspark_kipside")
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +40,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
     skip = shutil.ignore_patterns("__pycache__")
-    for folder in ("protocol", "proxy", "rules", "pipeline", "pyspark_kipside"):
+    for folder in PACKAGE_FOLDERS:
         shutil.copytree(REPO / folder, source / folder, ignore=skip)
     out = tmp_path_factory.mktemp("wheel")
     build = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(out)]
@@ -47,8 +60,8 @@ def test_package_data_is_in_the_wheel(wheel: Path) -> None:
     assert "kipside/pipeline/resources/log4j2.properties" in names
     for page in ("status.html", "status.css", "status.js"):  # the admin status page
         assert f"kipside/proxy/operations/admin/static/{page}" in names, page
-    for package in ("protocol", "proxy", "rules", "pipeline"):
-        assert f"kipside/{package}/py.typed" in names, package
+    for package in PACKAGE_DIRS:
+        assert f"{package.replace('.', '/')}/py.typed" in names, package
 
 
 def test_public_packages_import_from_the_wheel(wheel: Path, tmp_path: Path) -> None:
