@@ -188,17 +188,21 @@ def start_kipside(
     timeout: float = READY_TIMEOUT,
     extra_args: Sequence[str] = (),
     nodes: Collection[int] = (TANSU_NODE_ID,),
+    listen_port: int | None = None,
+    node_port_base: int | None = None,
 ) -> Kipside:
     """Start `kipside serve` in front of `upstream` and wait for its `kipside: ready` line.
 
     extra_args go to `kipside serve` after those from KIPSIDE_TEST_SERVE_ARGS. `nodes` are the
     upstream node ids kipside must announce a listener for (Tansu alone is node 111).
+    `listen_port` and `node_port_base` (free ones by default) let a test start kipside again
+    on the ports an earlier one had (a restart).
     """
     if not KIPSIDE_BIN.exists():
         raise KipsideError(f"{KIPSIDE_BIN} is missing: pip install -e . in the venv")
     workdir.mkdir(parents=True, exist_ok=True)
-    listen = free_port()
-    base = _node_port_base(nodes)
+    listen = free_port() if listen_port is None else listen_port
+    base = _node_port_base(nodes) if node_port_base is None else node_port_base
     args = [
         str(KIPSIDE_BIN),
         "serve",
