@@ -20,15 +20,8 @@ from dataclasses import dataclass, field
 import trio
 
 from kipside.protocol import (
-    INT32,
     Address,
     ApiKey,
-    FrameDecoder,
-    ProtocolError,
-    build_frame,
-    decode_response,
-    encode_request_header,
-    parse_response_header,
 )
 from kipside.proxy.features.coalesce import Coalescer
 from kipside.proxy.features.context import FeatureContext
@@ -38,29 +31,18 @@ from kipside.proxy.features.transactions import TransactionManager
 from kipside.proxy.features.versions import VersionPolicy
 from kipside.proxy.network.addresses import AddressRewriter
 from kipside.proxy.network.certificates import (
-    CertificateError,
-    ListenerTls,
     ListenerTlsFiles,
-    UpstreamTls,
     UpstreamTlsFiles,
 )
-from kipside.proxy.network.identity import ANONYMOUS, Principal
+from kipside.proxy.network.discovery import discover_nodes
+from kipside.proxy.network.identity import Principal
 from kipside.proxy.network.lanes import LanePool
 from kipside.proxy.network.nodes import NodeMap
 from kipside.proxy.network.sasl import (
     ClientSasl,
-    CredentialsError,
-    CredentialStore,
-    Termination,
-    UpstreamLogins,
-    load_credentials,
-    load_upstream_logins,
-    log_in,
 )
+from kipside.proxy.network.security import Security, SecurityError
 from kipside.proxy.network.session import Session
-from kipside.proxy.network.tls import TlsError
-from kipside.proxy.network.upstream import Dial, UpstreamFailed, plain_dial
-from kipside.proxy.network.wire import Wire, WireBroken
 from kipside.proxy.operations.admin import AdminApp, serve_admin
 from kipside.proxy.operations.cert_reload import CertificateReloader
 from kipside.proxy.operations.reload import ProduceOrder, RuleReloader
@@ -113,49 +95,6 @@ def _bind(host: str, port: int) -> trio.SocketListener:
     return trio.SocketListener(trio.socket.from_stdlib_socket(sock))
 
 
-async def discover_nodes(
-    upstreams: Sequence[Address], problems: list[str], dial: Dial = plain_dial, *, tls: bool = False
-) -> list[tuple[int, str, int]]:
-    """Ask the first bootstrap broker that answers for its nodes: [(node_id, host, port)].
-
-    Connects with `dial` (TLS if so configured). Retries until cancelled; each distinct failure
-    is logged once and added to `problems`.
-    """
-    request = build_frame(encode_request_header(ApiKey.METADATA, 1, 1, "kipside"), INT32.pack(0))
-    while True:
-        for upstream in upstreams:
-            try:
-                with trio.fail_after(5):
-                    return await _metadata_once(upstream, request, dial, tls)
-            except (OSError, trio.TooSlowError, WireBroken, ProtocolError, UpstreamFailed) as exc:
-                problem = f"{upstream}: {exc or 'timed out'}"
-                if problem not in problems:
-                    log.warning("upstream bootstrap %s; retrying", problem)
-                    problems.append(problem)
-        await trio.sleep(0.5)
-
-
-async def _metadata_once(
-    upstream: Address, request: bytes, dial: Dial, tls: bool
-) -> list[tuple[int, str, int]]:
-    wire = await dial(upstream)
-    try:
-        wire.write((request,))
-        decoder = FrameDecoder(min_frame_bytes=4)
-        while (frame := decoder.next_frame()) is None:
-            data = await wire.receive()
-            if not data:
-                # A TLS listener closes on plaintext (OpenSSL and Java send no alert first).
-                hint = "" if tls else "; if its listener uses TLS, start kipside with --upstream-ca"
-                raise ProtocolError(f"closed the connection during discovery{hint}")
-            decoder.receive_data(data)
-    finally:
-        wire.close()
-    header = parse_response_header(frame, ApiKey.METADATA, 1)
-    message = decode_response(ApiKey.METADATA, 1, frame, header.body_offset)
-    return [(int(b.node_id), str(b.host), int(b.port)) for b in message.brokers]
-
-
 class Server:
     def __init__(self, config: ServerConfig, *, tracer: Tracer | None = None) -> None:
         self.config = config
@@ -190,10 +129,7 @@ class Server:
         self._node_listeners: dict[int, trio.SocketListener] = {}
         self._rotation = 0
         self._session_ended = trio.Event()
-        self.listener_tls: ListenerTls | None = None
-        self.upstream_tls: UpstreamTls | None = None
-        self.sasl_credentials: CredentialStore | None = None
-        self.upstream_logins: UpstreamLogins | None = None
+        self.security: Security | None = None  # loaded by serve()
         self.ready = trio.Event()
         self.reloader = RuleReloader(self)
         self.produce_order = ProduceOrder(self)  # keeps produce order across rule reloads
@@ -292,7 +228,8 @@ class Server:
             await trio.aclose_forcefully(stream)
             return
         self._over_limit_logged = False
-        accepted = await self._client_wire(stream)
+        security = self._security()
+        accepted = await security.accept(stream)
         if accepted is None:
             return
         wire, principal = accepted
@@ -306,9 +243,9 @@ class Server:
             node_id=node_id,
             stats=self.stats,
             tracer=self.tracer if self.tracer.active else None,
-            dial=self.dial,
+            dial=security.dial,
             principal=principal,
-            sasl=ClientSasl(self._sasl_termination()),
+            sasl=ClientSasl(security.sasl_termination()),
             check=self.principal_rules.refusal,
         )
         self.sessions.add(session)
@@ -319,19 +256,6 @@ class Server:
             self.stats.client_connections -= 1
             self.sessions.discard(session)
             self._session_ended.set()
-
-    async def _client_wire(self, stream: trio.SocketStream) -> tuple[Wire, Principal] | None:
-        """The client's connection and who it is: TLS (and its certificate's principal) on a
-        TLS listener; None if its TLS handshake failed (logged, closed)."""
-        if self.listener_tls is None:
-            return Wire.from_stream(stream), ANONYMOUS
-        host, port = stream.socket.getsockname()[:2]
-        try:
-            wire = await self.listener_tls.accept(stream, f"{host}:{port}")
-        except TlsError as exc:
-            log.log(logging.DEBUG if exc.routine else logging.WARNING, "%s", exc)
-            return None
-        return wire, self.listener_tls.principal(wire)
 
     # Shared upstream connections -------------------------------------------------------
 
@@ -348,72 +272,14 @@ class Server:
                 max_frame_bytes=self.rules.limits.max_frame_bytes,
                 stats=self.stats,
                 principal=principal,
-                dial=lambda address: self.dial(address, principal),
+                dial=lambda address: self._security().dial(address, principal),
             )
             self._pools[(node_id, principal)] = pool
         return pool
 
-    async def dial(self, address: Address, principal: Principal) -> Wire:
-        """A connection to a broker for `principal`'s traffic: TLS with --upstream-ca, then
-        a SASL login with the principal's --sasl-upstream entry, if it has one."""
-        wire: Wire
-        if self.upstream_tls is not None:
-            wire = await self.upstream_tls.connect(address)
-        else:
-            wire = await plain_dial(address)
-        logins = self.upstream_logins
-        login = None if logins is None else logins.for_principal(principal)
-        if login is not None:  # SASL after TLS, as a Kafka client logs in
-            try:
-                await log_in(wire, login, address)
-            except BaseException:
-                wire.close()
-                raise
-        return wire
-
-    def kipside_principal(self) -> Principal:
-        """Who kipside's own requests (node discovery) are: --sasl-upstream's `discovery`."""
-        logins = self.upstream_logins
-        if logins is None or logins.discovery is None:
-            return ANONYMOUS
-        return Principal(logins.discovery, "sasl")
-
-    def _sasl_termination(self) -> Termination | None:
-        store, logins = self.sasl_credentials, self.upstream_logins
-        if store is None:
-            return None
-        return Termination(
-            store.lookup,
-            lambda principal: logins is not None and logins.for_principal(principal) is not None,
-            store.source,
-            None if logins is None else logins.source,
-        )
-
-    def _load_sasl(self) -> None:
-        """The SASL files, as configured; StartupError if one can't be used."""
-        config = self.config
-        try:
-            if config.sasl_upstream is not None:
-                self.upstream_logins = load_upstream_logins(config.sasl_upstream)
-                log.info(
-                    "SASL toward brokers: logins for %s (%s)",
-                    ", ".join(self.upstream_logins.logins) or "no principal",
-                    config.sasl_upstream,
-                )
-            if config.sasl_credentials is not None:
-                if self.upstream_logins is None:
-                    raise StartupError(
-                        "--sasl-credentials needs --sasl-upstream: kipside logs in to the "
-                        "brokers as each client principal, so it needs their upstream logins"
-                    )
-                self.sasl_credentials = load_credentials(config.sasl_credentials)
-                log.info(
-                    "SASL toward clients: kipside authenticates %d users (%s)",
-                    len(self.sasl_credentials.users),
-                    config.sasl_credentials,
-                )
-        except CredentialsError as exc:
-            raise StartupError(str(exc)) from None
+    def _security(self) -> Security:
+        assert self.security is not None, "serve() loads it before any connection"
+        return self.security
 
     def default_node(self) -> int | None:
         """The node that serves bootstrap connections' shared traffic (a live one)."""
@@ -427,16 +293,24 @@ class Server:
     # Lifecycle -------------------------------------------------------------------------
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        self._load_tls()
-        self._load_sasl()
+        config = self.config
+        try:
+            security = self.security = Security(
+                tls=config.tls,
+                upstream_tls=config.upstream_tls,
+                sasl_credentials=config.sasl_credentials,
+                sasl_upstream=config.sasl_upstream,
+            )
+        except SecurityError as exc:
+            raise StartupError(str(exc)) from None
         problems: list[str] = []
         found: list[tuple[int, str, int]] | None = None
         with trio.move_on_after(self.config.discovery_timeout_seconds):
             found = await discover_nodes(
                 self.config.upstreams,
                 problems,
-                lambda address: self.dial(address, self.kipside_principal()),
-                tls=self.upstream_tls is not None,
+                lambda address: security.dial(address, security.kipside_principal()),
+                tls=security.upstream_tls is not None,
             )
         if found is None:
             raise StartupError(
@@ -473,25 +347,6 @@ class Server:
             self.stats.upstream_requests[produce],
         )
 
-    def _load_tls(self) -> None:
-        """TLS toward clients and toward brokers, as configured; StartupError if a file can't
-        be used."""
-        try:
-            if self.config.tls is not None:
-                self.listener_tls = ListenerTls(self.config.tls)
-                log.info("TLS on client listeners: %s", self.listener_tls.describe())
-            if self.config.upstream_tls is not None:
-                self.upstream_tls = UpstreamTls(self.config.upstream_tls)
-                files = self.config.upstream_tls
-                log.info(
-                    "TLS toward brokers: CA %s, names checked against %s%s",
-                    files.ca,
-                    files.server_name or "each broker's host",
-                    f", client certificate {files.cert}" if files.cert else "",
-                )
-        except CertificateError as exc:
-            raise StartupError(str(exc)) from None
-
     async def _serve_sessions(
         self,
         bootstrap: trio.SocketListener,
@@ -516,8 +371,9 @@ class Server:
                         flush=True,
                     )
                 print(f"kipside: bootstrap listening on {self.bootstrap_address}", flush=True)
-                if self.listener_tls is not None:
-                    certificates = CertificateReloader(self.listener_tls)
+                listener_tls = self._security().listener_tls
+                if listener_tls is not None:
+                    certificates = CertificateReloader(listener_tls)
                     self.reloader.on_sighup.append(certificates.on_sighup)
                     listener_nursery.start_soon(certificates.watch)
                 await listener_nursery.start(self.reloader.run)  # SIGHUP and file changes

@@ -18,31 +18,32 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 import trio
 from opentelemetry.trace import Span
 
 from kipside.protocol import (
-    INT16,
-    PRODUCE_MAX_VERSION,
-    PRODUCE_MIN_VERSION,
     Address,
     ApiKey,
-    DecodeError,
     FrameDecoder,
     FrameError,
     ProtocolError,
     RequestHeader,
     api_name,
-    parse_produce_request,
     parse_request_header,
-    parse_response_header,
-    read_uvarint,
 )
-from kipside.proxy.network.addresses import AddressRewriter, carries_addresses
+from kipside.proxy.network.addresses import AddressRewriter
+from kipside.proxy.network.answers import (
+    DRAINED,
+    REFUSED,
+    UPSTREAM_GONE,
+    Marker,
+    Slot,
+    rewrite_answer,
+)
 from kipside.proxy.network.hooks import ApiVersionsPolicy, RequestCheck, SharedRoute
 from kipside.proxy.network.identity import ANONYMOUS, Principal
+from kipside.proxy.network.peek import produce_acks, produce_topics
 from kipside.proxy.network.sasl import ClientSasl, SaslStep
 from kipside.proxy.network.sasl.kafka import SASL_APIS
 from kipside.proxy.network.upstream import (
@@ -60,64 +61,6 @@ log = logging.getLogger("kipside.session")
 # How long a closing session lets the broker finish what it was sent (acks=0 produce has no
 # answer to wait for, and closing first would make the broker drop it).
 DEDICATED_CLOSE_GRACE_SECONDS = 1.0
-
-
-@dataclass(slots=True)
-class Slot:
-    """A response the client is owed, in request order."""
-
-    api_key: int
-    api_version: int
-    correlation_id: int
-    pending: Pending
-    # Raw upstream responses still need kipside's rewrites; locally built ones don't.
-    raw: bool
-    started: float
-    span: Span | None
-
-
-@dataclass(frozen=True, slots=True)
-class _Marker:
-    """A point in the slot queue after which no response will be owed."""
-
-    reason: str
-
-
-# The client's own upstream connection ended: nothing after this point can be answered.
-UPSTREAM_GONE = _Marker("upstream gone")
-# The session is draining for shutdown: no requests were read after this point.
-DRAINED = _Marker("drained")
-# kipside refused the client (SASL): close once the answers before this point are written.
-REFUSED = _Marker("refused")
-
-
-def _topics(frame: bytes, header: RequestHeader) -> tuple[str, ...]:
-    """Topic names of a ProduceRequest, for its span; other requests stay undecoded."""
-    if (
-        header.api_key != ApiKey.PRODUCE
-        or not PRODUCE_MIN_VERSION <= header.api_version <= PRODUCE_MAX_VERSION
-    ):
-        return ()
-    try:
-        request = parse_produce_request(frame, header.body_offset, header.api_version)
-    except DecodeError:
-        return ()
-    return tuple(p.topic for p in request.partitions)
-
-
-def produce_acks(frame: bytes, header: RequestHeader) -> int:
-    """The acks field of a ProduceRequest (v3+ has transactional_id before it)."""
-    offset = header.body_offset
-    if header.api_version >= 3:
-        if header.api_version >= 9:
-            length, offset = read_uvarint(frame, offset)
-            offset += max(length - 1, 0)
-        else:
-            (length,) = INT16.unpack_from(frame, offset)
-            offset += 2 + max(length, 0)
-    if offset + 2 > len(frame):
-        raise DecodeError("ProduceRequest is too short to hold acks")
-    return int(INT16.unpack_from(frame, offset)[0])
 
 
 UpstreamDial = Callable[[Address, Principal], Awaitable[Wire]]
@@ -176,7 +119,7 @@ class Session:
         self._dedicated_failed = False
         self._reader_scope = trio.CancelScope()
         self._nursery: trio.Nursery | None = None
-        self._slots: deque[Slot | _Marker] = deque()
+        self._slots: deque[Slot | Marker] = deque()
         self._drained = trio.Event()
 
     def describe(self) -> str:
@@ -289,7 +232,7 @@ class Session:
                 version,
                 self.client_id,
                 self.peer,
-                _topics(frame, header),
+                produce_topics(frame, header),
                 correlation_id=header.correlation_id,
             )
         self.current_span = span
@@ -449,7 +392,7 @@ class Session:
             slots = self._slots
             while slots:
                 slot = slots[0]
-                if isinstance(slot, _Marker):
+                if isinstance(slot, Marker):
                     stop = self._at_marker(slot)
                     break
                 if not slot.pending.done:
@@ -469,7 +412,7 @@ class Session:
         if stop:
             self._stop()
 
-    def _at_marker(self, marker: _Marker) -> bool:
+    def _at_marker(self, marker: Marker) -> bool:
         """Whether the session must stop now (DRAINED lets run() close it gracefully)."""
         if marker is DRAINED:
             self._drained.set()
@@ -497,7 +440,9 @@ class Session:
                 slot.pending.failure,
             )
             return None
-        return self._process_response(slot, frame) if slot.raw else frame
+        if not slot.raw:
+            return frame
+        return rewrite_answer(slot, frame, self.versions, self.rewriter, self.sasl, self.describe())
 
     def _write(self, ready: list[Slot], frames: list[bytes]) -> None:
         try:
@@ -514,27 +459,3 @@ class Session:
             stats.observe_latency(slot.api_key, now - slot.started)
             if slot.span is not None:
                 finish(slot.span, slot.pending.error_name)
-
-    def _process_response(self, slot: Slot, frame: bytes) -> bytes | None:
-        try:
-            if slot.api_key == ApiKey.SASL_HANDSHAKE:
-                self.sasl.broker_answered(slot.api_key, slot.api_version, frame)
-                return frame
-            if slot.api_key == ApiKey.API_VERSIONS:
-                header = parse_response_header(frame, slot.api_key, slot.api_version)
-                return self.versions.rewrite_response(slot.api_version, frame, header)
-            if carries_addresses(slot.api_key, slot.api_version):
-                header = parse_response_header(frame, slot.api_key, slot.api_version)
-                return self.rewriter.rewrite(slot.api_key, slot.api_version, frame, header)
-        except DecodeError as exc:
-            log.error(
-                "%s: cannot rewrite %s v%d response (%s); kipside never passes broker "
-                "addresses through, so the connection is closed. Report this with the broker "
-                "version",
-                self.describe(),
-                api_name(slot.api_key),
-                slot.api_version,
-                exc,
-            )
-            return None
-        return frame

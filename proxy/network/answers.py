@@ -1,0 +1,84 @@
+"""What a session owes its client: one slot per request that expects an answer, in request
+order, and the rewrites a broker's raw answer needs before the client may see it (broker
+addresses to kipside's, ApiVersions to what kipside supports, a SaslHandshake's outcome).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from opentelemetry.trace import Span
+
+from kipside.protocol import ApiKey, DecodeError, api_name, parse_response_header
+from kipside.proxy.network.addresses import AddressRewriter, carries_addresses
+from kipside.proxy.network.hooks import ApiVersionsPolicy
+from kipside.proxy.network.sasl import ClientSasl
+from kipside.proxy.network.upstream import Pending
+
+__all__ = ["DRAINED", "REFUSED", "UPSTREAM_GONE", "Marker", "Slot", "rewrite_answer"]
+
+log = logging.getLogger("kipside.session")
+
+
+@dataclass(slots=True)
+class Slot:
+    """A response the client is owed, in request order."""
+
+    api_key: int
+    api_version: int
+    correlation_id: int
+    pending: Pending
+    # Raw upstream responses still need kipside's rewrites; locally built ones don't.
+    raw: bool
+    started: float
+    span: Span | None
+
+
+@dataclass(frozen=True, slots=True)
+class Marker:
+    """A point in the slot queue after which no response will be owed."""
+
+    reason: str
+
+
+# The client's own upstream connection ended: nothing after this point can be answered.
+UPSTREAM_GONE = Marker("upstream gone")
+# The session is draining for shutdown: no requests were read after this point.
+DRAINED = Marker("drained")
+# kipside refused the client (SASL): close once the answers before this point are written.
+REFUSED = Marker("refused")
+
+
+def rewrite_answer(
+    slot: Slot,
+    frame: bytes,
+    versions: ApiVersionsPolicy,
+    rewriter: AddressRewriter,
+    sasl: ClientSasl,
+    who: str,
+) -> bytes | None:
+    """The broker's answer as the client must see it; None if it can't be rewritten (logged:
+    the session closes rather than pass a broker address through)."""
+    try:
+        if slot.api_key == ApiKey.SASL_HANDSHAKE:
+            sasl.broker_answered(slot.api_key, slot.api_version, frame)
+            return frame
+        if slot.api_key == ApiKey.API_VERSIONS:
+            header = parse_response_header(frame, slot.api_key, slot.api_version)
+            return versions.rewrite_response(slot.api_version, frame, header)
+        if carries_addresses(slot.api_key, slot.api_version):
+            header = parse_response_header(frame, slot.api_key, slot.api_version)
+            return rewriter.rewrite(slot.api_key, slot.api_version, frame, header)
+    except DecodeError as exc:
+        log.error(
+            "%s: cannot rewrite %s v%d response (%s); kipside never passes broker "
+            "addresses through, so the connection is closed. Report this with the broker "
+            "version",
+            who,
+            api_name(slot.api_key),
+            slot.api_version,
+            exc,
+        )
+        return None
+    return frame

@@ -1,0 +1,47 @@
+"""What a session reads from a request without routing it: a ProduceRequest's acks (whether an
+answer is owed) and its topic names (for the request's span).
+"""
+
+from __future__ import annotations
+
+from kipside.protocol import (
+    INT16,
+    PRODUCE_MAX_VERSION,
+    PRODUCE_MIN_VERSION,
+    ApiKey,
+    DecodeError,
+    RequestHeader,
+    parse_produce_request,
+    read_uvarint,
+)
+
+__all__ = ["produce_acks", "produce_topics"]
+
+
+def produce_topics(frame: bytes, header: RequestHeader) -> tuple[str, ...]:
+    """Topic names of a ProduceRequest, for its span; other requests stay undecoded."""
+    if (
+        header.api_key != ApiKey.PRODUCE
+        or not PRODUCE_MIN_VERSION <= header.api_version <= PRODUCE_MAX_VERSION
+    ):
+        return ()
+    try:
+        request = parse_produce_request(frame, header.body_offset, header.api_version)
+    except DecodeError:
+        return ()
+    return tuple(p.topic for p in request.partitions)
+
+
+def produce_acks(frame: bytes, header: RequestHeader) -> int:
+    """The acks field of a ProduceRequest (v3+ has transactional_id before it)."""
+    offset = header.body_offset
+    if header.api_version >= 3:
+        if header.api_version >= 9:
+            length, offset = read_uvarint(frame, offset)
+            offset += max(length - 1, 0)
+        else:
+            (length,) = INT16.unpack_from(frame, offset)
+            offset += 2 + max(length, 0)
+    if offset + 2 > len(frame):
+        raise DecodeError("ProduceRequest is too short to hold acks")
+    return int(INT16.unpack_from(frame, offset)[0])
