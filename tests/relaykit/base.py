@@ -10,7 +10,9 @@ the broker lacks or to inject faults. `Relay` carries each connection it accepts
   response matched to its request by correlation id, and responses written to the client in
   request order, answers the relay makes itself included (clients and kipside require that);
 - faults: `hold`/`release` of the client->broker direction, `cut_all` (RST, as a failed path
-  or killed broker would), a delay per direction (`request_delay_ms`, `response_delay_ms`).
+  or killed broker would), a delay per direction (`request_delay_ms`, `response_delay_ms`),
+  `stop_accepting`/`accept_again` (the port refuses connections, then listens again on the
+  same port).
 
 A filter is a subclass that overrides the hooks, which run in the relay's trio thread:
 `on_request` decides per request (`FORWARD`, `Forward(rewritten)`, `Answer(frame)`, `DROP`,
@@ -177,6 +179,8 @@ class Relay:
         self._released.set()
         self._token: trio.lowlevel.TrioToken | None = None
         self._everything: trio.CancelScope | None = None
+        self._nursery: trio.Nursery | None = None
+        self._accepting: tuple[trio.CancelScope, trio.SocketListener] | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._crash: BaseException | None = None
@@ -262,6 +266,15 @@ class Relay:
         """
         return self._call(self._cut_all)
 
+    def stop_accepting(self) -> None:
+        """Close the listening socket: a new connection is refused (RST to its SYN), as a
+        stopped broker's port is. Connections already carried go on (cut_all ends them)."""
+        self._call(self._stop_accepting)
+
+    def accept_again(self) -> None:
+        """Listen again, on the same port, after stop_accepting()."""
+        self._call(self._accept_again)
+
     def _call(self, fn: Callable[[], T]) -> T:
         """Run fn in the relay's trio thread and return its result."""
         if self._token is None:
@@ -317,8 +330,42 @@ class Relay:
         self.port = listeners[0].socket.getsockname()[1]
         async with trio.open_nursery() as nursery:
             self._everything = nursery.cancel_scope  # close() cancels it
-            nursery.start_soon(trio.serve_listeners, self.carry, listeners)
+            self._nursery = nursery
+            nursery.start_soon(trio.sleep_forever)  # the relay runs on while not accepting
+            self._serve(listeners[0])
             self._ready.set()
+
+    def _serve(self, listener: trio.SocketListener) -> None:
+        assert self._nursery is not None
+        scope = trio.CancelScope()
+        self._accepting = (scope, listener)
+        handlers = self._nursery  # connections outlive a stop_accepting()
+
+        async def serve() -> None:
+            with scope, contextlib.suppress(trio.ClosedResourceError):
+                await trio.serve_listeners(self.carry, [listener], handler_nursery=handlers)
+
+        self._nursery.start_soon(serve)
+
+    def _stop_accepting(self) -> None:
+        if self._accepting is not None:
+            scope, listener = self._accepting
+            self._accepting = None
+            scope.cancel()
+            listener.socket.close()  # now, not when the serving task next runs
+
+    def _accept_again(self) -> None:
+        if self._accepting is not None:
+            return
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((LOOPBACK, self.port))
+        except OSError:
+            sock.close()
+            raise
+        sock.listen(socket.SOMAXCONN)
+        self._serve(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
 
     def _hold(self) -> None:
         if self._released.is_set():
