@@ -23,7 +23,9 @@ RUN groupadd --system --gid 10001 kipside \
 
 # Only what the package build needs; dependency versions are the pins in pyproject.toml. The
 # Spark pipelines' code comes along (the package lists it) but not their `pipeline` extra:
-# the sidecar image has no PySpark, and `kipside mirror` there says how to get it.
+# the sidecar image has no PySpark, and `kipside mirror` there says how to get it. Likewise the
+# capture reader (evidence/, `kipside pcap`) without its `pcap` extra (scapy): read captures on
+# a workstation (docs/evidence.md); `kipside pcap` in the image says which extra it lacks.
 COPY pyproject.toml README.md /src/
 COPY protocol /src/protocol
 COPY proxy /src/proxy

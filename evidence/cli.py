@@ -2,8 +2,9 @@
 through the `kipside.commands` entry point group, as the pipelines register theirs.
 
 This module parses arguments, shows progress on a terminal and turns a capture the reader cannot
-use into one line naming the file and the fix (exit status 2). It must stay cheap to import: the
-`kipside` command loads it to build its parser, so scapy is imported only when a capture is read.
+use into one line naming the file and the fix (exit status 2), as it does when scapy (kipside's
+`pcap` extra) is not installed. It must stay cheap to import: the `kipside` command loads it to
+build its parser, so scapy is imported only when a capture is read.
 """
 
 from __future__ import annotations
@@ -116,7 +117,23 @@ class _Progress:
             self._stream.flush()
 
 
+def _scapy_missing() -> str | None:
+    """Why `kipside pcap` can't run here, if the `pcap` extra (scapy) is not installed."""
+    try:
+        import scapy  # noqa: F401
+    except ImportError:
+        return (
+            "scapy is not installed: kipside pcap needs kipside's pcap extra "
+            "(pip install 'kipside[pcap]')"
+        )
+    return None
+
+
 def _run(args: argparse.Namespace, work: Any) -> int:
+    problem = _scapy_missing()
+    if problem is not None:
+        print(f"kipside pcap: error: {problem}", file=sys.stderr)
+        return 2
     from kipside.evidence.capture import CaptureError
 
     progress = _Progress(sys.stderr) if sys.stderr.isatty() else None

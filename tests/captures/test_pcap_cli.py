@@ -171,3 +171,24 @@ def test_a_progress_line_goes_to_a_terminal_only(tmp_path: Path) -> None:
     assert done.returncode == 0
     assert "kipside pcap: 100% (" in err  # then the line is cleared
     assert b"Metadata" in done.stdout
+
+
+def test_without_scapy_it_names_the_extra_to_install(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = write(tmp_path, kafka_connection())
+    # A fresh interpreter in which scapy cannot be imported, as where the pcap extra is missing.
+    no_scapy = "import sys; sys.modules['scapy'] = None; from kipside.proxy.cli import main; "
+    done = subprocess.run(
+        [sys.executable, "-c", no_scapy + "sys.exit(main())", "pcap", "summary", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        "kipside pcap: error: scapy is not installed: kipside pcap needs kipside's pcap extra "
+        "(pip install 'kipside[pcap]')\n"
+    )
