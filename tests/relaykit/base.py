@@ -197,6 +197,11 @@ class Relay:
         """What to do with a request, once it is due (after the delay and any hold)."""
         return FORWARD
 
+    def request_hold_ms(self, conn: Conn, request: Request) -> float:
+        """Extra ms this one request waits before on_request (a slow path for some requests
+        only); the requests after it on its connection wait behind it, in order."""
+        return 0.0
+
     def on_response(self, conn: Conn, request: Request, frame: bytes) -> bytes | None:
         """The response to write to the client for the broker's answer `frame` to `request`
         (the client's request as received); None writes nothing."""
@@ -449,6 +454,8 @@ class Relay:
                     slot.resolve(raw)
                     continue
                 request = Request(parse_request_header(frame), frame)
+                if (extra_ms := self.request_hold_ms(link.conn, request)) > 0:
+                    await trio.sleep(extra_ms / 1000)  # later requests on the link wait behind
                 decision = self.on_request(link.conn, request)
                 if isinstance(decision, Drop):
                     continue
