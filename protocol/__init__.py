@@ -35,6 +35,8 @@ from kipside.protocol.client import ClientConnection, Response, VersionRange, pi
 from kipside.protocol.errors import (
     DecodeError,
     FrameError,
+    FrameTooLargeError,
+    LimitExceeded,
     LocalProtocolError,
     NotKafkaError,
     ProtocolError,
@@ -83,7 +85,7 @@ from kipside.protocol.messages import (
     request_class,
     response_class,
 )
-from kipside.protocol.primitives import INT16, INT32, Buffer, read_uvarint
+from kipside.protocol.primitives import INT16, INT32, Buffer, DecodeLimits, read_uvarint
 from kipside.protocol.produce import MAX_VERSION as PRODUCE_MAX_VERSION
 from kipside.protocol.produce import MIN_VERSION as PRODUCE_MIN_VERSION
 from kipside.protocol.produce import (
@@ -175,10 +177,13 @@ __all__ = [
     "Columns",
     "CredentialLookup",
     "DecodeError",
+    "DecodeLimits",
     "ErrorCode",
     "FetchPartition",
     "FrameDecoder",
     "FrameError",
+    "FrameTooLargeError",
+    "LimitExceeded",
     "LocalProtocolError",
     "Message",
     "NodeEndpointData",

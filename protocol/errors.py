@@ -24,6 +24,27 @@ class DecodeError(ProtocolError):
     """A message body could not be decoded (malformed, or a shape kipside does not know)."""
 
 
+class FrameTooLargeError(FrameError):
+    """A frame declares a size over the decoder's cap (`max_frame_bytes`)."""
+
+    def __init__(self, message: str, *, size: int, cap: int) -> None:
+        super().__init__(message)
+        self.size = size
+        self.cap = cap
+
+
+class LimitExceeded(DecodeError):
+    """A message is valid Kafka but passes a cap the caller set (primitives.DecodeLimits):
+    more tagged fields, a larger tagged field or a longer array than it accepts. `limit` is
+    the DecodeLimits field's name."""
+
+    def __init__(self, message: str, *, limit: str, value: int, cap: int) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.value = value
+        self.cap = cap
+
+
 class UnsupportedVersionError(ProtocolError):
     """The broker speaks no version of an API that kipside also speaks."""
 

@@ -13,7 +13,7 @@ import struct
 from typing import Final
 
 from .apis import ApiKey, api_name
-from .errors import FrameError, LocalProtocolError, NotKafkaError
+from .errors import FrameError, FrameTooLargeError, LocalProtocolError, NotKafkaError
 from .primitives import Buffer
 
 DEFAULT_MAX_FRAME_BYTES: Final = 100 * 1024 * 1024
@@ -122,9 +122,11 @@ class FrameDecoder:
                 "the peer is not speaking Kafka or the stream is corrupt"
             )
         if size > self._max:
-            raise FrameError(
+            raise FrameTooLargeError(
                 f"frame size {size} exceeds the {self._max}-byte cap (limits.max_frame_bytes); "
-                "raise the cap in the rule file if such large messages are intended"
+                "raise the cap in the rule file if such large messages are intended",
+                size=size,
+                cap=self._max,
             )
         end = pos + 4 + size
         if len(buf) < end:

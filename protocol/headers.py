@@ -17,6 +17,7 @@ from .primitives import (
     INT16,
     INT32,
     Buffer,
+    DecodeLimits,
     read_nullable_string,
     skip_tagged_fields,
     write_uvarint,
@@ -45,7 +46,8 @@ class ResponseHeader:
     """Offset of the response body within the frame (size prefix included)."""
 
 
-def parse_request_header(frame: Buffer) -> RequestHeader:
+def parse_request_header(frame: Buffer, limits: DecodeLimits | None = None) -> RequestHeader:
+    """The header of a request frame; `limits` caps its tagged fields (LimitExceeded)."""
     if len(frame) < _PREFIX + _REQUEST_FIXED:
         raise DecodeError(
             f"request of {len(frame) - _PREFIX} bytes is shorter than a Kafka request header"
@@ -58,7 +60,7 @@ def parse_request_header(frame: Buffer) -> RequestHeader:
     client_id, offset = read_nullable_string(frame, 12)
     version = request_header_version(api_key, api_version)
     if version >= 2:
-        offset = skip_tagged_fields(frame, offset)
+        offset = skip_tagged_fields(frame, offset, limits)
     return RequestHeader(api_key, api_version, correlation_id, client_id, version, offset)
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Final
 
-from .errors import DecodeError
+from .errors import DecodeError, LimitExceeded
 
 INT8: Final = struct.Struct(">b")
 INT16: Final = struct.Struct(">h")
@@ -23,6 +24,21 @@ UINT32: Final = struct.Struct(">I")
 Buffer = bytes | bytearray | memoryview
 """Bytes as the codec reads them and a connection writes them: a frame, a chunk of one, or a
 zero-copy view into one."""
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeLimits:
+    """Caps a reader applies to what a peer declares, beyond the bytes it sent (which every
+    reader checks anyway): a hostile frame of 100 MiB of empty tagged fields or empty topics is
+    valid Kafka and would cost tens of seconds of CPU to walk. Passing one raises
+    LimitExceeded naming the field. The proxy fills them from its rule file's ``limits``."""
+
+    max_tagged_fields: int
+    """Fields in one tagged-field section."""
+    max_tagged_field_bytes: int
+    """Bytes of one tagged field."""
+    max_partitions: int
+    """Topics in one request, and partitions over all its topics."""
 
 
 def read_uvarint(buf: Buffer, offset: int) -> tuple[int, int]:
@@ -147,13 +163,28 @@ def has_tagged_field(buf: Buffer, offset: int, wanted: int) -> bool:
     return any(tag == wanted for tag, _start, _end in iter_tagged_fields(buf, offset))
 
 
-def skip_tagged_fields(buf: Buffer, offset: int) -> int:
+def skip_tagged_fields(buf: Buffer, offset: int, limits: DecodeLimits | None = None) -> int:
     if offset < len(buf) and buf[offset] == 0:  # the usual case: no tagged fields
         return offset + 1
     count, offset = read_uvarint(buf, offset)
+    if limits is not None and count > limits.max_tagged_fields:
+        raise LimitExceeded(
+            f"{count} tagged fields in one section, over the cap of {limits.max_tagged_fields}",
+            limit="max_tagged_fields",
+            value=count,
+            cap=limits.max_tagged_fields,
+        )
     for _ in range(count):
-        _tag, offset = read_uvarint(buf, offset)
+        tag, offset = read_uvarint(buf, offset)
         size, offset = read_uvarint(buf, offset)
+        if limits is not None and size > limits.max_tagged_field_bytes:
+            raise LimitExceeded(
+                f"tagged field {tag} of {size} bytes, over the cap of "
+                f"{limits.max_tagged_field_bytes}",
+                limit="max_tagged_field_bytes",
+                value=size,
+                cap=limits.max_tagged_field_bytes,
+            )
         offset += size
         if offset > len(buf):
             raise DecodeError("tagged field runs past the end of the message")

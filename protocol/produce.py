@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from .apis import ApiKey, is_flexible
-from .errors import DecodeError
+from .errors import DecodeError, LimitExceeded
 from .primitives import (
     INT16,
     INT32,
     INT64,
     Buffer,
+    DecodeLimits,
     has_tagged_field,
     read_array_length,
     read_compact_nullable_string,
@@ -96,8 +97,11 @@ def _check_version(version: int) -> None:
         )
 
 
-def parse_produce_request(frame: Buffer, body_offset: int, version: int) -> ProduceRequestData:
-    """Read a ProduceRequest body; records stay views into frame."""
+def parse_produce_request(
+    frame: Buffer, body_offset: int, version: int, limits: DecodeLimits | None = None
+) -> ProduceRequestData:
+    """Read a ProduceRequest body; records stay views into frame. `limits` caps its topics,
+    partitions and tagged fields (LimitExceeded), checked before each array is walked."""
     _check_version(version)
     flexible = is_flexible(ApiKey.PRODUCE, version)
     view = memoryview(frame)
@@ -106,12 +110,17 @@ def parse_produce_request(frame: Buffer, body_offset: int, version: int) -> Prod
     acks, offset = read_int16(view, offset)
     timeout_ms, offset = read_int32(view, offset)
     topics, offset = read_array_length(view, offset, flexible)
+    cap = limits.max_partitions if limits is not None else None
+    if cap is not None and topics > cap:
+        raise _too_many("topics", topics, cap)
     batches: list[PartitionBatch] = []
     for _ in range(max(topics, 0)):
         topic, offset = read_string(view, offset, flexible)
         if topic is None:
             raise DecodeError("ProduceRequest names a null topic")
         count, offset = read_array_length(view, offset, flexible)
+        if cap is not None and len(batches) + count > cap:
+            raise _too_many("partitions", len(batches) + count, cap)
         for _ in range(max(count, 0)):
             partition, offset = read_int32(view, offset)
             if flexible:
@@ -126,15 +135,24 @@ def parse_produce_request(frame: Buffer, body_offset: int, version: int) -> Prod
                 records = view[offset : offset + size]
                 offset += size
             if flexible:
-                offset = skip_tagged_fields(view, offset)
+                offset = skip_tagged_fields(view, offset, limits)
             batches.append(PartitionBatch(topic, partition, records))
         if flexible:
-            offset = skip_tagged_fields(view, offset)
+            offset = skip_tagged_fields(view, offset, limits)
     if flexible:
-        offset = skip_tagged_fields(view, offset)
+        offset = skip_tagged_fields(view, offset, limits)
     if offset != len(view):
         raise DecodeError(f"ProduceRequest v{version} has {len(view) - offset} trailing bytes")
     return ProduceRequestData(transactional_id, acks, timeout_ms, tuple(batches))
+
+
+def _too_many(what: str, count: int, cap: int) -> LimitExceeded:
+    return LimitExceeded(
+        f"ProduceRequest with {count} {what}, over the cap of {cap}",
+        limit="max_partitions",
+        value=count,
+        cap=cap,
+    )
 
 
 @dataclass(frozen=True, slots=True)
