@@ -34,7 +34,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from kipside.protocol import DEFAULT_MAX_FRAME_BYTES
+from kipside.protocol import DEFAULT_MAX_FRAME_BYTES, DecodeLimits
 
 __all__ = [
     "DEFAULT_SOURCE",
@@ -145,10 +145,40 @@ _closed = with_config(ConfigDict(extra="forbid"))
 @_closed
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Limits:
-    """Resource limits for the proxy as a whole."""
+    """The ``limits`` section: what one client, or all of them, may make kipside hold.
+
+    docs/rules.md says what reaching each one does; the proxy reads them per event, so a
+    reload applies at once (except ``max_frame_bytes``: connections opened after it).
+    """
 
     max_frame_bytes: ByteSize = DEFAULT_MAX_FRAME_BYTES
     max_connections: Annotated[StrictInt, Ge(1)] = 10_000
+    # Requests read and not yet answered, plus answers not yet taken by the client's socket.
+    max_in_flight_bytes: ByteSize = 256 * 1024 * 1024
+    max_in_flight_bytes_per_client: ByteSize = 16 * 1024 * 1024
+    # Caps on what kipside itself decodes (ProduceRequests it coalesces, request headers).
+    max_partitions_per_request: Annotated[StrictInt, Interval(ge=1, le=INT32_MAX)] = 100_000
+    max_tagged_fields: Annotated[StrictInt, Interval(ge=0, le=INT32_MAX)] = 64
+    max_tagged_field_bytes: Annotated[StrictInt, Interval(ge=0, le=INT32_MAX)] = 1024 * 1024
+    # 0 turns a timeout off. Apache Kafka's connections.max.idle.ms is 600000 too.
+    idle_timeout_ms: Annotated[StrictInt, Interval(ge=0, le=INT32_MAX)] = 600_000
+    request_read_timeout_ms: Annotated[StrictInt, Interval(ge=0, le=INT32_MAX)] = 60_000
+    _decode_limits: DecodeLimits = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Frozen dataclasses forbid normal assignment; this is a derived cache only, made once
+        # per rule set rather than per request.
+        decode = DecodeLimits(
+            max_tagged_fields=self.max_tagged_fields,
+            max_tagged_field_bytes=self.max_tagged_field_bytes,
+            max_partitions=self.max_partitions_per_request,
+        )
+        object.__setattr__(self, "_decode_limits", decode)
+
+    @property
+    def decode_limits(self) -> DecodeLimits:
+        """The caps kipside's own readers apply to a client's request (kipside.protocol)."""
+        return self._decode_limits
 
 
 @_closed

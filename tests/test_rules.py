@@ -12,6 +12,7 @@ import os
 import pickle
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -602,7 +603,8 @@ def test_example_file_loads_and_uses_every_section() -> None:
     rules = load_rules(EXAMPLE)
     data = yaml.safe_load(EXAMPLE.read_text())
     assert set(data) == {"limits", "coalescing", "transactions", "tracing"}
-    assert set(data["limits"]) == {"max_frame_bytes", "max_connections"}
+    # Every limit is in the example, with its default.
+    assert data["limits"] == {f.name: getattr(Limits(), f.name) for f in fields(Limits) if f.init}
     assert set(data["coalescing"]) == {
         "enabled",
         "lanes",
@@ -637,7 +639,17 @@ def test_describe_is_plain_data_and_a_valid_rule_file() -> None:
     described = rules.describe()
     assert described["source"] == str(EXAMPLE)
     assert described["version"] == rules.version
-    assert described["limits"] == {"max_frame_bytes": 104857600, "max_connections": 10000}
+    assert described["limits"] == {
+        "max_frame_bytes": 104857600,
+        "max_connections": 10000,
+        "max_in_flight_bytes": 268435456,
+        "max_in_flight_bytes_per_client": 16777216,
+        "max_partitions_per_request": 100000,
+        "max_tagged_fields": 64,
+        "max_tagged_field_bytes": 1048576,
+        "idle_timeout_ms": 600000,
+        "request_read_timeout_ms": 60000,
+    }
     assert described["transactions"][1] == {
         "transactional_id": "test-*",
         "outputs": [],
