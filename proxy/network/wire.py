@@ -13,7 +13,8 @@ take everything the kernel holds, and writes are plain synchronous calls that an
   by construction, with no shield needed.
 - A peer that stops reading for `WRITE_GRACE_SECONDS` with a backlog pending breaks the
   connection, so it can't hold a task or shutdown hostage. `backlog_bytes` lets a reader stop
-  taking requests while its answers pile up (backpressure).
+  taking requests while its answers pile up (backpressure); `on_backlog` reports each change
+  of it to whoever counts what kipside holds for a client (network.limits).
 
 Failures are reported once, to the `on_broken` callback, and every later write raises
 `WireBroken`. Closing wakes any task waiting on the socket (trio's notify_closing).
@@ -54,6 +55,7 @@ class Wire:
         "_backlog",
         "_drained",
         "_flush_wanted",
+        "_on_backlog",
         "_on_broken",
         "_sock",
         "backlog_bytes",
@@ -71,6 +73,7 @@ class Wire:
         self._flush_wanted: trio.Event | None = None
         self._drained: trio.Event | None = None
         self._on_broken: Callable[[str], None] | None = None
+        self._on_backlog: Callable[[int], None] | None = None
         self.closed = False
         self.broken_reason: str | None = None
         """Why the connection broke or closed; None while it works."""
@@ -88,6 +91,12 @@ class Wire:
 
     def on_broken(self, callback: Callable[[str], None]) -> None:
         self._on_broken = callback
+
+    def on_backlog(self, callback: Callable[[int], None]) -> None:
+        """Call callback with each change of `backlog_bytes` (+ queued, - written or dropped).
+        Only a write the kernel does not take whole queues anything, so the hot path never
+        calls it."""
+        self._on_backlog = callback
 
     def peername(self) -> str:
         try:
@@ -156,6 +165,7 @@ class Wire:
             self._queue(chunks, sent)
 
     def _queue(self, chunks: Sequence[Buffer], skip: int) -> None:
+        before = self.backlog_bytes
         for chunk in chunks:
             size = len(chunk)
             if skip >= size:
@@ -165,6 +175,8 @@ class Wire:
             skip = 0
             self._backlog.append(view)
             self.backlog_bytes += len(view)
+        if self._on_backlog is not None:
+            self._on_backlog(self.backlog_bytes - before)
         if self._flush_wanted is not None:
             self._flush_wanted.set()
 
@@ -200,6 +212,8 @@ class Wire:
             self._break(f"write failed: {exc.strerror or exc}")
             return
         self.backlog_bytes -= sent
+        if self._on_backlog is not None and sent:
+            self._on_backlog(-sent)
         while sent:
             head = self._backlog[0]
             if sent >= len(head):
@@ -248,7 +262,9 @@ class Wire:
         self.closed = True
         self.broken_reason = self.broken_reason or "connection closed"
         self._backlog.clear()
-        self.backlog_bytes = 0
+        dropped, self.backlog_bytes = self.backlog_bytes, 0
+        if self._on_backlog is not None and dropped:
+            self._on_backlog(-dropped)
         trio.lowlevel.notify_closing(self._sock)
         self._sock.close()
         for event in (self._flush_wanted, self._drained):
