@@ -66,6 +66,10 @@ def _build_info(_stats: Stats) -> list[Observation]:
     return [Observation(1, {"version": KIPSIDE_VERSION})]
 
 
+def _limits_reached(stats: Stats) -> list[Observation]:
+    return [Observation(n, {"limit": key}) for key, n in sorted(dict(stats.limit_reached).items())]
+
+
 # Stats' metrics, in the order /metrics lists them.
 _STATS_METRICS: Final[tuple[Metric[Stats], ...]] = (
     ("kipside_build_info", "", "kipside build information.", _build_info),
@@ -129,6 +133,24 @@ _STATS_METRICS: Final[tuple[Metric[Stats], ...]] = (
         "",
         "Open broker connections.",
         attrgetter("upstream_connections"),
+    ),
+    (
+        "kipside_limit_reached_total",
+        "",
+        "Times a limit of the rule file's limits section was reached, by its key.",
+        _limits_reached,
+    ),
+    (
+        "kipside_in_flight_bytes",
+        "By",
+        "Bytes held for clients: requests read and not yet answered, answers not yet sent.",
+        attrgetter("in_flight_bytes"),
+    ),
+    (
+        "kipside_paused_client_connections",
+        "",
+        "Client connections whose requests are not read now (an in-flight bytes limit).",
+        attrgetter("paused_client_connections"),
     ),
     (
         "kipside_coalescing_ratio",

@@ -69,6 +69,13 @@ class Stats:
     hold_retries: int = 0
     hold_seconds: Histogram = field(default_factory=Histogram)
     rule_problems: int = 0
+    limit_reached: Counter[str] = field(default_factory=Counter)
+    """Times a limit of the rule file's ``limits`` section was reached, by key."""
+    in_flight_bytes: int = 0
+    """Bytes kipside holds for clients now: requests read and not yet answered, and answers
+    their sockets have not taken yet (network.limits)."""
+    paused_client_connections: int = 0
+    """Client connections whose requests kipside is not reading now (an in-flight limit)."""
 
     def observe_latency(self, api_key: int, seconds: float) -> None:
         histogram = self.request_latency.get(api_key)
