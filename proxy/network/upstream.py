@@ -161,6 +161,11 @@ class UpstreamConnection:
     def in_flight(self) -> int:
         return len(self._in_flight)
 
+    def last_in_flight(self) -> Pending | None:
+        """The answer to the newest request still in flight; None if nothing is. A broker
+        answers a connection in order, so once it is done every earlier request is too."""
+        return self._in_flight[-1].pending if self._in_flight else None
+
     @property
     def backlog_bytes(self) -> int:
         """Bytes written but not yet taken by the kernel (the broker is not reading)."""
