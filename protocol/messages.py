@@ -4,7 +4,9 @@ kipside decodes only the messages a feature must read or rewrite; everything els
 kio's failure modes are folded into DecodeError here, so no caller ever sees them raw: an unknown
 tagged field raises a bare KeyError inside kio, versions Kafka 4.0 removed are simply absent
 (UnknownEntity), and truncated input surfaces as ValueError/IndexError/struct errors. Callers then
-decide to pass the bytes through or fail clearly. Never does I/O.
+decide to pass the bytes through or fail clearly. Every body is first walked by
+protocol.lengths, because kio's native reader aborts the process on an array count it cannot
+allocate. Never does I/O.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from kio.static.constants import EntityType
 
 from .apis import api_name
 from .errors import DecodeError
+from .lengths import check_lengths
 
 # kio's entities are generated dataclasses without a common nominal base that mypy can use
 # for attribute access, so they are typed as Any at this boundary only.
@@ -59,6 +62,13 @@ def _decode(
     api_key: int, api_version: int, kind: PayloadEntityType, buf: bytes, offset: int
 ) -> Message:
     cls = _message_class(api_key, api_version, kind)
+    # Before kio: its native reader reserves memory for an array from the count alone, and
+    # aborts the process when the allocation fails (protocol.lengths).
+    try:
+        check_lengths(cls, buf, offset)
+    except DecodeError as exc:
+        what = f"{api_name(api_key)} v{api_version} {kind.name}"
+        raise DecodeError(f"cannot decode {what}: {exc}") from None
     try:
         message, size = entity_reader(cls)(buf, offset)
     except (
