@@ -37,6 +37,7 @@ from kipside.proxy.network.certificates import (
 from kipside.proxy.network.discovery import discover_nodes
 from kipside.proxy.network.identity import Principal
 from kipside.proxy.network.lanes import LanePool
+from kipside.proxy.network.limits import ServerLimits
 from kipside.proxy.network.nodes import NodeMap
 from kipside.proxy.network.sasl import (
     ClientSasl,
@@ -116,7 +117,7 @@ class Server:
         self.stats = Stats()
         self.tracer = tracer or Tracer(config.trace, config.rules.tracing)
         self._shutdown_requested = trio.Event()
-        self._over_limit_logged = False
+        self.limits = ServerLimits(lambda: self.rules.limits, self.stats)
         self.coalescer: Coalescer | None = None
         self.sessions: set[Session] = set()
         self._pools: dict[tuple[int, Principal], LanePool] = {}
@@ -132,6 +133,7 @@ class Server:
         self.security: Security | None = None  # loaded by serve()
         self.ready = trio.Event()
         self.reloader = RuleReloader(self)
+        self.reloader.on_applied.append(self.limits.rules_changed)
         self.produce_order = ProduceOrder(self)  # keeps produce order across rule reloads
         self.metrics = Metrics(
             self.stats,
@@ -215,19 +217,20 @@ class Server:
     async def _run_session(
         self, stream: trio.SocketStream, targets: list[Address], node_id: int | None
     ) -> None:
-        limit = self.rules.limits.max_connections
-        if self.stats.client_connections >= limit:
-            if not self._over_limit_logged:
-                log.warning(
-                    "refusing client connections: %d open reaches limits.max_connections (%d); "
-                    "raise it in the rule file if this load is expected",
-                    self.stats.client_connections,
-                    limit,
-                )
-                self._over_limit_logged = True
+        if not self.limits.admit(stream.socket.getpeername):
             await trio.aclose_forcefully(stream)
             return
-        self._over_limit_logged = False
+        # Counted from here: a connection in its TLS handshake holds a socket too.
+        self.stats.client_connections += 1
+        try:
+            await self._serve_client(stream, targets, node_id)
+        finally:
+            self.stats.client_connections -= 1
+            self._session_ended.set()
+
+    async def _serve_client(
+        self, stream: trio.SocketStream, targets: list[Address], node_id: int | None
+    ) -> None:
         security = self._security()
         accepted = await security.accept(stream)
         if accepted is None:
@@ -247,15 +250,13 @@ class Server:
             principal=principal,
             sasl=ClientSasl(security.sasl_termination()),
             check=self.principal_rules.refusal,
+            limits=self.limits,
         )
         self.sessions.add(session)
-        self.stats.client_connections += 1
         try:
             await session.run()
         finally:
-            self.stats.client_connections -= 1
             self.sessions.discard(session)
-            self._session_ended.set()
 
     # Shared upstream connections -------------------------------------------------------
 
@@ -273,6 +274,7 @@ class Server:
                 stats=self.stats,
                 principal=principal,
                 dial=lambda address: self._security().dial(address, principal),
+                report=self.limits.reporter.reached,
             )
             self._pools[(node_id, principal)] = pool
         return pool

@@ -33,6 +33,8 @@ class Slot:
     raw: bool
     started: float
     span: Span | None
+    request_bytes: int = 0
+    """Bytes of the request, held (network.limits) until the answer is written."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,13 @@ from kipside.protocol import (
     parse_response_header,
 )
 from kipside.proxy.network.identity import ANONYMOUS, Principal
-from kipside.proxy.network.upstream import Dial, UpstreamConnection, UpstreamFailed, plain_dial
+from kipside.proxy.network.upstream import (
+    Dial,
+    ReportLimit,
+    UpstreamConnection,
+    UpstreamFailed,
+    plain_dial,
+)
 from kipside.proxy.telemetry.stats import Stats
 
 log = logging.getLogger("kipside.lanes")
@@ -49,8 +55,10 @@ class LanePool:
         stats: Stats,
         principal: Principal = ANONYMOUS,
         dial: Dial = plain_dial,
+        report: ReportLimit | None = None,
     ) -> None:
         self.node_id = node_id
+        self._report = report
         self.principal = principal
         self._dial = dial
         self._address = address
@@ -95,6 +103,7 @@ class LanePool:
                     max_frame_bytes=self._max_frame_bytes,
                     on_closed=self._lane_closed,
                     dial=self._dial,
+                    report=self._report,
                 )
             except UpstreamFailed as exc:
                 raise UpstreamFailed(f"cannot reach node {self.node_id} at {exc}") from exc

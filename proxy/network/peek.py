@@ -10,6 +10,7 @@ from kipside.protocol import (
     PRODUCE_MIN_VERSION,
     ApiKey,
     DecodeError,
+    DecodeLimits,
     RequestHeader,
     parse_produce_request,
     read_uvarint,
@@ -18,7 +19,9 @@ from kipside.protocol import (
 __all__ = ["produce_acks", "produce_topics"]
 
 
-def produce_topics(frame: bytes, header: RequestHeader) -> tuple[str, ...]:
+def produce_topics(
+    frame: bytes, header: RequestHeader, limits: DecodeLimits | None = None
+) -> tuple[str, ...]:
     """Topic names of a ProduceRequest, for its span; other requests stay undecoded."""
     if (
         header.api_key != ApiKey.PRODUCE
@@ -26,7 +29,7 @@ def produce_topics(frame: bytes, header: RequestHeader) -> tuple[str, ...]:
     ):
         return ()
     try:
-        request = parse_produce_request(frame, header.body_offset, header.api_version)
+        request = parse_produce_request(frame, header.body_offset, header.api_version, limits)
     except DecodeError:
         return ()
     return tuple(p.topic for p in request.partitions)

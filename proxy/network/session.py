@@ -27,6 +27,8 @@ from kipside.protocol import (
     ApiKey,
     FrameDecoder,
     FrameError,
+    FrameTooLargeError,
+    LimitExceeded,
     ProtocolError,
     RequestHeader,
     api_name,
@@ -43,6 +45,7 @@ from kipside.proxy.network.answers import (
 )
 from kipside.proxy.network.hooks import ApiVersionsPolicy, RequestCheck, SharedRoute
 from kipside.proxy.network.identity import ANONYMOUS, Principal
+from kipside.proxy.network.limits import ServerLimits
 from kipside.proxy.network.peek import produce_acks, produce_topics
 from kipside.proxy.network.sasl import ClientSasl, SaslStep
 from kipside.proxy.network.sasl.kafka import SASL_APIS
@@ -52,15 +55,18 @@ from kipside.proxy.network.upstream import (
     UpstreamFailed,
     plain_dial,
 )
-from kipside.proxy.network.wire import BACKLOG_LIMIT_BYTES, WRITE_GRACE_SECONDS, Wire, WireBroken
+from kipside.proxy.network.wire import WRITE_GRACE_SECONDS, Wire, WireBroken
 from kipside.proxy.telemetry.stats import Stats
 from kipside.proxy.telemetry.tracing import Tracer, finish
+from kipside.rules import Limits
 
 log = logging.getLogger("kipside.session")
 
 # How long a closing session lets the broker finish what it was sent (acks=0 produce has no
 # answer to wait for, and closing first would make the broker drop it).
 DEDICATED_CLOSE_GRACE_SECONDS = 1.0
+# A session made without the server's limits (tests) has the defaults.
+_DEFAULT_LIMITS = Limits()
 
 
 UpstreamDial = Callable[[Address, Principal], Awaitable[Wire]]
@@ -89,6 +95,7 @@ class Session:
         principal: Principal = ANONYMOUS,
         sasl: ClientSasl | None = None,
         check: RequestCheck | None = None,
+        limits: ServerLimits | None = None,
     ) -> None:
         self.wire = client
         self.wire.on_broken(self._client_broken)
@@ -121,6 +128,12 @@ class Session:
         self._nursery: trio.Nursery | None = None
         self._slots: deque[Slot | Marker] = deque()
         self._drained = trio.Event()
+        if limits is None:
+            limits = ServerLimits(lambda: _DEFAULT_LIMITS, self.stats)
+        self.limits = limits.client(self.wire, self.describe, self._stop)
+        """What kipside holds for this client, its request caps and deadlines."""
+        self._unowed = 0
+        """Bytes of the request being routed that no slot holds yet (released if none will)."""
 
     def describe(self) -> str:
         who = f"client {self.peer}"
@@ -151,6 +164,7 @@ class Session:
                 self._nursery = nursery
                 nursery.start_soon(self._client_reader)
                 nursery.start_soon(self.wire.run_flusher)
+                nursery.start_soon(self.limits.deadlines.watch)
                 await self._drained.wait()
                 # Every answer owed is written (or queued behind a slow client).
                 if self.dedicated is not None:
@@ -162,6 +176,7 @@ class Session:
             if self.dedicated is not None:
                 await self.dedicated.aclose()
             self.wire.close()
+            self.limits.close()
         log.debug("%s: session ended", self.describe())
 
     def _client_broken(self, reason: str) -> None:
@@ -180,11 +195,12 @@ class Session:
     async def _read_requests(self) -> None:
         decoder = FrameDecoder(max_frame_bytes=self.max_frame_bytes, min_frame_bytes=8)
         wire = self.wire
+        limits = self.limits
         while True:
-            if wire.backlog_bytes > BACKLOG_LIMIT_BYTES:
-                # The client is not reading its answers: read no more requests until it does,
-                # as a broker mutes such a connection.
-                await wire.drained()
+            # Past an in-flight limit (the client sends faster than its answers come, or reads
+            # none of them): read no more requests until it drops, as a broker mutes a
+            # connection (network.limits).
+            await limits.room(decoder.buffered)
             data = await wire.receive()
             if not data:
                 # The client is done sending. Requests already forwarded still run (acks=0
@@ -203,10 +219,19 @@ class Session:
                         if not self.sasl.raw_token_due:
                             decoder.min_frame_bytes = 8
                         continue
-                    header = parse_request_header(frame)
+                    header = parse_request_header(frame, limits.decode)
                     if header.client_id and self.client_id is None:
                         self.client_id = header.client_id
+                    limits.took(len(frame))
+                    self._unowed = len(frame)
                     await self._on_request(frame, header)
+                    if self._unowed:  # no answer is owed (acks=0, ...): it holds nothing
+                        limits.answered(self._unowed)
+                        self._unowed = 0
+                except (FrameTooLargeError, LimitExceeded) as exc:
+                    limits.refused(exc, frame if isinstance(exc, LimitExceeded) else None)
+                    self._stop()
+                    return
                 except ProtocolError as exc:
                     kind = "not Kafka" if isinstance(exc, FrameError) else "a malformed request"
                     log.warning(
@@ -232,7 +257,7 @@ class Session:
                 version,
                 self.client_id,
                 self.peer,
-                produce_topics(frame, header),
+                produce_topics(frame, header, self.limits.decode),
                 correlation_id=header.correlation_id,
             )
         self.current_span = span
@@ -284,9 +309,15 @@ class Session:
                 raw,
                 started,
                 span,
+                request_bytes=self._owed_request(),
             )
         )
         pending.on_done(self._flush)
+
+    def _owed_request(self) -> int:
+        """The routed request's bytes, now held by its slot until its answer is written."""
+        size, self._unowed = self._unowed, 0
+        return size
 
     # SASL (network.sasl) -----------------------------------------------------------------
 
@@ -357,6 +388,7 @@ class Session:
                     on_closed=self._dedicated_closed,
                     connect_timeout=self.connect_timeout,
                     dial=self._dial_upstream,
+                    report=self.limits.report,
                 )
             except UpstreamFailed as exc:
                 problems.append(str(exc))
@@ -454,8 +486,11 @@ class Session:
             return
         now = time.perf_counter()
         stats = self.stats
+        answered = 0
         for slot, frame in zip(ready, frames, strict=True):
+            answered += slot.request_bytes
             stats.client_response_bytes[slot.api_key] += len(frame)
             stats.observe_latency(slot.api_key, now - slot.started)
             if slot.span is not None:
                 finish(slot.span, slot.pending.error_name)
+        self.limits.answered(answered)

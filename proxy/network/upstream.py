@@ -24,6 +24,7 @@ from kipside.protocol import (
     ApiKey,
     Buffer,
     FrameDecoder,
+    FrameTooLargeError,
     ProtocolError,
     api_name,
     request_correlation_id,
@@ -34,6 +35,9 @@ from kipside.protocol import (
 from kipside.proxy.network.wire import BACKLOG_LIMIT_BYTES, Wire, WireBroken
 
 log = logging.getLogger("kipside.upstream")
+
+ReportLimit = Callable[[str, str], None]
+"""(limit key, message): network.limits.LimitReporter.reached, counted and logged."""
 
 Dial = Callable[[Address], Awaitable[Wire]]
 """How a connection to a broker is made: TCP, then TLS and SASL where configured. Raises
@@ -137,8 +141,10 @@ class UpstreamConnection:
         name: str,
         max_frame_bytes: int,
         on_closed: Callable[[UpstreamConnection, str], None] | None = None,
+        report: ReportLimit | None = None,
     ) -> None:
         self.address = address
+        self._report = report
         self.name = name
         self.max_frame_bytes = max_frame_bytes
         self._on_closed = on_closed
@@ -182,6 +188,7 @@ class UpstreamConnection:
         on_closed: Callable[[UpstreamConnection, str], None] | None = None,
         connect_timeout: float = 10.0,
         dial: Dial = plain_dial,
+        report: ReportLimit | None = None,
     ) -> UpstreamConnection:
         """Dial `address` (with `dial`) and start the connection's reader and flusher in
         nursery.
@@ -189,7 +196,9 @@ class UpstreamConnection:
         Raises UpstreamFailed ("HOST:PORT: why") if the broker can't be reached within
         connect_timeout.
         """
-        connection = cls(address, name=name, max_frame_bytes=max_frame_bytes, on_closed=on_closed)
+        connection = cls(
+            address, name=name, max_frame_bytes=max_frame_bytes, on_closed=on_closed, report=report
+        )
         try:
             with trio.fail_after(connect_timeout):
                 wire = await dial(address)
@@ -286,10 +295,28 @@ class UpstreamConnection:
                     if not self._deliver(frame):
                         reason = f"{self.name}: unexpected response correlation id"
                         return
+        except FrameTooLargeError as exc:
+            reason = f"{self.name}: broker sent a response over limits.max_frame_bytes"
+            self._frame_too_large(exc)
         except ProtocolError as exc:
             reason = f"{self.name}: broker sent bytes that are not Kafka: {exc}"
         finally:
             self._close(reason)
+
+    def _frame_too_large(self, exc: FrameTooLargeError) -> None:
+        waiting = self._in_flight[0] if self._in_flight else None
+        to = f" to {api_name(waiting.api_key)} v{waiting.api_version}" if waiting else ""
+        message = (
+            f"{self.name}: the broker sent a response{to} of {exc.size} bytes, over "
+            f"limits.max_frame_bytes ({exc.cap}): closing the connection (the requests in "
+            "flight on it fail and their clients retry, and would meet it again). Raise "
+            "limits.max_frame_bytes above the largest answer the brokers send: a Fetch answer "
+            "reaches the consumer's fetch.max.bytes (50 MiB by default) and more"
+        )
+        if self._report is not None:
+            self._report("max_frame_bytes", message)
+        else:
+            log.warning("%s", message)
 
     def _deliver(self, frame: bytes) -> bool:
         if self._raw_in_flight and self._in_flight[0].raw:

@@ -69,7 +69,9 @@ class Coalescer:
     ) -> Submitted | None:
         """Take the request's batches: passed through unchanged to an idle lane, or queued.
         Returns None when this request must not be coalesced (the caller forwards it as is)."""
-        request = parse_produce_request(frame, header.body_offset, header.api_version)
+        request = parse_produce_request(
+            frame, header.body_offset, header.api_version, self.context.rules().limits.decode_limits
+        )
         if request.transactional_id is not None or not request.partitions:
             return None
         keys = [(p.topic, p.partition) for p in request.partitions]
