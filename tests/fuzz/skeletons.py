@@ -96,10 +96,13 @@ def encode(message: Any) -> bytes:
 
 
 @cache
-def bodies() -> tuple[Body, ...]:
-    """One skeleton body per API key, version and direction that kio knows."""
+def bodies(apis: frozenset[int] | None = None) -> tuple[Body, ...]:
+    """One skeleton body per API key (of `apis`, default all), version and direction that kio
+    knows."""
     found = []
     for api_key, name in sorted(api_key_map.items()):
+        if apis is not None and api_key not in apis:
+            continue
         for version, kinds in sorted(schema_name_map[name].items()):
             for kind in (EntityType.request, EntityType.response):
                 path = kinds.get(kind)
