@@ -35,7 +35,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import fields
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import trio
 
@@ -47,7 +47,6 @@ from kipside.protocol import (
     api_name,
 )
 from kipside.proxy.network.deadlines import IDLE, Deadlines
-from kipside.proxy.network.wire import Wire
 from kipside.proxy.telemetry.stats import Stats
 from kipside.rules import Limits, RuleSet
 
@@ -55,6 +54,7 @@ __all__ = [
     "IN_FLIGHT",
     "IN_FLIGHT_PER_CLIENT",
     "LOG_INTERVAL_SECONDS",
+    "Backlogged",
     "ClientLimits",
     "LimitReporter",
     "ServerLimits",
@@ -76,6 +76,12 @@ _DECODE_KEYS: Final = {
     "max_tagged_field_bytes": "max_tagged_field_bytes",
     "max_partitions": "max_partitions_per_request",
 }
+
+
+class Backlogged(Protocol):
+    """A connection that reports its unsent backlog (network.wire.Wire)."""
+
+    def on_backlog(self, callback: Callable[[int], None]) -> None: ...
 
 
 class LimitReporter:
@@ -149,7 +155,7 @@ class ServerLimits:
         return False
 
     def client(
-        self, wire: Wire, describe: Callable[[], str], close: Callable[[], None]
+        self, wire: Backlogged, describe: Callable[[], str], close: Callable[[], None]
     ) -> ClientLimits:
         """The limits of one client connection, counted here until its `close()`."""
         return ClientLimits(self, wire, describe, close)
@@ -190,7 +196,7 @@ class ClientLimits:
     def __init__(
         self,
         server: ServerLimits,
-        wire: Wire,
+        wire: Backlogged,
         describe: Callable[[], str],
         close: Callable[[], None],
     ) -> None:
