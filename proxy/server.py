@@ -46,7 +46,7 @@ from kipside.proxy.network.security import Security, SecurityError
 from kipside.proxy.network.session import Session
 from kipside.proxy.operations.admin import AdminApp, serve_admin
 from kipside.proxy.operations.cert_reload import CertificateReloader
-from kipside.proxy.operations.reload import ProduceOrder, RuleReloader
+from kipside.proxy.operations.reload import RuleReloader
 from kipside.proxy.telemetry.metric_readers import otlp_metrics_endpoint
 from kipside.proxy.telemetry.metrics import Metrics
 from kipside.proxy.telemetry.stats import Stats
@@ -134,7 +134,6 @@ class Server:
         self.ready = trio.Event()
         self.reloader = RuleReloader(self)
         self.reloader.on_applied.append(self.limits.rules_changed)
-        self.produce_order = ProduceOrder(self)  # keeps produce order across rule reloads
         self.metrics = Metrics(
             self.stats,
             rules=lambda: self.rules,
@@ -242,7 +241,7 @@ class Server:
             rewriter=self.rewriter,
             versions=self.versions,
             max_frame_bytes=self.rules.limits.max_frame_bytes,
-            shared_route=self.produce_order.route if self.router is not None else None,
+            shared_route=self.router.route if self.router is not None else None,
             node_id=node_id,
             stats=self.stats,
             tracer=self.tracer if self.tracer.active else None,

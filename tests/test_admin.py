@@ -24,7 +24,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import trio
@@ -37,19 +36,13 @@ from kipside.protocol.apis import ApiKey
 from kipside.proxy.cli import _admin_address, main
 from kipside.proxy.features.coalesce import Coalescer
 from kipside.proxy.features.context import FeatureContext
-from kipside.proxy.network.hooks import Routed
 from kipside.proxy.network.identity import ANONYMOUS
-from kipside.proxy.network.upstream import Pending
 from kipside.proxy.operations.admin import MAX_BODY_BYTES, AdminApp, RateWindow, serve_admin
 from kipside.proxy.operations.admin import httpd as httpd_module
-from kipside.proxy.operations.reload import (
-    POLL_SECONDS,
-    ProduceOrder,
-    apply_rules,
-)
+from kipside.proxy.operations.reload import POLL_SECONDS, apply_rules
 from kipside.proxy.server import Server, ServerConfig
 from kipside.proxy.telemetry.stats import Stats
-from kipside.rules import CoalescingRules, RuleSet, load_rules, parse_rules
+from kipside.rules import RuleSet, load_rules, parse_rules
 
 TIMEOUT = 10
 REQUEST_DEADLINE = 0.6
@@ -742,131 +735,6 @@ async def test_sighup_reloads(watched: tuple[Server, Path], nursery: trio.Nurser
         while reloader.rule_reloads == 0:  # noqa: ASYNC110 (the reloader has no event to wait on)
             await trio.sleep(0.01)
     assert server.rules.coalescing.linger_ms == 7.0
-
-
-# --------------------------------------------------------------------------- produce order
-
-
-class FakeCoalescer:
-    def __init__(self, rules: CoalescingRules) -> None:
-        self.rules = rules
-
-
-class FakeRouter:
-    """Routes Produce to the lanes while coalescing is enabled, else to the own connection."""
-
-    def __init__(self, coalescer: FakeCoalescer) -> None:
-        self.coalescer = coalescer
-        self.routed: list[tuple[int, str]] = []
-        self.lane_answers: list[Pending] = []
-
-    async def route(self, session: object, frame: bytes, header: object) -> Routed | None:
-        correlation_id = header.correlation_id  # type: ignore[attr-defined]
-        if header.api_key != ApiKey.PRODUCE or not self.coalescer.rules.enabled:  # type: ignore[attr-defined]
-            self.routed.append((correlation_id, "own"))
-            return None
-        self.routed.append((correlation_id, "lane"))
-        pending = Pending()
-        self.lane_answers.append(pending)
-        return Routed(pending, raw=False)
-
-
-@dataclass
-class FakeConnection:
-    in_flight: int = 0
-    closed: bool = False
-
-
-@dataclass
-class FakeSession:
-    dedicated: FakeConnection | None = None
-
-    def describe(self) -> str:
-        return "client 127.0.0.1:1"
-
-    __hash__ = object.__hash__
-
-
-@dataclass
-class FakeHeader:
-    api_key: int
-    correlation_id: int
-
-
-ON, OFF = CoalescingRules(enabled=True), CoalescingRules(enabled=False)
-
-
-def produce_order(rules: CoalescingRules) -> tuple[ProduceOrder, FakeRouter, FakeCoalescer]:
-    coalescer = FakeCoalescer(rules)
-    router = FakeRouter(coalescer)
-    server = SimpleNamespace(router=router, coalescer=coalescer)
-    return ProduceOrder(server), router, coalescer
-
-
-async def route(order: ProduceOrder, session: FakeSession, api_key: int, cid: int) -> None:
-    await order.route(session, b"", FakeHeader(api_key, cid))  # type: ignore[arg-type]
-
-
-async def produce_in_background(
-    nursery: trio.Nursery, order: ProduceOrder, session: FakeSession, cid: int
-) -> trio.Event:
-    """Route a ProduceRequest in a task of its own; the event is set once it has gone."""
-    routed = trio.Event()
-
-    async def produce() -> None:
-        await route(order, session, ApiKey.PRODUCE, cid)
-        routed.set()
-
-    nursery.start_soon(produce)
-    await trio.sleep(0.05)
-    return routed
-
-
-async def test_produce_waits_for_its_lane_answers_when_coalescing_is_switched_off(
-    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
-) -> None:
-    order, router, coalescer = produce_order(ON)
-    session = FakeSession()
-    with trio.fail_after(TIMEOUT):
-        for cid in (1, 2):  # two ProduceRequests queued or in flight on the lanes
-            await route(order, session, ApiKey.PRODUCE, cid)
-        coalescer.rules = OFF  # a reload
-        done = await produce_in_background(nursery, order, session, 3)
-        assert router.routed == [(1, "lane"), (2, "lane")]  # 3 must not overtake them
-        # Other APIs are not held up by the barrier of another session's produce.
-        await route(order, FakeSession(), ApiKey.METADATA, 9)
-        router.lane_answers[1].resolve(b"answer 2")
-        await trio.sleep(0.05)
-        assert not done.is_set()
-        router.lane_answers[0].fail("lane lost")  # a failed answer counts as settled
-        await done.wait()
-    assert router.routed[-1] == (3, "own")
-
-
-async def test_produce_waits_for_its_own_connection_when_coalescing_is_switched_on(
-    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
-) -> None:
-    order, router, coalescer = produce_order(OFF)
-    session = FakeSession(dedicated=FakeConnection(in_flight=0))
-    with trio.fail_after(TIMEOUT):
-        await route(order, session, ApiKey.PRODUCE, 1)
-        assert session.dedicated is not None
-        session.dedicated.in_flight = 2  # its answers are still owed
-        coalescer.rules = ON
-        done = await produce_in_background(nursery, order, session, 2)
-        assert router.routed == [(1, "own")]
-        session.dedicated.in_flight = 0
-        await done.wait()
-    assert router.routed == [(1, "own"), (2, "lane")]
-
-
-async def test_produce_is_not_held_without_a_rule_change() -> None:
-    order, router, _ = produce_order(ON)
-    session = FakeSession()
-    with trio.fail_after(1):
-        for cid in range(5):  # pipelined, nothing answered yet
-            await route(order, session, ApiKey.PRODUCE, cid)
-    assert len(router.routed) == 5
 
 
 # --------------------------------------------------------------------------- command line

@@ -4,7 +4,8 @@ A reload reads and validates the whole file before anything changes. A file with
 is rejected in full: its FILE:LINE problems are logged and counted, and the rules in force stay.
 A valid file applies to requests that start after it. No connection is dropped, and no client's
 ProduceRequests are reordered when a reload moves them between the shared lanes and the
-client's own broker connection (ProduceOrder). What cannot change while running: a node's lane
+client's own broker connection (features.coalesce.order keeps every route change in order,
+a reload's among them). What cannot change while running: a node's lane
 pool keeps the lane count it was created with (brokers first used after the reload get the new
 `coalescing.lanes`), and a client keeps the ApiVersions features it was told when it connected.
 
@@ -14,27 +15,21 @@ RuleError) and never block it: the file is read in a worker thread.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
 import threading
 import time
-import weakref
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Final, Literal, Protocol
 
 import trio
 
-from kipside.protocol import ApiKey, RequestHeader
 from kipside.proxy.features.versions import VersionPolicy
-from kipside.proxy.network.hooks import Routed, RoutedClient
-from kipside.proxy.network.upstream import Pending, UpstreamFailed
 from kipside.rules import (
     DEFAULT_SOURCE,
     FILE_KEY,
-    CoalescingRules,
     RuleError,
     RuleProblem,
     RuleSet,
@@ -44,8 +39,6 @@ from kipside.rules import (
 log = logging.getLogger("kipside.rules")
 
 POLL_SECONDS: Final = 1.0
-ORDER_DRAIN_LIMIT_SECONDS: Final = 10.0
-ORDER_POLL_SECONDS: Final = 0.001
 
 Outcome = Literal["applied", "unchanged", "rejected", "no-file"]
 
@@ -88,27 +81,6 @@ class RuleHolder(Protocol):
 
     @property
     def versions(self) -> VersionPolicy: ...
-
-
-class _Router(Protocol):
-    async def route(
-        self, session: RoutedClient, frame: bytes, header: RequestHeader
-    ) -> Routed | None: ...
-
-
-class _Coalescing(Protocol):
-    @property
-    def rules(self) -> CoalescingRules: ...
-
-
-class SharedRoutes(Protocol):
-    """The server's shared routes, as ProduceOrder sees them (set before any session starts)."""
-
-    @property
-    def router(self) -> _Router | None: ...
-
-    @property
-    def coalescer(self) -> _Coalescing | None: ...
 
 
 FileStamp = tuple[int, int, int, int]
@@ -303,79 +275,3 @@ class RuleReloader:
             if stamp != self._attempted and stamp == previous:
                 await self.reload("file change", only_if_changed=True)
             previous = stamp
-
-
-@dataclass(slots=True)
-class _SessionProduce:
-    rules: CoalescingRules
-    """The coalescing rules this session's last ProduceRequest was routed under."""
-    lane_answers: list[Pending] = field(default_factory=list)
-    """Answers still owed for its ProduceRequests that went to the lanes."""
-
-
-class ProduceOrder:
-    """Keeps each client's ProduceRequests in order across a coalescing rule change.
-
-    A ProduceRequest goes to the shared lanes (coalesced) or on the client's own broker
-    connection, as the coalescing rules say. When a reload changes which, a request on the new
-    route could reach the broker before the client's earlier ones, still queued or in flight on
-    the old route: an idempotent producer then fails with OUT_OF_ORDER_SEQUENCE_NUMBER, which
-    is fatal. So the first ProduceRequest a session sends under new coalescing rules first
-    waits until its earlier ones are answered (once per session and reload; the session reads
-    nothing else meanwhile). acks=0 requests have no answer to wait for and are not ordered.
-    """
-
-    def __init__(self, server: SharedRoutes) -> None:
-        self.server = server
-        self._sessions: weakref.WeakKeyDictionary[RoutedClient, _SessionProduce] = (
-            weakref.WeakKeyDictionary()
-        )
-
-    async def route(
-        self, session: RoutedClient, frame: bytes, header: RequestHeader
-    ) -> Routed | None:
-        """features.routing.Router.route, with the ordering barrier in front of it."""
-        router, coalescer = self.server.router, self.server.coalescer
-        assert router is not None and coalescer is not None  # set before any session starts
-        if header.api_key != ApiKey.PRODUCE:
-            return await router.route(session, frame, header)
-        state = self._sessions.get(session)
-        if state is None:
-            state = self._sessions[session] = _SessionProduce(coalescer.rules)
-        elif state.rules is not coalescer.rules:
-            await self._drain(session, state)
-            # No checkpoint from here until the router has decided under these rules.
-            state.rules = coalescer.rules
-        routed = await router.route(session, frame, header)
-        if routed is None and any(not p.done for p in state.lane_answers):
-            # Not coalesced (e.g. it names a topic a rule excludes) while this client still has
-            # batches in a lane: going out on its own connection now could overtake them.
-            await self._drain_lanes(state)
-        if routed is not None and routed.pending is not None:
-            state.lane_answers = [p for p in state.lane_answers if not p.done]
-            state.lane_answers.append(routed.pending)
-        return routed
-
-    async def _drain_lanes(self, state: _SessionProduce) -> None:
-        with trio.move_on_after(ORDER_DRAIN_LIMIT_SECONDS):
-            for pending in state.lane_answers:
-                # A failed one closes the session; nothing is left to overtake then.
-                with contextlib.suppress(UpstreamFailed):
-                    await pending.wait()
-        state.lane_answers.clear()
-
-    async def _drain(self, session: RoutedClient, state: _SessionProduce) -> None:
-        with trio.move_on_after(ORDER_DRAIN_LIMIT_SECONDS) as limit:
-            await self._drain_lanes(state)
-            # The client's own connection answers in order: nothing in flight means the broker
-            # has handled everything sent on it. (It offers no event for that, hence polling,
-            # for at most one round trip once per session and reload.)
-            while (own := session.dedicated) is not None and not own.closed and own.in_flight:  # noqa: ASYNC110
-                await trio.sleep(ORDER_POLL_SECONDS)
-        if limit.cancelled_caught:
-            log.warning(
-                "%s: produce requests sent before the rule reload were not answered within "
-                "%g s; sending on under the new rules",
-                session.describe(),
-                ORDER_DRAIN_LIMIT_SECONDS,
-            )

@@ -86,6 +86,13 @@ _STATS_METRICS: Final[tuple[Metric[Stats], ...]] = (
         attrgetter("coalesced_batches"),
     ),
     (
+        "kipside_produce_route_waits_total",
+        "",
+        "ProduceRequests that waited for the client's earlier batches of their partitions on "
+        "another route (the shared lanes or its own broker connection) before going.",
+        attrgetter("produce_route_waits"),
+    ),
+    (
         "kipside_round_trips_saved_total",
         "",
         "Broker round trips clients did not cost: coalesced Produce plus locally answered "

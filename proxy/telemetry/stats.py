@@ -58,6 +58,9 @@ class Stats:
     """Client request to response written, by api key."""
     coalesced_batches: int = 0
     """Partition batches sent upstream inside coalesced ProduceRequests."""
+    produce_route_waits: int = 0
+    """ProduceRequests that waited for the same client's earlier batches of their partitions on
+    another route (the lanes or its own broker connection) before going (features.routing)."""
     client_connections: int = 0
     upstream_connections: int = 0
     lane_failures: int = 0

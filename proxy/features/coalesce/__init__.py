@@ -17,12 +17,18 @@ error instead would let a client's later pipelined batch overtake the retry of a
 (OUT_OF_ORDER_SEQUENCE_NUMBER, then an epoch bump that defeats de-duplication). Nothing is
 resent by kipside.
 
+A client's batches of one partition keep their order when its requests change route, between
+the lanes and its own broker connection (a rule excluding some of a request's topics, a rule
+reload): the request on the new route waits until the old route has answered that partition.
+
 The modules: `coalescer` (which requests coalesce, and the lanes), `lane` (one lane's batching
-state machine), `placement` (which lane carries a batch) and `client_produce` (one client's
-request, answered once each of its partitions is).
+state machine), `placement` (which lane carries a batch), `client_produce` (one client's
+request, answered once each of its partitions is) and `order` (what a route change must wait
+for).
 """
 
 from kipside.proxy.features.coalesce.client_produce import Submitted
-from kipside.proxy.features.coalesce.coalescer import Coalescer
+from kipside.proxy.features.coalesce.coalescer import Coalescer, ProducePlan
+from kipside.proxy.features.coalesce.order import ProduceOrder
 
-__all__ = ["Coalescer", "Submitted"]
+__all__ = ["Coalescer", "ProduceOrder", "ProducePlan", "Submitted"]

@@ -8,12 +8,14 @@ connection itself: the lanes do.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Final, NamedTuple
 
 from opentelemetry.trace import Span
 
 from kipside.protocol import (
     PRODUCE_MAX_VERSION,
     PRODUCE_MIN_VERSION,
+    PartitionBatch,
     RequestHeader,
     parse_produce_request,
 )
@@ -24,6 +26,22 @@ from kipside.proxy.features.context import FeatureContext
 from kipside.proxy.network.identity import Principal
 from kipside.proxy.network.nodes import NodeMap
 from kipside.rules import CoalescingRules
+
+
+class ProducePlan(NamedTuple):
+    """How a ProduceRequest is to go upstream, decided by Coalescer.plan."""
+
+    partitions: tuple[tuple[str, int], ...] | None
+    """Its (topic, partition)s in request order; None: not read (coalescing is off, or the
+    version is not one kipside coalesces)."""
+    coalesce: bool = False
+    """To the lanes (Coalescer.take); else on the client's own connection, untouched."""
+    batches: tuple[PartitionBatch, ...] = ()
+    acks: int = -1
+    timeout_ms: int = 0
+
+
+UNREAD: Final = ProducePlan(None)
 
 
 class Coalescer:
@@ -57,39 +75,49 @@ class Coalescer:
             self.rules.enabled and PRODUCE_MIN_VERSION <= header.api_version <= PRODUCE_MAX_VERSION
         )
 
-    def submit(
+    def plan(self, frame: bytes, header: RequestHeader, client_id: str | None) -> ProducePlan:
+        """Whether this ProduceRequest coalesces under the rules in force, and its partitions.
+
+        Synchronous, and `take` after it must be too: a reload between them would split the
+        request's decision from the rules that made it."""
+        if not self.eligible(header):
+            return UNREAD
+        request = parse_produce_request(
+            frame, header.body_offset, header.api_version, self.context.rules().limits.decode_limits
+        )
+        keys = tuple((p.topic, p.partition) for p in request.partitions)
+        plan = ProducePlan(keys)
+        if request.transactional_id is not None or not request.partitions:
+            return plan
+        if len(set(keys)) != len(keys) or any(p.records is None for p in request.partitions):
+            return plan  # let the broker answer malformed requests itself
+        rules = self.rules
+        if not all(rules.applies(p.topic, client_id or "") for p in request.partitions):
+            return plan
+        return ProducePlan(keys, True, request.partitions, request.acks, request.timeout_ms)
+
+    def take(
         self,
+        plan: ProducePlan,
         node_id: int,
         principal: Principal,
         frame: bytes,
         header: RequestHeader,
-        client_id: str | None,
         disconnect: Callable[[str], None],
         span: Span | None = None,
-    ) -> Submitted | None:
-        """Take the request's batches: passed through unchanged to an idle lane, or queued.
-        Returns None when this request must not be coalesced (the caller forwards it as is)."""
-        request = parse_produce_request(
-            frame, header.body_offset, header.api_version, self.context.rules().limits.decode_limits
-        )
-        if request.transactional_id is not None or not request.partitions:
-            return None
-        keys = [(p.topic, p.partition) for p in request.partitions]
-        if len(set(keys)) != len(keys) or any(p.records is None for p in request.partitions):
-            return None  # let the broker answer malformed requests itself
-        rules = self.rules
-        if not all(rules.applies(p.topic, client_id or "") for p in request.partitions):
-            return None
-        acks, timeout_ms = request.acks, request.timeout_ms
+    ) -> Submitted:
+        """Take a planned request's batches: passed through unchanged to an idle lane, or
+        queued. Raises UpstreamFailed if a passed-through request's connection breaks."""
+        assert plan.partitions is not None and plan.coalesce
+        acks, timeout_ms = plan.acks, plan.timeout_ms
         lanes = self.context.pools(node_id, principal).lanes
         # The client connection is known by its disconnect callable (bound methods of one
         # session compare and hash equal).
         place = self.placement.place
         indexes = [
-            place(disconnect, node_id, p.topic, p.partition, acks, lanes)
-            for p in request.partitions
+            place(disconnect, node_id, p.topic, p.partition, acks, lanes) for p in plan.batches
         ]
-        batches = [QueuedBatch(p, acks, timeout_ms, None, disconnect) for p in request.partitions]
+        batches = [QueuedBatch(p, acks, timeout_ms, None, disconnect) for p in plan.batches]
         if self.context.tracer is None and indexes.count(indexes[0]) == len(indexes):
             lane = self._lane(node_id, principal, indexes[0])
             passed = lane.pass_through(frame, header, acks, batches)
@@ -97,6 +125,7 @@ class Coalescer:
                 return passed
         owner = None
         if acks != 0:
+            keys = list(plan.partitions)
             owner = ClientProduce(header.correlation_id, header.api_version, keys, self.nodes)
         for item, index in zip(batches, indexes, strict=True):
             item.owner, item.span = owner, span
