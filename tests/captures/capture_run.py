@@ -2,6 +2,7 @@
 
     .venv/bin/python tests/captures/capture_run.py coalescing OUT_DIR [--producers N] [--messages N]
     .venv/bin/python tests/captures/capture_run.py transactions OUT_DIR [--transactions N]
+                                                   [--window-ms MS]
     .venv/bin/python tests/captures/capture_run.py --golden
 
 A run (tests/captures/scenarios.py) writes OUT_DIR/client.pcap (clients <-> kipside),
@@ -24,6 +25,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
@@ -46,7 +48,7 @@ def kipside_pcap(*args: str, cwd: Path) -> str:
     return done.stdout
 
 
-def run(scenario: str, out: Path, settings: dict[str, int]) -> None:
+def run(scenario: str, out: Path, settings: dict[str, Any]) -> None:
     from captures.scenarios import BROKER_PCAP, CLIENT_PCAP, coalescing_run, transaction_run
 
     if out.exists():
@@ -91,16 +93,24 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=200)
     parser.add_argument("--transactions", type=int, default=20)
     parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument(
+        "--window-ms",
+        type=float,
+        default=50.0,
+        help="transactions: how long the relay answers CONCURRENT_TRANSACTIONS after each EndTxn "
+        "(Apache Kafka's marker window; 0: none)",
+    )
     args = parser.parse_args()
     if args.golden:
         golden()
         return
     if args.scenario is None or args.out is None:
         parser.error("give a scenario and an output folder, or --golden")
+    settings: dict[str, Any]
     if args.scenario == "coalescing":
         settings = {"producers": args.producers, "messages": args.messages}
     else:
-        settings = {"transactions": args.transactions}
+        settings = {"transactions": args.transactions, "window_ms": args.window_ms}
     run(args.scenario, args.out, {**settings, "partitions": args.partitions})
 
 
