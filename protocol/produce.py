@@ -23,6 +23,7 @@ from .primitives import (
     Buffer,
     DecodeLimits,
     has_tagged_field,
+    iter_tagged_fields,
     read_array_length,
     read_compact_nullable_string,
     read_int16,
@@ -39,6 +40,7 @@ from .records import count_batches_in
 MIN_VERSION: Final = 3
 MAX_VERSION: Final = 12
 _PARTITION_HEAD = struct.Struct(">ihq")  # index, error_code, base_offset
+_LEADER = struct.Struct(">ii")  # CurrentLeader (partition tag 0): leader id, leader epoch
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,6 +275,8 @@ def encode_produce_request(
 def parse_produce_response(frame: Buffer, body_offset: int, version: int) -> ProduceResponseData:
     _check_version(version)
     flexible = is_flexible(ApiKey.PRODUCE, version)
+    fixed = _PARTITION_HEAD.size + 8 + (8 if version >= 5 else 0)  # + append time, log start
+    end = len(frame)
     offset = body_offset
     topics, offset = read_array_length(frame, offset, flexible)
     results: list[PartitionResult] = []
@@ -280,21 +284,15 @@ def parse_produce_response(frame: Buffer, body_offset: int, version: int) -> Pro
         topic, offset = read_string(frame, offset, flexible)
         count, offset = read_array_length(frame, offset, flexible)
         for _ in range(max(count, 0)):
-            if offset + _PARTITION_HEAD.size > len(frame):
+            if offset + fixed > end:
                 raise DecodeError("truncated ProduceResponse partition")
             partition, error_code, base_offset = _PARTITION_HEAD.unpack_from(frame, offset)
-            offset += _PARTITION_HEAD.size
-            log_append_time = -1
-            log_start = -1
+            log_append_time = INT64.unpack_from(frame, offset + _PARTITION_HEAD.size)[0]
+            log_start = INT64.unpack_from(frame, offset + 20)[0] if version >= 5 else -1
+            offset += fixed
             record_errors: list[tuple[int, str | None]] = []
             error_message = None
             current_leader = None
-            if version >= 2:
-                log_append_time = INT64.unpack_from(frame, offset)[0]
-                offset += 8
-            if version >= 5:
-                log_start = INT64.unpack_from(frame, offset)[0]
-                offset += 8
             if version >= 8:
                 n_errors, offset = read_array_length(frame, offset, flexible)
                 for _ in range(max(n_errors, 0)):
@@ -305,14 +303,10 @@ def parse_produce_response(frame: Buffer, body_offset: int, version: int) -> Pro
                     record_errors.append((batch_index, message))
                 error_message, offset = read_string(frame, offset, flexible)
             if flexible:
-                n_tags, offset = read_uvarint(frame, offset)
-                for _ in range(n_tags):
-                    tag, offset = read_uvarint(frame, offset)
-                    size, offset = read_uvarint(frame, offset)
-                    if tag == 0 and version >= 10:
-                        leader_id, leader_epoch = struct.unpack_from(">ii", frame, offset)
-                        current_leader = (leader_id, leader_epoch)
-                    offset += size
+                for tag, start, stop in iter_tagged_fields(frame, offset):
+                    if tag == 0 and version >= 10 and stop - start >= 8:
+                        current_leader = _LEADER.unpack_from(frame, start)
+                offset = skip_tagged_fields(frame, offset)
             results.append(
                 PartitionResult(
                     topic or "",
@@ -331,24 +325,34 @@ def parse_produce_response(frame: Buffer, body_offset: int, version: int) -> Pro
     throttle, offset = read_int32(frame, offset)
     endpoints: list[NodeEndpointData] = []
     if flexible:
-        n_tags, offset = read_uvarint(frame, offset)
-        for _ in range(n_tags):
-            tag, offset = read_uvarint(frame, offset)
-            size, offset = read_uvarint(frame, offset)
-            end = offset + size
+        tags_start = offset
+        for tag, start, stop in iter_tagged_fields(frame, tags_start):
             if tag == 0 and version >= 10:
-                count, pos = read_uvarint(frame, offset)
-                for _ in range(count - 1):
-                    node_id, pos = read_int32(frame, pos)
-                    host, pos = read_compact_nullable_string(frame, pos)
-                    port, pos = read_int32(frame, pos)
-                    rack, pos = read_compact_nullable_string(frame, pos)
-                    pos = skip_tagged_fields(frame, pos)
-                    endpoints.append(NodeEndpointData(node_id, host or "", port, rack))
-            offset = end
-    if offset != len(frame):
-        raise DecodeError(f"ProduceResponse v{version} has {len(frame) - offset} trailing bytes")
+                endpoints.extend(_node_endpoints(frame, start, stop))
+        offset = skip_tagged_fields(frame, tags_start)
+    if offset != end:
+        raise DecodeError(f"ProduceResponse v{version} has {end - offset} trailing bytes")
     return ProduceResponseData(tuple(results), throttle, tuple(endpoints))
+
+
+def _node_endpoints(frame: Buffer, start: int, stop: int) -> list[NodeEndpointData]:
+    """The NodeEndpoints array of a ProduceResponse (top-level tag 0), within its field."""
+    count, pos = read_uvarint(frame, start)
+    if count - 1 > (stop - pos) // 11:  # id, host, port, rack, tags: 11 bytes at least
+        raise DecodeError(
+            f"ProduceResponse claims {count - 1} node endpoints in {stop - pos} bytes"
+        )
+    endpoints = []
+    for _ in range(count - 1):
+        node_id, pos = read_int32(frame, pos)
+        host, pos = read_compact_nullable_string(frame, pos)
+        port, pos = read_int32(frame, pos)
+        rack, pos = read_compact_nullable_string(frame, pos)
+        pos = skip_tagged_fields(frame, pos)
+        endpoints.append(NodeEndpointData(node_id, host or "", port, rack))
+    if pos != stop:
+        raise DecodeError("ProduceResponse node endpoints do not fill their tagged field")
+    return endpoints
 
 
 def produce_response_error_codes(frame: Buffer, body_offset: int, version: int) -> set[int]:
