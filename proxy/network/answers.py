@@ -35,6 +35,8 @@ class Slot:
     span: Span | None
     request_bytes: int = 0
     """Bytes of the request, held (network.limits) until the answer is written."""
+    answer_bytes: int = 0
+    """Bytes of the answer as it came, held from then until it is written."""
 
 
 @dataclass(frozen=True, slots=True)

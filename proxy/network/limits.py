@@ -179,8 +179,13 @@ class ServerLimits:
 
 class ClientLimits:
     """One client connection's share of the limits: what it holds, its request caps and
-    deadlines. The session calls `room()` before each read, `took()` per request read,
-    `answered()` per answer written, `read()` after each read, and `close()` at its end."""
+    deadlines.
+
+    The session calls `over()` (and `room()` if it is) before each request it reads, `took()`
+    per request read, `arrived()` per answer that came, `written()` per answers written,
+    `read()` after each read from the socket, and `close()` at its end; its own broker
+    connection's reader waits in `answers_room()`.
+    """
 
     __slots__ = (
         "_close",
@@ -189,8 +194,9 @@ class ClientLimits:
         "_room",
         "_server",
         "_took_since_read",
+        "answers",
         "deadlines",
-        "held",
+        "requests",
     )
 
     def __init__(
@@ -205,13 +211,21 @@ class ClientLimits:
         self._close = close
         self._closed = False
         self._room: trio.Event | None = None
+        """Set (and dropped) when what the client holds drops: wakes whoever waits on it."""
         self._took_since_read = False
-        self.held = 0
-        """Bytes held for this client: requests not yet answered, answers not yet sent."""
+        self.requests = 0
+        """Bytes of requests read and not yet answered."""
+        self.answers = 0
+        """Bytes of answers that came and are not yet taken by the client's socket."""
         self.deadlines = Deadlines(server.limits, lambda: self.held > 0, self._expired)
         server.clients += 1
         server._sessions.add(self)
         wire.on_backlog(self._backlog_changed)
+
+    @property
+    def held(self) -> int:
+        """Bytes held for this client: its in-flight figure."""
+        return self.requests + self.answers
 
     @property
     def report(self) -> Callable[[str, str], None]:
@@ -226,35 +240,53 @@ class ClientLimits:
     # Counting -------------------------------------------------------------------------
 
     def took(self, size: int) -> None:
-        """A request of `size` bytes was read; it is held until `answered(size)`."""
-        self.held += size
-        stats = self._server.stats
-        stats.in_flight_bytes += size
-        if stats.in_flight_bytes > self._server.peak_in_flight:
-            self._server.peak_in_flight = stats.in_flight_bytes
+        """A request of `size` bytes was read; held until its answer is `written`."""
+        if self._closed:
+            return
+        self.requests += size
+        self._add(size)
         self._took_since_read = True
 
-    def answered(self, size: int) -> None:
-        """Requests of `size` bytes in all were answered (or need no answer)."""
+    def arrived(self, size: int) -> None:
+        """An answer of `size` bytes came; held until `written` (and then while the socket
+        has not taken it)."""
+        if self._closed:
+            return
+        self.answers += size
+        self._add(size)
+
+    def written(self, request_bytes: int, answer_bytes: int) -> None:
+        """Answers went to the socket: their requests and themselves are held no more (what
+        the socket did not take comes back through the backlog)."""
         self.deadlines.wrote()
-        self._release(size)
+        if self._closed:
+            return
+        self.requests -= request_bytes
+        self.answers -= answer_bytes
+        self._release(request_bytes + answer_bytes)
 
     def _backlog_changed(self, delta: int) -> None:
         if self._closed:
             return
         if delta > 0:
-            self.held += delta
-            self._server.stats.in_flight_bytes += delta
+            self.answers += delta
+            self._add(delta)
         else:
+            self.answers += delta
             self._release(-delta)
 
+    def _add(self, size: int) -> None:
+        stats = self._server.stats
+        stats.in_flight_bytes += size
+        if stats.in_flight_bytes > self._server.peak_in_flight:
+            self._server.peak_in_flight = stats.in_flight_bytes
+
     def _release(self, size: int) -> None:
-        if self._closed or not size:
+        if not size:
             return
-        self.held -= size
         self._server.stats.in_flight_bytes -= size
-        if self._room is not None and self._over() is None:
-            self._room.set()
+        if self._room is not None:
+            self.wake()
         self._server._released()
 
     def read(self, partial_bytes: int) -> None:
@@ -264,46 +296,63 @@ class ClientLimits:
 
     # Backpressure ---------------------------------------------------------------------
 
-    def _over(self) -> str | None:
-        """The in-flight limit this client is over, if any."""
+    def over(self, held: int | None = None) -> str | None:
+        """The in-flight limit this client (or `held` bytes of it) is over, if any."""
+        held = self.held if held is None else held
         limits = self._server.limits()
-        if self.held > limits.max_in_flight_bytes_per_client:
+        if held > limits.max_in_flight_bytes_per_client:
             return IN_FLIGHT_PER_CLIENT
-        total = self._server.stats.in_flight_bytes
         # Over an equal share of the total limit: held > limit / clients.
         if (
-            total > limits.max_in_flight_bytes
-            and self.held * self._server.clients > limits.max_in_flight_bytes
+            self._server.stats.in_flight_bytes > limits.max_in_flight_bytes
+            and held * self._server.clients > limits.max_in_flight_bytes
         ):
             return IN_FLIGHT
         return None
 
     async def room(self, partial_bytes: int) -> None:
-        """Return once kipside may read more of this client's requests (at once, usually)."""
-        reason = self._over()
+        """Return once kipside may read more of this client's requests."""
+        reason = self.over()
         if reason is None:
+            await trio.lowlevel.checkpoint()
             return
         self._report_pause(reason)
-        server = self._server
-        server.stats.paused_client_connections += 1
+        stats = self._server.stats
+        stats.paused_client_connections += 1
         self.deadlines.pause()
         try:
-            while (reason := self._over()) is not None:
-                self._room = trio.Event()
+            await self._until(lambda: self.over())
+        finally:
+            stats.paused_client_connections -= 1
+        self.deadlines.resume(partial_bytes)
+
+    async def answers_room(self) -> None:
+        """Return once kipside may read more answers for this client from its own broker
+        connection: while the client has not taken its answers (their bytes alone are over a
+        limit), the broker's answers stay in the broker's socket. Its unanswered requests do
+        not count here, so this never waits on the answers it holds back."""
+        if self.over(self.answers) is None:
+            await trio.lowlevel.checkpoint()
+            return
+        await self._until(lambda: self.over(self.answers))
+
+    async def _until(self, over: Callable[[], str | None]) -> None:
+        server = self._server
+        try:
+            while (reason := over()) is not None and not self._closed:
+                if self._room is None:
+                    self._room = trio.Event()
                 if reason == IN_FLIGHT:
                     server._waiting.add(self)
                 await self._room.wait()
-                server._waiting.discard(self)
         finally:
-            self._room = None
             server._waiting.discard(self)
-            server.stats.paused_client_connections -= 1
-        self.deadlines.resume(partial_bytes)
 
     def wake(self) -> None:
-        """Wake this client's reader if it is paused, to check its limits again."""
-        if self._room is not None:
-            self._room.set()
+        """Wake whoever waits on this client's limits, to check them again."""
+        room, self._room = self._room, None
+        if room is not None:
+            room.set()
 
     def recheck(self) -> None:
         """The limits may have changed: check them, and the deadlines, again."""
@@ -382,8 +431,10 @@ class ClientLimits:
         """The connection ended: whatever it held is released."""
         if self._closed:
             return
-        held, self.held = self.held, 0
+        held = self.held
+        self.requests = self.answers = 0
         self._closed = True
+        self.wake()
         server = self._server
         server.stats.in_flight_bytes -= held
         server.clients -= 1

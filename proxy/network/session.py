@@ -199,8 +199,10 @@ class Session:
         while True:
             # Past an in-flight limit (the client sends faster than its answers come, or reads
             # none of them): read no more requests until it drops, as a broker mutes a
-            # connection (network.limits).
-            await limits.room(decoder.buffered)
+            # connection (network.limits). Checked before each request, not only each read: one
+            # read can hold thousands of small requests.
+            if limits.over() is not None:
+                await limits.room(decoder.buffered)
             data = await wire.receive()
             if not data:
                 # The client is done sending. Requests already forwarded still run (acks=0
@@ -209,6 +211,8 @@ class Session:
             decoder.receive_data(data)
             while True:
                 try:
+                    if limits.over() is not None:
+                        await limits.room(decoder.buffered)
                     if self.sasl.raw_token_due:  # after SaslHandshake v0: no Kafka header
                         decoder.min_frame_bytes = 0
                     frame = decoder.next_frame()
@@ -226,7 +230,7 @@ class Session:
                     self._unowed = len(frame)
                     await self._on_request(frame, header)
                     if self._unowed:  # no answer is owed (acks=0, ...): it holds nothing
-                        limits.answered(self._unowed)
+                        limits.written(self._unowed, 0)
                         self._unowed = 0
                 except (FrameTooLargeError, LimitExceeded) as exc:
                     limits.refused(exc, frame if isinstance(exc, LimitExceeded) else None)
@@ -300,19 +304,26 @@ class Session:
         started: float,
         span: Span | None,
     ) -> None:
-        self._slots.append(
-            Slot(
-                header.api_key,
-                header.api_version,
-                header.correlation_id,
-                pending,
-                raw,
-                started,
-                span,
-                request_bytes=self._owed_request(),
-            )
+        slot = Slot(
+            header.api_key,
+            header.api_version,
+            header.correlation_id,
+            pending,
+            raw,
+            started,
+            span,
+            request_bytes=self._owed_request(),
         )
-        pending.on_done(self._flush)
+        self._slots.append(slot)
+        pending.on_done(lambda: self._arrived(slot))
+
+    def _arrived(self, slot: Slot) -> None:
+        """A slot's answer came: held until it is written (network.limits)."""
+        frame = slot.pending.frame
+        if frame is not None:
+            slot.answer_bytes = len(frame)
+            self.limits.arrived(len(frame))
+        self._flush()
 
     def _owed_request(self) -> int:
         """The routed request's bytes, now held by its slot until its answer is written."""
@@ -389,6 +400,7 @@ class Session:
                     connect_timeout=self.connect_timeout,
                     dial=self._dial_upstream,
                     report=self.limits.report,
+                    gate=self.limits.answers_room,
                 )
             except UpstreamFailed as exc:
                 problems.append(str(exc))
@@ -486,11 +498,12 @@ class Session:
             return
         now = time.perf_counter()
         stats = self.stats
-        answered = 0
+        request_bytes = answer_bytes = 0
         for slot, frame in zip(ready, frames, strict=True):
-            answered += slot.request_bytes
+            request_bytes += slot.request_bytes
+            answer_bytes += slot.answer_bytes
             stats.client_response_bytes[slot.api_key] += len(frame)
             stats.observe_latency(slot.api_key, now - slot.started)
             if slot.span is not None:
                 finish(slot.span, slot.pending.error_name)
-        self.limits.answered(answered)
+        self.limits.written(request_bytes, answer_bytes)

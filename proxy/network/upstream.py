@@ -142,9 +142,13 @@ class UpstreamConnection:
         max_frame_bytes: int,
         on_closed: Callable[[UpstreamConnection, str], None] | None = None,
         report: ReportLimit | None = None,
+        gate: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.address = address
         self._report = report
+        self._gate = gate
+        """Waited on before each read from the broker: a client's own connection is not read
+        while the client has not taken its answers (network.limits)."""
         self.name = name
         self.max_frame_bytes = max_frame_bytes
         self._on_closed = on_closed
@@ -189,6 +193,7 @@ class UpstreamConnection:
         connect_timeout: float = 10.0,
         dial: Dial = plain_dial,
         report: ReportLimit | None = None,
+        gate: Callable[[], Awaitable[None]] | None = None,
     ) -> UpstreamConnection:
         """Dial `address` (with `dial`) and start the connection's reader and flusher in
         nursery.
@@ -197,7 +202,12 @@ class UpstreamConnection:
         connect_timeout.
         """
         connection = cls(
-            address, name=name, max_frame_bytes=max_frame_bytes, on_closed=on_closed, report=report
+            address,
+            name=name,
+            max_frame_bytes=max_frame_bytes,
+            on_closed=on_closed,
+            report=report,
+            gate=gate,
         )
         try:
             with trio.fail_after(connect_timeout):
@@ -283,8 +293,11 @@ class UpstreamConnection:
     async def _read_responses(self, wire: Wire) -> None:
         decoder = self._decoder
         reason = f"{self.name}: broker closed the connection"
+        gate = self._gate
         try:
             while True:
+                if gate is not None:
+                    await gate()
                 data = await wire.receive()
                 if not data:
                     if wire.broken_reason is not None:
