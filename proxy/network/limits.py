@@ -54,6 +54,7 @@ __all__ = [
     "IN_FLIGHT",
     "IN_FLIGHT_PER_CLIENT",
     "LOG_INTERVAL_SECONDS",
+    "REQUEST_OVERHEAD_BYTES",
     "Backlogged",
     "ClientLimits",
     "LimitReporter",
@@ -65,6 +66,10 @@ log = logging.getLogger("kipside.limits")
 LOG_INTERVAL_SECONDS: Final = 10.0
 IN_FLIGHT: Final = "max_in_flight_bytes"
 IN_FLIGHT_PER_CLIENT: Final = "max_in_flight_bytes_per_client"
+# What a request in flight costs kipside beyond its bytes (its slot, its Pending, the broker
+# connection's entry, callbacks: about this much of Python objects), counted so that a flood of
+# tiny requests is bounded too.
+REQUEST_OVERHEAD_BYTES: Final = 512
 # Every limit but max_frame_bytes (a connection's frame reader keeps the cap it was made with;
 # operations.reload logs that one).
 _RELOADED_AT_ONCE: Final = tuple(
@@ -239,13 +244,16 @@ class ClientLimits:
 
     # Counting -------------------------------------------------------------------------
 
-    def took(self, size: int) -> None:
-        """A request of `size` bytes was read; held until its answer is `written`."""
+    def took(self, size: int) -> int:
+        """A request of `size` bytes was read; returns what it counts for (its bytes and
+        kipside's bookkeeping), held until its answer is `written`."""
+        size += REQUEST_OVERHEAD_BYTES
+        self._took_since_read = True
         if self._closed:
-            return
+            return 0
         self.requests += size
         self._add(size)
-        self._took_since_read = True
+        return size
 
     def arrived(self, size: int) -> None:
         """An answer of `size` bytes came; held until `written` (and then while the socket

@@ -226,8 +226,7 @@ class Session:
                     header = parse_request_header(frame, limits.decode)
                     if header.client_id and self.client_id is None:
                         self.client_id = header.client_id
-                    limits.took(len(frame))
-                    self._unowed = len(frame)
+                    self._unowed = limits.took(len(frame))
                     await self._on_request(frame, header)
                     if self._unowed:  # no answer is owed (acks=0, ...): it holds nothing
                         limits.written(self._unowed, 0)
