@@ -34,8 +34,10 @@ OffsetForLeaderEpoch, so clients never validate their positions against them.
 
 Commands (test thread): move_leader, move_coordinator, add_node, remove_node (the node leaves
 Metadata, its leaders and coordinators move to live nodes with new epochs, its port resets
-every connection and accepts no more). Records (test thread): per node, requests by API,
-refusals, every ProduceRequest's forwarded batches and refused partitions, connections.
+every connection and accepts no more), advertise (answers name another port for a node: a
+front relay's, such as the TLS and SASL listeners of relaykit.secure). Records (test
+thread): per node, requests by API, refusals, every ProduceRequest's forwarded batches and
+refused partitions, connections.
 
 Not simulated: replication (all nodes share the one Tansu log, so a move loses nothing),
 fetch sessions (Tansu has none), OffsetForLeaderEpoch, DescribeTopicPartitions.
@@ -138,6 +140,7 @@ class SimulatedCluster:
         self._upstream: tuple[str, int] | None = None
         self._live = {node_id: SimulatedNode(self, node_id) for node_id in node_ids}
         self._removed: dict[int, SimulatedNode] = {}
+        self._advertised: dict[int, int] = {}  # node id -> the port answers name (a front's)
         self._leaders: dict[TopicPartition, tuple[int, int]] = {}
         self._coordinators: dict[tuple[int, str], int] = {}
         self._topic_ids: dict[uuid.UUID, str] = {}
@@ -166,9 +169,9 @@ class SimulatedCluster:
 
     @property
     def bootstrap(self) -> str:
-        """Every live node's address, comma-separated."""
+        """Every live node's address as answers name it (see advertise), comma-separated."""
         with self._lock:
-            return ",".join(self._live[n].bootstrap for n in sorted(self._live))
+            return ",".join(f"{LOOPBACK}:{self._advertised_port(n)}" for n in sorted(self._live))
 
     def nodes(self) -> list[int]:
         with self._lock:
@@ -177,6 +180,15 @@ class SimulatedCluster:
     def port(self, node_id: int) -> int:
         with self._lock:
             return self._node(node_id).port
+
+    def advertise(self, node_id: int, port: int) -> None:
+        """Name 127.0.0.1:`port` as the node's address in every answer (Metadata,
+        FindCoordinator, DescribeCluster, KIP-951 endpoints) instead of the node's own port: a
+        front that forwards to the node's port (a TLS and SASL listener, relaykit.secure)
+        then carries every connection a client makes to that node."""
+        with self._lock:
+            self._node(node_id)
+            self._advertised[node_id] = port
 
     def leader(self, topic: str, partition: int) -> tuple[int, int]:
         """(leader node, leader epoch) of a partition."""
@@ -259,6 +271,9 @@ class SimulatedCluster:
             raise ValueError(f"no node {node_id}")
         return node
 
+    def _advertised_port(self, node_id: int) -> int:
+        return self._advertised.get(node_id) or self._node(node_id).port
+
     def _leader(self, tp: TopicPartition) -> tuple[int, int]:
         found = self._leaders.get(tp)
         if found is None:
@@ -290,7 +305,7 @@ class SimulatedCluster:
                     code = NOT_LEADER
                 else:
                     continue
-                port = self._node(leader).port
+                port = self._advertised_port(leader)
                 out[(key, partition)] = Refusal(code, leader, current, LOOPBACK, port)
         return out
 
@@ -299,7 +314,9 @@ class SimulatedCluster:
         with self._lock:
             live = sorted(self._live)
             brokers = tuple(
-                blank(broker_cls, node_id=n, host=LOOPBACK, port=self._live[n].port, rack=None)
+                blank(
+                    broker_cls, node_id=n, host=LOOPBACK, port=self._advertised_port(n), rack=None
+                )
                 for n in live
             )
             topics = []
@@ -341,14 +358,17 @@ class SimulatedCluster:
         if entry.error_code != 0:
             return entry
         node = self._coordinator(key_type, key)
-        return replace_known(entry, node_id=node, host=LOOPBACK, port=self._node(node).port)
+        port = self._advertised_port(node)
+        return replace_known(entry, node_id=node, host=LOOPBACK, port=port)
 
     def describe_cluster_answer(self, answer: Message) -> Message:
         broker_cls = field_entity(type(answer), "brokers")
         with self._lock:
             live = sorted(self._live)
             brokers = tuple(
-                blank(broker_cls, broker_id=n, host=LOOPBACK, port=self._live[n].port, rack=None)
+                blank(
+                    broker_cls, broker_id=n, host=LOOPBACK, port=self._advertised_port(n), rack=None
+                )
                 for n in live
             )
         return dataclasses.replace(answer, brokers=brokers, controller_id=live[0])

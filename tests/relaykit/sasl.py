@@ -15,8 +15,11 @@ SASL listener, with the users and passwords the test gives it:
   the connection (Kafka's "Unexpected Kafka request ... during SASL handshake"), recorded.
 
 Per connection it records who authenticated and what the connection carried afterwards (API
-keys, client ids, topics, producer ids, transactional ids), so a test can show which identity
-each upstream connection of kipside's used and that two identities never shared one.
+keys, client ids, topics, producer ids, transactional ids), the producer ids the broker granted
+on it (InitProducerId answers), each ProduceRequest's producer ids and each transaction
+request's transactional id, so a test can show which identity each upstream connection of
+kipside's used, that two identities never shared one, and that no single request carried two
+identities' batches or registrations.
 """
 
 from __future__ import annotations
@@ -76,6 +79,12 @@ class Carried:
     transactional_ids: set[str] = field(default_factory=set)
     mixed_produce_requests: int = 0
     """ProduceRequests carrying batches of two or more producers (coalesced by a proxy)."""
+    granted_producer_ids: set[int] = field(default_factory=set)
+    """Producer ids the broker's InitProducerId answers gave on this connection."""
+    produce_requests: list[frozenset[int]] = field(default_factory=list)
+    """Each ProduceRequest's producer ids, in arrival order."""
+    transaction_requests: list[tuple[str, str, str]] = field(default_factory=list)
+    """(API name, transactional id, client id) of each transaction request, in order."""
     refused: list[str] = field(default_factory=list)
     """Requests refused before authentication (the connection closed at the first)."""
 
@@ -87,6 +96,9 @@ class Carried:
             topics=set(self.topics),
             producer_ids=set(self.producer_ids),
             transactional_ids=set(self.transactional_ids),
+            granted_producer_ids=set(self.granted_producer_ids),
+            produce_requests=list(self.produce_requests),
+            transaction_requests=list(self.transaction_requests),
             refused=list(self.refused),
         )
 
@@ -168,6 +180,8 @@ class SaslRelay(Relay):
         return FORWARD
 
     def on_response(self, conn: Conn, request: Request, frame: bytes) -> bytes | None:
+        if request.header.api_key == ApiKey.INIT_PRODUCER_ID:
+            self._granted(conn, request, frame)
         if request.header.api_key != ApiKey.API_VERSIONS:
             return frame
         version = request.header.api_version
@@ -287,6 +301,14 @@ class SaslRelay(Relay):
         message = build(response_class(header.api_key, header.api_version), fields)
         return Answer(response_frame(header, encode_message(message)))
 
+    def _granted(self, conn: Conn, request: Request, frame: bytes) -> None:
+        version = request.header.api_version
+        head = parse_response_header(frame, ApiKey.INIT_PRODUCER_ID, version)
+        answer = decode_response(ApiKey.INIT_PRODUCER_ID, version, frame, head.body_offset)
+        if answer.error_code == 0:
+            with self._lock:
+                self._carried[conn.number].granted_producer_ids.add(int(answer.producer_id))
+
     def _record(self, conn: Conn, request: Request) -> None:
         header = request.header
         topics: set[str] = set()
@@ -303,7 +325,9 @@ class SaslRelay(Relay):
             message = decode_request(
                 header.api_key, header.api_version, request.frame, header.body_offset
             )
-            transactional_id = getattr(message, "transactional_id", None)
+            transactional_id = getattr(message, "transactional_id", None) or getattr(
+                message, "v3_and_below_transactional_id", None
+            )
         with self._lock:
             carried = self._carried[conn.number]
             carried.apis[header.api_key] += 1
@@ -312,8 +336,15 @@ class SaslRelay(Relay):
             carried.topics |= topics
             carried.producer_ids |= producer_ids - {-1}
             carried.mixed_produce_requests += len(producer_ids - {-1}) > 1
+            if header.api_key == ApiKey.PRODUCE:
+                carried.produce_requests.append(frozenset(producer_ids - {-1}))
             if transactional_id:
                 carried.transactional_ids.add(transactional_id)
+            if header.api_key in TRANSACTIONAL_APIS and transactional_id:
+                name = ApiKey(header.api_key).name
+                carried.transaction_requests.append(
+                    (name, transactional_id, header.client_id or "")
+                )
 
 
 SASL_KEYS = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
