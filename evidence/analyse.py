@@ -73,9 +73,10 @@ def summarize(
         tls = summary.other_connections.get("TLS", 0)
         if tls:
             raise NoKafkaError(
-                f"{path}: TLS: {tls} connection{'s' * (tls != 1)} carry TLS, so their Kafka "
-                "traffic is encrypted and cannot be read; capture where it is plaintext (on "
-                "the far side of whatever terminates TLS)"
+                f"{path}: TLS: "
+                + ("1 connection carries" if tls == 1 else f"{tls} connections carry")
+                + " TLS, so its Kafka traffic is encrypted and cannot be read; capture where it "
+                "is plaintext (on the far side of whatever terminates TLS)"
             )
         raise NoKafkaError(_no_kafka(Path(path), wanted, capture.counts, table))
     return summary

@@ -29,7 +29,7 @@ SKIPPED: Final = {
     "out_of_order": "segments captured ahead of a predecessor (held until it came)",
     "gaps": "holes in a stream that the capture never filled",
     "gap_bytes": "bytes in those holes",
-    "snap_cut": "segments cut short by the snap length (capture with -s 0)",
+    "snap_cut": "segments cut short (by the snap length: capture with -s 0; or by the file's end)",
     "snap_bytes": "bytes those segments lacked",
     "midstream": "directions captured from the middle (no SYN)",
     "frames_damaged": "frames that lost bytes in the capture (counted, body not read)",

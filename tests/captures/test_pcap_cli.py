@@ -79,7 +79,7 @@ def test_a_capture_that_begins_mid_connection_starts_at_the_next_frame(tmp_path:
 
 def test_tls_alone_is_reported_as_tls(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write(tmp_path, tls_connection())
-    with pytest.raises(NoKafkaError, match="TLS: 1 connection carry TLS"):
+    with pytest.raises(NoKafkaError, match="TLS: 1 connection carries TLS"):
         summarize(path)
     code, out, err = run(["pcap", "summary", str(path)], capsys)
     assert (code, out) == (2, "")
