@@ -30,6 +30,7 @@ from kipside.protocol import (
 from kipside.protocol.headers import build_frame, encode_request_header, encode_response_header
 from kipside.proxy.features.versions import VersionPolicy
 from kipside.proxy.network.addresses import AddressRewriter
+from kipside.proxy.network.limits import ServerLimits
 from kipside.proxy.network.nodes import NodeMap
 from kipside.proxy.network.session import Session
 from kipside.proxy.network.wire import Wire
@@ -183,9 +184,9 @@ class Wiring:
 
 
 @asynccontextmanager
-async def wired_session() -> AsyncIterator[Wiring]:
+async def wired_session(limits: ServerLimits | None = None) -> AsyncIterator[Wiring]:
     """A Session between a loopback client and a loopback fake upstream, all of it under an
-    absolute deadline of TIMEOUT s."""
+    absolute deadline of TIMEOUT s; `limits`: the server's (the defaults if None)."""
     with trio.fail_after(TIMEOUT):
         (upstream_listener,) = await trio.open_tcp_listeners(0, host="127.0.0.1")
         (front_listener,) = await trio.open_tcp_listeners(0, host="127.0.0.1")
@@ -202,6 +203,8 @@ async def wired_session() -> AsyncIterator[Wiring]:
             versions=VersionPolicy(),
             max_frame_bytes=1 << 20,
             connect_timeout=5,
+            stats=limits.stats if limits is not None else None,
+            limits=limits,
         )
         ended = trio.Event()
 

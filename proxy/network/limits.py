@@ -406,7 +406,8 @@ class ClientLimits:
         key = _DECODE_KEYS.get(exc.limit, exc.limit)
         what = "a request"
         if frame is not None and len(frame) >= 8:
-            what = f"a {api_name(int.from_bytes(frame[4:6], 'big'))} request"
+            name = api_name(int.from_bytes(frame[4:6], "big"))
+            what = f"{'an' if name[0] in 'AEIOU' else 'a'} {name} request"
         self._server.reporter.reached(
             key,
             f"{who} sent {what} with {exc}: over limits.{key} ({exc.cap}), closing the "

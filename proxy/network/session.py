@@ -246,6 +246,9 @@ class Session:
                     log.info("%s: %s; closing so the client retries", self.describe(), exc)
                     self._stop()
                     return
+            # Every whole request is taken: what is left starts (or continues) the next one,
+            # which must be whole within limits.request_read_timeout_ms.
+            limits.read(decoder.buffered)
 
     async def _on_request(self, frame: bytes, header: RequestHeader) -> None:
         api_key, version = header.api_key, header.api_version
