@@ -22,6 +22,7 @@ from kio.static.primitive import i16
 from kipside.protocol import (
     PRODUCE_MAX_VERSION,
     ApiKey,
+    DecodeError,
     ErrorCode,
     Message,
     RequestHeader,
@@ -133,10 +134,13 @@ class VersionPolicy:
         # A broker answers an ApiVersions version it doesn't support with the v0 layout.
         try:
             message = decode_response(ApiKey.API_VERSIONS, api_version, frame, header.body_offset)
-        except Exception:
+        except DecodeError as first:
             if api_version == 0:
                 raise
-            message = decode_response(ApiKey.API_VERSIONS, 0, frame, header.body_offset)
+            try:
+                message = decode_response(ApiKey.API_VERSIONS, 0, frame, header.body_offset)
+            except DecodeError as second:
+                raise DecodeError(f"{first}; nor is it the v0 layout ({second})") from None
             api_version = 0
         body = encode_message(self.intersect(message))
         head = frame[4 : header.body_offset]
