@@ -25,6 +25,7 @@ from kipside.proxy.network.sasl import (
     with_user,
     write_credentials,
 )
+from kipside.proxy.network.upstream import DEFAULT_ANSWER_TIMEOUT_SECONDS
 from kipside.proxy.server import ServerConfig, run
 from kipside.proxy.telemetry.tracing import TraceConfig
 from kipside.rules import RuleError, RuleSet, default_rules, load_rules
@@ -48,6 +49,16 @@ def _admin_address(text: str) -> Address:
     # The admin endpoint has no authentication: a bare port stays on loopback.
     address = f"127.0.0.1:{text}" if text.isdigit() else text
     return parse_address(address, what="--admin", any_port=True)
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} s: give a number of seconds above 0")
+    return value
 
 
 def _load_rules(path: str | None) -> RuleSet:
@@ -97,6 +108,15 @@ def _add_proxy_options(
         default=5.0,
         metavar="SECONDS",
         help="on SIGTERM/SIGINT, how long in-flight requests may take to finish",
+    )
+    parser.add_argument(
+        "--upstream-request-timeout",
+        type=_positive_seconds,
+        default=DEFAULT_ANSWER_TIMEOUT_SECONDS,
+        metavar="SECONDS",
+        help="close a shared broker connection (a lane) whose oldest request has had no answer "
+        "for this long, or for its own timeout_ms if longer; its clients resend "
+        f"(default {DEFAULT_ANSWER_TIMEOUT_SECONDS:g}, Kafka's request.timeout.ms)",
     )
     parser.add_argument(
         "--one-to-one",
@@ -258,6 +278,7 @@ def _config(args: argparse.Namespace, upstreams: list[Address]) -> ServerConfig:
         node_port_base=args.node_port_base,
         rules=_load_rules(args.rules),
         shutdown_grace_seconds=args.shutdown_grace,
+        upstream_request_timeout_seconds=args.upstream_request_timeout,
         share_connections=not args.one_to_one,
         admin=_admin_address(args.admin) if args.admin else None,
         trace=_trace_config(args),

@@ -44,6 +44,7 @@ from kipside.proxy.network.sasl import (
 )
 from kipside.proxy.network.security import Security, SecurityError
 from kipside.proxy.network.session import Session
+from kipside.proxy.network.upstream import DEFAULT_ANSWER_TIMEOUT_SECONDS
 from kipside.proxy.operations.admin import AdminApp, serve_admin
 from kipside.proxy.operations.cert_reload import CertificateReloader
 from kipside.proxy.operations.reload import RuleReloader
@@ -68,6 +69,9 @@ class ServerConfig:
     share_connections: bool = True
     """Lanes and coalescing; False gives every client its own upstream connection (1:1)."""
     discovery_timeout_seconds: float = 30.0
+    upstream_request_timeout_seconds: float = DEFAULT_ANSWER_TIMEOUT_SECONDS
+    """A shared lane whose oldest request goes unanswered this long is closed (its clients
+    resend), as a client closes a connection after request.timeout.ms."""
     trace: TraceConfig = field(default_factory=lambda: TraceConfig("none"))
     tls: ListenerTlsFiles | None = None
     """TLS on every client listener (--tls-cert, --tls-key, --tls-client-ca)."""
@@ -274,6 +278,7 @@ class Server:
                 principal=principal,
                 dial=lambda address: self._security().dial(address, principal),
                 report=self.limits.reporter.reached,
+                answer_timeout=self.config.upstream_request_timeout_seconds,
             )
             self._pools[(node_id, principal)] = pool
         return pool

@@ -27,6 +27,7 @@ from kipside.protocol import (
 )
 from kipside.proxy.network.identity import ANONYMOUS, Principal
 from kipside.proxy.network.upstream import (
+    DEFAULT_ANSWER_TIMEOUT_SECONDS,
     Dial,
     ReportLimit,
     UpstreamConnection,
@@ -56,8 +57,12 @@ class LanePool:
         principal: Principal = ANONYMOUS,
         dial: Dial = plain_dial,
         report: ReportLimit | None = None,
+        answer_timeout: float = DEFAULT_ANSWER_TIMEOUT_SECONDS,
     ) -> None:
         self.node_id = node_id
+        self.answer_timeout = answer_timeout
+        """Seconds a lane's oldest request may go unanswered before the lane is closed
+        (network.upstream)."""
         self._report = report
         self.principal = principal
         self._dial = dial
@@ -104,6 +109,7 @@ class LanePool:
                     on_closed=self._lane_closed,
                     dial=self._dial,
                     report=self._report,
+                    answer_timeout=self.answer_timeout,
                 )
             except UpstreamFailed as exc:
                 raise UpstreamFailed(f"cannot reach node {self.node_id} at {exc}") from exc

@@ -8,6 +8,13 @@ broker serves one request at a time per connection, so everything written here i
 write order; a correlation id out of order means the
 connection can't be trusted and it is closed. When the connection ends, every pending request
 fails with the reason; nothing is retried here (retrying is the client's decision).
+
+A shared connection (a lane) has an answer timeout, as a client has request.timeout.ms: when the
+broker leaves the oldest request unanswered for longer (or for longer than a ProduceRequest's
+own timeout_ms, which the broker may use up), the connection is closed and what was in flight
+fails. A silent broker (a network partition, a hung process) otherwise holds every request queued
+behind it for ever, and every client of the lane with it. A client's own connection has none:
+the client times its requests out itself and kipside closes that connection with the client's.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 import trio
 
@@ -35,6 +43,10 @@ from kipside.protocol import (
 from kipside.proxy.network.wire import BACKLOG_LIMIT_BYTES, Wire, WireBroken
 
 log = logging.getLogger("kipside.upstream")
+
+DEFAULT_ANSWER_TIMEOUT_SECONDS: Final = 30.0
+"""A shared connection's answer timeout unless configured (--upstream-request-timeout): Apache
+Kafka clients' request.timeout.ms default."""
 
 ReportLimit = Callable[[str, str], None]
 """(limit key, message): network.limits.LimitReporter.reached, counted and logged."""
@@ -129,6 +141,7 @@ class _InFlight:
     api_version: int
     pending: Pending
     raw: bool = False  # a legacy SASL token: its answer is a raw frame with no correlation id
+    allowance: float = 0.0  # seconds the broker may take by the request's own terms
 
 
 class UpstreamConnection:
@@ -143,8 +156,12 @@ class UpstreamConnection:
         on_closed: Callable[[UpstreamConnection, str], None] | None = None,
         report: ReportLimit | None = None,
         gate: Callable[[], Awaitable[None]] | None = None,
+        answer_timeout: float | None = None,
     ) -> None:
         self.address = address
+        self.answer_timeout = answer_timeout
+        """Seconds the oldest request may wait for its answer before the connection is closed
+        (None: no limit; see the module docstring)."""
         self._report = report
         self._gate = gate
         """Waited on before each read from the broker: a client's own connection is not read
@@ -194,6 +211,7 @@ class UpstreamConnection:
         dial: Dial = plain_dial,
         report: ReportLimit | None = None,
         gate: Callable[[], Awaitable[None]] | None = None,
+        answer_timeout: float | None = None,
     ) -> UpstreamConnection:
         """Dial `address` (with `dial`) and start the connection's reader and flusher in
         nursery.
@@ -208,6 +226,7 @@ class UpstreamConnection:
             on_closed=on_closed,
             report=report,
             gate=gate,
+            answer_timeout=answer_timeout,
         )
         try:
             with trio.fail_after(connect_timeout):
@@ -218,7 +237,34 @@ class UpstreamConnection:
         connection._wire = wire
         nursery.start_soon(connection._read_responses, wire)
         nursery.start_soon(wire.run_flusher)
+        if answer_timeout is not None:
+            nursery.start_soon(connection._watch_answers)
         return connection
+
+    async def _watch_answers(self) -> None:
+        """Close the connection once its oldest request has waited longer than the answer
+        timeout (or its own allowance). The broker answers in order, so the same request at the
+        head for that long means the broker has answered nothing meanwhile. Checked every
+        quarter of the timeout: no clock is read per request."""
+        timeout = self.answer_timeout
+        assert timeout is not None
+        tick = max(timeout / 4, 0.01)
+        head: _InFlight | None = None
+        since = 0.0
+        while not self.closed:
+            with trio.move_on_after(tick):
+                await self._closed_event.wait()
+            oldest = self._in_flight[0] if self._in_flight else None
+            now = trio.current_time()
+            if oldest is None or oldest is not head:
+                head, since = oldest, now
+                continue
+            waited = max(timeout, oldest.allowance)
+            if now - since >= waited:
+                self._close(
+                    f"{self.name}: no answer to {api_name(oldest.api_key)} "
+                    f"v{oldest.api_version} within {waited:g} s (the upstream answer timeout)"
+                )
 
     def _take_correlation_id(self) -> int:
         correlation_id = self._next_correlation_id
@@ -233,13 +279,15 @@ class UpstreamConnection:
         *,
         expects_response: bool = True,
         chunks: Sequence[Buffer] | None = None,
+        allowance: float = 0.0,
     ) -> Pending | None:
         """Send a request frame now; its answer comes back under the frame's own correlation id.
 
         With `chunks`, `frame` is only the frame's head (size prefix and request header) and
         the chunks are the rest, written in one call without being joined. Returns None when
-        no response is expected (acks=0 produce). Raises UpstreamFailed if the connection is
-        closed or breaks.
+        no response is expected (acks=0 produce). `allowance`: seconds the broker may take to
+        answer by the request's own terms (a ProduceRequest's timeout_ms), if more than the
+        answer timeout. Raises UpstreamFailed if the connection is closed or breaks.
         """
         wire = self._wire
         if self.closed or wire is None:
@@ -253,7 +301,12 @@ class UpstreamConnection:
             pending = Pending()
             self._in_flight.append(
                 _InFlight(
-                    upstream_correlation_id, client_correlation_id, api_key, api_version, pending
+                    upstream_correlation_id,
+                    client_correlation_id,
+                    api_key,
+                    api_version,
+                    pending,
+                    allowance=allowance,
                 )
             )
         if upstream_correlation_id != client_correlation_id:

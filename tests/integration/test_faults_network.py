@@ -122,3 +122,53 @@ def test_cut_and_restore_during_transactions(
     )
     result.assert_clean()
     assert offsets == [x.transactions for x in loops]
+
+
+ANSWER_TIMEOUT = 1.0  # kipside's --upstream-request-timeout in the blackhole scenarios
+CLIENT_REQUEST_TIMEOUT_MS = 3000  # the ProduceRequests' timeout_ms: the lanes wait this long
+
+
+def test_blackhole_then_restore_during_produce(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A silent partition: kipside's lanes stay connected and hear nothing for 2 s. Their
+    answer timeout (the ProduceRequests' own timeout_ms, 3 s, as it is longer than
+    --upstream-request-timeout 1) closes them, with every client that had a batch on them;
+    the clients resend on new lanes once the path is back: nothing lost, nothing twice."""
+    args = ["--upstream-request-timeout", str(ANSWER_TIMEOUT)]
+    with fault_stack(tmp_path, extra_args=args) as stack:
+        topic = unique_name("dark", request)
+        create_topics(stack.bootstrap, [topic], PARTITIONS)
+        producers = [
+            SequencedProducer(
+                f"ck{i}",
+                stack.bootstrap,
+                topic,
+                PARTITIONS,
+                RATE,
+                **{"request.timeout.ms": CLIENT_REQUEST_TIMEOUT_MS},
+            )
+            for i in range(PRODUCERS)
+        ]
+        for p in producers:
+            p.start()
+        time.sleep(1.0)
+        mark = stack.kipside.log_mark()
+        stack.relay.blackhole()
+        time.sleep(2.0)
+        stack.relay.restore()
+        time.sleep(2.0)
+        run_producers(producers)
+        stack.kipside.assert_alive()
+        metrics = stack.metrics()
+        log = stack.kipside.log_since(mark)
+        result = audit(stack.direct, topic, PARTITIONS, acked_of(producers))
+    swallowed = stack.relay.swallowed()
+    print(f"\nblackhole 2 s: {result.line()}; the relay swallowed {swallowed}")
+    print(log[-3000:])
+    for p in producers:
+        assert not p.delivered.failed, f"{p.name}: {p.delivered.failed[:3]}"
+    result.assert_clean()
+    assert swallowed.requests >= 1
+    assert "within 3 s (the upstream answer timeout)" in log, log[-3000:]
+    assert metrics.value("kipside_lane_failures_total") >= 1

@@ -125,7 +125,11 @@ class ProduceLane:
         self.context.stats.coalesced_batches += len(batches)
         try:
             pending = connection.send_nowait(
-                frame, ApiKey.PRODUCE, header.api_version, expects_response=acks != 0
+                frame,
+                ApiKey.PRODUCE,
+                header.api_version,
+                expects_response=acks != 0,
+                allowance=max((item.timeout_ms for item in batches), default=0) / 1000,
             )
         except UpstreamFailed:
             self._release(batches)
@@ -266,10 +270,11 @@ class ProduceLane:
         """One upstream ProduceRequest carrying the taken batches, written now."""
         acks = taken[0].acks
         version = self._upstream_version()
+        timeout_ms = max(item.timeout_ms for item in taken)
         body = encode_produce_request(
             version,
             acks=acks,
-            timeout_ms=max(item.timeout_ms for item in taken),
+            timeout_ms=timeout_ms,
             partitions=[item.batch for item in taken],
         )
         header = encode_request_header(ApiKey.PRODUCE, version, 0, "kipside")
@@ -284,6 +289,7 @@ class ProduceLane:
                 version,
                 expects_response=acks != 0,
                 chunks=body,
+                allowance=timeout_ms / 1000,  # the broker may use it up before answering
             )
         except UpstreamFailed:
             finish(span, "UPSTREAM_UNAVAILABLE")
