@@ -1106,6 +1106,79 @@ def test_missing_declared_output_topic(
     )
 
 
+# --------------------------------------------------------------------------- what the hold costs
+
+
+COST_WINDOW_MS = 100.0  # long enough for several of librdkafka's 20 ms retries
+COST_TRANSACTIONS = 8
+COST_PARTITIONS = 4
+
+
+def _tight_loop(bootstrap: str, txn_id: str, topic: str, group: str) -> list[str]:
+    """librdkafka's transactions back to back, as bench/_txn_load.py runs them: begin, produce
+    to every partition, send the offsets at once (its AddOffsetsToTxn goes while the adds
+    are still refused), commit; returns the CONCURRENT_TRANSACTIONS answers it saw."""
+    client = TxnClient("confluent-kafka", bootstrap, txn_id)
+    consumer = ck_consumer(bootstrap, group)
+    try:
+        metadata = consumer.consumer_group_metadata()
+        client.init()
+        for i in range(COST_TRANSACTIONS):
+            client.ck.begin_transaction()
+            for partition in range(COST_PARTITIONS):
+                client.ck.produce(topic, value=f"{txn_id}-{i}".encode(), partition=partition)
+            offsets = [ck.TopicPartition(topic, 0, i + 1)]
+            client.ck.send_offsets_to_transaction(offsets, metadata, CALL_TIMEOUT)
+            client.commit()
+        return client.concurrent_seen()
+    finally:
+        consumer.close()
+        client.close()
+
+
+def test_the_hold_costs_the_coordinator_no_more_than_the_client_alone(
+    make_stack: StackFactory, request: pytest.FixtureRequest
+) -> None:
+    """The same relay and marker window (100 ms after every EndTxn), the same loop of
+    transactions by librdkafka: once straight through the relay, once through kipside (the
+    rule declares the output topic and the group). The CONCURRENT_TRANSACTIONS answers the
+    relay gave in the windows through kipside (its begin hold's probes) are no more than it
+    gave librdkafka's own retries of AddPartitionsToTxn and AddOffsetsToTxn, and the client
+    behind kipside saw none of them."""
+    topic, group = unique_name("cost", request), unique_name("g", request)
+    stack = make_stack(
+        rules_yaml("cost-via-*", [Output(topic)], group, HOLD_MAX_MS), window_ms=COST_WINDOW_MS
+    )
+    create_topics(stack.bootstrap, [topic], COST_PARTITIONS)
+    direct_id, via_id = unique_name("cost-direct"), unique_name("cost-via")
+    direct_seen = _tight_loop(stack.broker.bootstrap, direct_id, topic, group)  # the relay's
+    via_seen = _tight_loop(stack.bootstrap, via_id, topic, group)
+    stack.kipside.assert_alive()
+    assert_no_kipside_errors(stack.kipside)
+    relay = stack.relay
+    assert not relay.problems(), relay.problems()
+
+    def refused(txn_id: str) -> list[tuple[int, int]]:
+        """Per transaction after the first (which follows no window): the relay's
+        CONCURRENT_TRANSACTIONS answers to AddPartitionsToTxn and to AddOffsetsToTxn."""
+        ended = [s for s in relay.segments(txn_id) if s.end is not None]
+        assert len(ended) == COST_TRANSACTIONS, ended
+        return [(s.rejected_add_partitions, s.rejected_add_offsets) for s in ended[1:]]
+
+    direct, via = refused(direct_id), refused(via_id)
+    direct_total, via_total = sum(map(sum, direct)), sum(map(sum, via))
+    print(
+        f"\n[hold cost] window {COST_WINDOW_MS:.0f} ms, {COST_TRANSACTIONS - 1} transactions "
+        f"after one: CONCURRENT_TRANSACTIONS (AddPartitionsToTxn, AddOffsetsToTxn) per "
+        f"transaction direct {direct} = {direct_total}, through kipside {via} = {via_total}; "
+        f"seen by the client: direct {len(direct_seen)}, through kipside {len(via_seen)}"
+    )
+    assert direct_total >= COST_TRANSACTIONS - 1, "the window was not hit directly"
+    assert via_total > 0, "kipside never met the window"
+    assert via_total <= direct_total
+    assert direct_seen and not via_seen
+
+
 # --------------------------------------------------------------------------- the relay itself
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
+import trio
 from opentelemetry.trace import Span
 
 from kipside.protocol import ApiKey, DecodeError, RequestHeader, api_name, decode_request
@@ -147,5 +148,5 @@ class TransactionManager:
                 )
                 state.forget()
             else:
-                state.track(header.api_key, message)
+                state.track(header.api_key, message, trio.current_time())
             answer.resolve(response)

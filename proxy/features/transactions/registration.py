@@ -1,6 +1,7 @@
 """Pre-registration: a client's first AddPartitionsToTxn/AddOffsetsToTxn of a transaction
 becomes one upstream AddPartitionsToTxn covering its partitions plus the rule's declared
-outputs, and the declared group's AddOffsetsToTxn, in parallel, under the begin hold.
+outputs, and the declared group's AddOffsetsToTxn, in parallel, under one begin hold (one
+probe of the coordinator at a time while it answers CONCURRENT_TRANSACTIONS).
 
 The client is answered only after the upstream registration under the same (producer id,
 epoch) succeeded; a transaction kipside opened that the client thinks failed is aborted, and a
@@ -19,7 +20,7 @@ from opentelemetry.trace import Span
 
 from kipside.protocol import ApiKey, DecodeError, Message, RequestHeader, error_name
 from kipside.proxy.features.transactions.answers import add_offsets_answer, add_partitions_answer
-from kipside.proxy.features.transactions.hold import CONCURRENT_TRANSACTIONS, held
+from kipside.proxy.features.transactions.hold import CONCURRENT_TRANSACTIONS, BeginHold
 from kipside.proxy.features.transactions.messages import (
     ADD_OFFSETS_VERSION,
     END_TXN_VERSION,
@@ -186,23 +187,33 @@ class Registrar:
         groups: set[str],
     ) -> Errors:
         """Register partitions (+ declared extras) and groups in parallel, holding through
-        CONCURRENT_TRANSACTIONS until the rule's deadline."""
-        deadline = trio.current_time() + add.rule.hold_begin.max_ms / 1000
+        CONCURRENT_TRANSACTIONS until the rule's deadline, the calls sharing one probe."""
+        now = trio.current_time()
+        state = add.state
+        first = not state.open
+        hold = BeginHold(
+            self.stats,
+            add.span,
+            now + add.rule.hold_begin.max_ms / 1000,
+            window_likely=state.window_likely(now),
+        )
         errors: Errors = ({}, {})
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._add_partitions, add, partitions, extra, deadline, errors[0])
+            nursery.start_soon(self._add_partitions, add, hold, partitions, extra, errors[0])
             for group in groups:
-                nursery.start_soon(self._add_offsets, add, group, deadline, errors[1])
-        if add.state.open:
-            add.state.producer = add.producer
+                nursery.start_soon(self._add_offsets, add, hold, group, errors[1])
+        if first:
+            state.learn_window(hold.last_refusal if hold.closed_at is None else hold.closed_at)
+        if state.open:
+            state.producer = add.producer
         return errors
 
     async def _add_partitions(
         self,
         add: ClientAdd,
+        hold: BeginHold,
         partitions: set[TopicPartition],
         extra: set[TopicPartition],
-        deadline: float,
         errors: dict[TopicPartition, int],
     ) -> None:
         if not partitions and not extra:
@@ -212,11 +223,8 @@ class Registrar:
             version = min(add.header.api_version, MAX_CLIENT_ADD_PARTITIONS_VERSION)
         attempt = partitions | extra
         while True:
-            result = await held(
-                self.stats,
-                add.span,
+            result = await hold.call(
                 "AddPartitionsToTxn",
-                deadline,
                 partial(self._add_partitions_once, add, version, frozenset(attempt)),
                 lambda r: all(code == CONCURRENT_TRANSACTIONS for code in r.values()),
             )
@@ -236,13 +244,10 @@ class Registrar:
             return
 
     async def _add_offsets(
-        self, add: ClientAdd, group: str, deadline: float, errors: dict[str, int]
+        self, add: ClientAdd, hold: BeginHold, group: str, errors: dict[str, int]
     ) -> None:
-        code = await held(
-            self.stats,
-            add.span,
+        code = await hold.call(
             "AddOffsetsToTxn",
-            deadline,
             partial(self._add_offsets_once, add, group),
             lambda c: c == CONCURRENT_TRANSACTIONS,
         )

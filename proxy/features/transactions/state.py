@@ -39,6 +39,22 @@ class TransactionState:
     partitions: set[TopicPartition] = field(default_factory=set)
     groups: set[str] = field(default_factory=set)
     lock: trio.Lock = field(default_factory=trio.Lock)
+    ended_at: float | None = None
+    """When (trio clock) the broker answered this id's last EndTxn without error."""
+    window: float = 0.0
+    """How long after that EndTxn the coordinator still refused the next transaction's first
+    registration, as last seen (0: it did not refuse it)."""
+
+    def window_likely(self, now: float) -> bool:
+        """The coordinator probably still writes the last transaction's markers: the last
+        window seen, counted from the last EndTxn, has not passed yet."""
+        return not self.open and self.ended_at is not None and now < self.ended_at + self.window
+
+    def learn_window(self, refused_until: float | None) -> None:
+        """What the hold of a transaction's first registration saw: the coordinator refused
+        it until `refused_until` (trio clock), or never (None)."""
+        if self.ended_at is not None:
+            self.window = 0.0 if refused_until is None else refused_until - self.ended_at
 
     def reset(self) -> None:
         self.open = False
@@ -53,8 +69,9 @@ class TransactionState:
     def confirmed(self, producer: Producer) -> bool:
         return producer == self.producer
 
-    def track(self, api_key: int, answer: Message) -> None:
-        """Learn from the broker's answer to the client's InitProducerId or EndTxn.
+    def track(self, api_key: int, answer: Message, now: float) -> None:
+        """Learn from the broker's answer to the client's InitProducerId or EndTxn, received
+        at `now` (trio clock).
 
         Success ends the transaction kipside knew of and, where the answer carries one (EndTxn
         v5 under KIP-890), confirms the next producer id and epoch; a failed InitProducerId or
@@ -62,6 +79,7 @@ class TransactionState:
         """
         if answer.error_code == ErrorCode.none:
             self.reset()
+            self.ended_at = now if api_key == ApiKey.END_TXN else None
             if api_key == ApiKey.INIT_PRODUCER_ID or hasattr(answer, "producer_id"):
                 self.producer = Producer(int(answer.producer_id), int(answer.producer_epoch))
         elif api_key == ApiKey.INIT_PRODUCER_ID or int(answer.error_code) in FENCING_ERRORS:
