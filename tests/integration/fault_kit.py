@@ -500,10 +500,108 @@ class TransactionalLoop(threading.Thread):
 
 def group_offset(direct: str, group: str, topic: str, partition: int = 0) -> int:
     """The group's committed offset, asked of the broker itself (-1001: none)."""
+    return committed_offsets(direct, group, topic, partition + 1)[partition]
+
+
+# --------------------------------------------------------------------------- consumer groups
+
+
+def fill(bootstrap: str, topic: str, partitions: int, count: int) -> dict[int, int]:
+    """Write `count` messages filler|P|SEQ round-robin; returns each partition's end offset."""
+    producer = ck.Producer(idempotent_conf(bootstrap, "filler"))
+    for i in range(count):
+        p = i % partitions
+        producer.produce(topic, value_of("filler", p, i // partitions), partition=p)
+    assert producer.flush(30) == 0
+    return {p: len(range(p, count, partitions)) for p in range(partitions)}
+
+
+class GroupMember(threading.Thread):
+    """A confluent-kafka consumer in `group`, at least once: it processes (records) each
+    message, taking `work` seconds, and commits what it processed after every poll and when
+    its partitions are revoked, synchronously. `processed` lists (partition, offset) in order;
+    `rebalances` counts assignments; commit failures are counted, not raised (a commit lost to
+    a fault means reprocessing, which at-least-once allows)."""
+
+    def __init__(
+        self, name: str, bootstrap: str, topic: str, group: str, work: float = 0.002
+    ) -> None:
+        super().__init__(name=name, daemon=True)
+        self.topic, self.work = topic, work
+        self.conf = {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "client.id": name,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 300,
+            "fetch.wait.max.ms": 100,
+            "socket.connection.setup.timeout.ms": 5000,
+            "reconnect.backoff.ms": 50,
+            "reconnect.backoff.max.ms": 500,
+        }
+        self.processed: list[tuple[int, int]] = []
+        self.assignments = 0
+        self.commit_failures: Counter[str] = Counter()
+        self.error: BaseException | None = None
+        self._uncommitted: dict[int, int] = {}
+        self._stop_event = threading.Event()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:
+            self.error = exc
+
+    def _commit(self, consumer: ck.Consumer) -> None:
+        if not self._uncommitted:
+            return
+        offsets = [ck.TopicPartition(self.topic, p, o) for p, o in self._uncommitted.items()]
+        try:
+            consumer.commit(offsets=offsets, asynchronous=False)
+        except ck.KafkaException as exc:
+            self.commit_failures[exc.args[0].name()] += 1
+        self._uncommitted.clear()
+
+    def _run(self) -> None:
+        consumer = ck.Consumer(self.conf)
+
+        def on_assign(c: ck.Consumer, partitions: list[ck.TopicPartition]) -> None:
+            self.assignments += 1
+
+        def on_revoke(c: ck.Consumer, partitions: list[ck.TopicPartition]) -> None:
+            self._commit(c)
+
+        consumer.subscribe([self.topic], on_assign=on_assign, on_revoke=on_revoke)
+        deadline = time.monotonic() + RUN_TIMEOUT
+        try:
+            while not self._stop_event.is_set() and time.monotonic() < deadline:
+                for message in consumer.consume(num_messages=20, timeout=0.1):
+                    if message.error() is not None:
+                        continue  # transport errors while the path is down: it retries
+                    time.sleep(self.work)
+                    p, offset = message.partition(), message.offset()
+                    self.processed.append((p, offset))
+                    self._uncommitted[p] = offset + 1
+                self._commit(consumer)
+        finally:
+            self._commit(consumer)
+            consumer.close()
+
+
+def committed_offsets(direct: str, group: str, topic: str, partitions: int) -> dict[int, int]:
+    """The group's committed offset per partition, asked of the broker itself."""
     consumer = ck.Consumer({"bootstrap.servers": direct, "group.id": group})
     try:
-        (tp,) = consumer.committed([ck.TopicPartition(topic, partition)], timeout=10)
-        assert tp.error is None, tp.error
-        return int(tp.offset)
+        tps = [ck.TopicPartition(topic, p) for p in range(partitions)]
+        out = {}
+        for tp in consumer.committed(tps, timeout=10):
+            assert tp.error is None, tp.error
+            out[tp.partition] = int(tp.offset)
+        return out
     finally:
         consumer.close()

@@ -11,6 +11,7 @@ Run: .venv/bin/pytest tests/integration/test_faults_network.py -q -p no:cachepro
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 
@@ -19,14 +20,18 @@ from conftest import create_topics, skip_unless_shared_lanes, unique_name
 
 from .fault_kit import (
     RUN_TIMEOUT,
+    GroupMember,
     SequencedProducer,
     TransactionalLoop,
     acked_of,
     audit,
+    committed_offsets,
     fault_stack,
+    fill,
     group_offset,
     run_producers,
     transaction_rules,
+    wait_until,
 )
 
 pytestmark = pytest.mark.integration
@@ -165,10 +170,71 @@ def test_blackhole_then_restore_during_produce(
         result = audit(stack.direct, topic, PARTITIONS, acked_of(producers))
     swallowed = stack.relay.swallowed()
     print(f"\nblackhole 2 s: {result.line()}; the relay swallowed {swallowed}")
-    print(log[-3000:])
     for p in producers:
         assert not p.delivered.failed, f"{p.name}: {p.delivered.failed[:3]}"
     result.assert_clean()
     assert swallowed.requests >= 1
     assert "within 3 s (the upstream answer timeout)" in log, log[-3000:]
     assert metrics.value("kipside_lane_failures_total") >= 1
+
+
+GROUP_MESSAGES = 400
+
+
+def test_cut_during_a_consumer_group_rebalance(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """One confluent-kafka group member is consuming (at least once: commit what it processed
+    after every poll and on revoke); a second joins, and while the group rebalances the path
+    to the broker is reset and refused for 1 s. Afterwards every record was processed (some
+    twice at most: the ones whose commit the fault lost), each member read its partitions in
+    order, and the group's committed offsets are the partitions' ends."""
+    with fault_stack(tmp_path) as stack:
+        topic, group = unique_name("grp", request), unique_name("g", request)
+        create_topics(stack.bootstrap, [topic], PARTITIONS)
+        ends = fill(stack.bootstrap, topic, PARTITIONS, GROUP_MESSAGES)
+        first = GroupMember("m1", stack.bootstrap, topic, group)
+        first.start()
+        wait_until(lambda: len(first.processed) >= GROUP_MESSAGES // 5, 30, "m1 consuming")
+        joins = stack.metrics().value("kipside_client_requests_total", api="JoinGroup")
+        second = GroupMember("m2", stack.bootstrap, topic, group)
+        second.start()
+        # The second member's JoinGroup starts the rebalance: cut while it is under way.
+        wait_until(
+            lambda: stack.metrics().value("kipside_client_requests_total", api="JoinGroup") > joins,
+            30,
+            "the second member's JoinGroup",
+        )
+        assert first.assignments == 1 and second.assignments == 0, "the rebalance was over"
+        reset = stack.relay.cut()
+        time.sleep(1.0)
+        stack.relay.restore()
+        members = [first, second]
+
+        def done() -> bool:
+            seen = {(p, o) for m in members for p, o in m.processed}
+            return len(seen) >= GROUP_MESSAGES
+
+        wait_until(done, RUN_TIMEOUT, "every record processed")
+        for m in members:
+            m.stop()
+        for m in members:
+            m.join(RUN_TIMEOUT)
+            assert not m.is_alive() and m.error is None, f"{m.name}: {m.error!r}"
+        offsets = committed_offsets(stack.direct, group, topic, PARTITIONS)
+    processed = [po for m in members for po in m.processed]
+    unique = set(processed)
+    twice = len(processed) - len(unique)
+    print(
+        f"\ncut {reset} connections for 1 s during a rebalance: records {GROUP_MESSAGES}, "
+        f"processed {len(unique)}, reprocessed {twice}; committed {offsets} (ends {ends}); "
+        f"assignments {[m.assignments for m in members]}, commit failures "
+        f"{[dict(m.commit_failures) for m in members]}"
+    )
+    assert unique == {(p, o) for p, end in ends.items() for o in range(end)}
+    assert offsets == ends
+    for m in members:  # each member's reads of a partition only go forward between rebalances
+        for p in range(PARTITIONS):
+            mine = [o for q, o in m.processed if q == p]
+            back = [(a, b) for a, b in itertools.pairwise(mine) if b <= a]
+            assert len(back) <= m.assignments, f"{m.name} [{p}] went back {back[:5]}"
