@@ -584,7 +584,7 @@ class GroupMember(threading.Thread):
                     if message.error() is not None:
                         continue  # transport errors while the path is down: it retries
                     time.sleep(self.work)
-                    p, offset = message.partition(), message.offset()
+                    p, offset = message.partition() or 0, message.offset() or 0
                     self.processed.append((p, offset))
                     self._uncommitted[p] = offset + 1
                 self._commit(consumer)
