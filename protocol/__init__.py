@@ -99,6 +99,7 @@ from kipside.protocol.produce import (
     encode_produce_response,
     parse_produce_request,
     parse_produce_response,
+    produce_request_acks,
     produce_response_error_codes,
     produce_response_names_nodes,
 )
@@ -240,6 +241,7 @@ __all__ = [
     "parse_request_header",
     "parse_response_header",
     "pick_version",
+    "produce_request_acks",
     "produce_response_error_codes",
     "produce_response_names_nodes",
     "read_uvarint",

@@ -157,6 +157,20 @@ def _too_many(what: str, count: int, cap: int) -> LimitExceeded:
     )
 
 
+def produce_request_acks(frame: Buffer, body_offset: int, version: int) -> int:
+    """A ProduceRequest's acks (whether it is owed an answer), any version, without parsing
+    the rest: v3+ put the transactional id before it. Raises DecodeError."""
+    offset = body_offset
+    if version >= 9:
+        length, offset = read_uvarint(frame, offset)
+        offset += max(length - 1, 0)
+    elif version >= 3:
+        length, offset = read_int16(frame, offset)
+        offset += max(length, 0)
+    acks, _ = read_int16(frame, offset)
+    return acks
+
+
 @dataclass(frozen=True, slots=True)
 class ProduceCounts:
     """What a ProduceRequest carries, counted (count_produce_request)."""

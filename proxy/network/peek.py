@@ -5,7 +5,6 @@ answer is owed) and its topic names (for the request's span).
 from __future__ import annotations
 
 from kipside.protocol import (
-    INT16,
     PRODUCE_MAX_VERSION,
     PRODUCE_MIN_VERSION,
     ApiKey,
@@ -13,7 +12,7 @@ from kipside.protocol import (
     DecodeLimits,
     RequestHeader,
     parse_produce_request,
-    read_uvarint,
+    produce_request_acks,
 )
 
 __all__ = ["produce_acks", "produce_topics"]
@@ -36,15 +35,5 @@ def produce_topics(
 
 
 def produce_acks(frame: bytes, header: RequestHeader) -> int:
-    """The acks field of a ProduceRequest (v3+ has transactional_id before it)."""
-    offset = header.body_offset
-    if header.api_version >= 3:
-        if header.api_version >= 9:
-            length, offset = read_uvarint(frame, offset)
-            offset += max(length - 1, 0)
-        else:
-            (length,) = INT16.unpack_from(frame, offset)
-            offset += 2 + max(length, 0)
-    if offset + 2 > len(frame):
-        raise DecodeError("ProduceRequest is too short to hold acks")
-    return int(INT16.unpack_from(frame, offset)[0])
+    """The acks field of a ProduceRequest; DecodeError if the request is too short for it."""
+    return produce_request_acks(frame, header.body_offset, header.api_version)

@@ -48,6 +48,7 @@ from kipside.protocol.produce import (
     encode_produce_response,
     parse_produce_request,
     parse_produce_response,
+    produce_request_acks,
     produce_response_error_codes,
     produce_response_names_nodes,
 )
@@ -142,6 +143,22 @@ def test_produce_requests_raise_only_own_errors(
             assert p.records is None or len(p.records) <= len(hostile)
     with only_own_errors():
         count_produce_request(hostile, len(HEAD), version)
+    with only_own_errors():
+        produce_request_acks(hostile, len(HEAD), version)
+
+
+@fuzz(300)
+@given(version=st.integers(0, 13), body=st.binary(max_size=12))
+def test_produce_acks_reader_raises_only_decode_error(version: int, body: bytes) -> None:
+    """What the session reads of every Produce it forwards (whether an answer is owed)."""
+    with only_own_errors():
+        produce_request_acks(HEAD + body, len(HEAD), version)
+
+
+def test_produce_acks_reader_agrees_with_the_full_reader() -> None:
+    for version, frame in produce_requests():
+        parsed = parse_produce_request(frame, len(HEAD), version)
+        assert produce_request_acks(frame, len(HEAD), version) == parsed.acks == -1
 
 
 def produce_responses() -> list[tuple[int, bytes]]:
