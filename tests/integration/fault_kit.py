@@ -254,6 +254,51 @@ class SequencedProducer(threading.Thread):
         self.unflushed = producer.flush(self.flush_timeout)
 
 
+class KafkaPythonProducer(SequencedProducer):
+    """The same load from kafka-python, at least once: acks=all and retries, no idempotence,
+    one request in flight (so a retry cannot reorder; it may duplicate)."""
+
+    def __init__(self, name: str, bootstrap: str, topic: str, partitions: int, rate: float):
+        super().__init__(name, bootstrap, topic, partitions, rate)
+        self.bootstrap = bootstrap
+
+    def _run(self) -> None:
+        from kafka import KafkaProducer
+
+        producer = KafkaProducer(
+            bootstrap_servers=self.bootstrap,
+            client_id=self.name,
+            acks="all",
+            enable_idempotence=False,
+            retries=20,
+            max_in_flight_requests_per_connection=1,
+            request_timeout_ms=5000,
+            retry_backoff_ms=100,
+            reconnect_backoff_max_ms=500,
+            linger_ms=5,
+        )
+        delivered = self.delivered
+        seqs = [0] * self.partitions
+        started = time.monotonic()
+        deadline = started + RUN_TIMEOUT
+        try:
+            while not self._stop_event.is_set() and time.monotonic() < deadline:
+                p = delivered.sent % self.partitions
+                value = value_of(self.name, p, seqs[p])
+                future = producer.send(self.topic, value, partition=p)
+                future.add_callback(lambda _meta, v=value: delivered.acked.append(v))
+                future.add_errback(lambda exc, v=value: delivered.failed.append((v, repr(exc))))
+                seqs[p] += 1
+                delivered.sent += 1
+                ahead = delivered.sent / self.rate - (time.monotonic() - started)
+                if ahead > 0:
+                    time.sleep(ahead)
+            producer.flush(timeout=self.flush_timeout)
+        finally:
+            producer.close(timeout=5)
+        self.unflushed = delivered.sent - len(delivered.acked) - len(delivered.failed)
+
+
 def run_producers(producers: list[SequencedProducer], timeout: float = RUN_TIMEOUT) -> None:
     """Stop and join every producer; their own errors fail the test."""
     for p in producers:
@@ -271,7 +316,9 @@ def run_producers(producers: list[SequencedProducer], timeout: float = RUN_TIMEO
 class Audit:
     """The log against what clients were told. `found` counts acknowledged messages in the
     log (each once); duplicates are extra copies of any message; reordered are records whose
-    sequence is not above the previous one of the same producer and partition."""
+    sequence is not above the previous one of the same producer and partition. Producers
+    named in `at_least_once` (no idempotence) may write duplicates: theirs are counted apart
+    (`resent`), and only their first copies are checked for order."""
 
     acknowledged: int
     found: int
@@ -280,12 +327,14 @@ class Audit:
     lost: list[bytes]
     unacknowledged_in_log: int  # failed or never reported, yet written: allowed, counted
     aborted_in_log: int  # records of aborted transactions (read_committed hides them)
+    resent: int = 0  # duplicates of at-least-once producers: allowed, counted
 
     def line(self) -> str:
-        return (
+        text = (
             f"acknowledged {self.acknowledged}, found {self.found}, duplicates "
             f"{self.duplicates}, reordered {self.reordered}"
         )
+        return text + (f" (at-least-once duplicates {self.resent})" if self.resent else "")
 
     def assert_clean(self) -> None:
         """Nothing acknowledged lost; no duplicate; order per producer and partition."""
@@ -295,14 +344,14 @@ class Audit:
         assert self.found == self.acknowledged, self.line()
 
 
-def committed_values(direct: str, topic: str, partitions: int) -> dict[int, list[bytes]]:
-    """Per partition, the values a read_committed reader must see, in log order (control
-    markers applied per producer id), read from the broker itself; and the aborted ones."""
-    return {p: resolve(read_log(direct, topic, p)).committed for p in range(partitions)}
-
-
-def audit(direct: str, topic: str, partitions: int, acknowledged: Iterable[bytes]) -> Audit:
-    acked = set(acknowledged)
+def audit(
+    direct: str,
+    topic: str,
+    partitions: int,
+    acknowledged: Iterable[bytes],
+    at_least_once: Iterable[str] = (),
+) -> Audit:
+    acked, lenient = set(acknowledged), set(at_least_once)
     aborted = 0
     counts: Counter[bytes] = Counter()
     reordered = 0
@@ -314,18 +363,22 @@ def audit(direct: str, topic: str, partitions: int, acknowledged: Iterable[bytes
             counts[value] += 1
             name, partition, seq = parse_value(value)
             assert partition == p, f"{value!r} is in partition {p}"
+            if counts[value] > 1 and name in lenient:
+                continue
             if seq <= last.get(name, -1):
                 reordered += 1
             last[name] = max(seq, last.get(name, -1))
-    duplicates = sum(n - 1 for n in counts.values() if n > 1)
+    extra = {v: n - 1 for v, n in counts.items() if n > 1}
+    resent = sum(n for v, n in extra.items() if parse_value(v)[0] in lenient)
     return Audit(
         acknowledged=len(acked),
         found=sum(1 for v in acked if counts[v] >= 1),
-        duplicates=duplicates,
+        duplicates=sum(extra.values()) - resent,
         reordered=reordered,
         lost=sorted(v for v in acked if counts[v] == 0),
         unacknowledged_in_log=sum(1 for v in counts if v not in acked),
         aborted_in_log=aborted,
+        resent=resent,
     )
 
 
