@@ -6,6 +6,7 @@ addresses to kipside's, ApiVersions to what kipside supports, a SaslHandshake's 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from opentelemetry.trace import Span
@@ -33,6 +34,9 @@ class Slot:
     raw: bool
     started: float
     span: Span | None
+    # The principals rules let part of the request through: the broker's answer to that part
+    # becomes the client's (refused partitions added) before any rewrite.
+    merge: Callable[[bytes], bytes] | None = None
     request_bytes: int = 0
     """Bytes of the request, held (network.limits) until the answer is written."""
     answer_bytes: int = 0
@@ -62,8 +66,24 @@ def rewrite_answer(
     sasl: ClientSasl,
     who: str,
 ) -> bytes | None:
-    """The broker's answer as the client must see it; None if it can't be rewritten (logged:
-    the session closes rather than pass a broker address through)."""
+    """The answer as the client must see it (a raw one is the broker's: rewritten; a merged
+    one gets the refused partitions first); None if it can't be rewritten (logged: the session
+    closes rather than pass a broker address through)."""
+    if slot.merge is not None:
+        try:
+            frame = slot.merge(frame)
+        except DecodeError as exc:
+            log.error(
+                "%s: cannot read the broker's %s v%d answer to add the partitions the "
+                "principals rules refused (%s); closing the connection",
+                who,
+                api_name(slot.api_key),
+                slot.api_version,
+                exc,
+            )
+            return None
+    if not slot.raw:
+        return frame
     try:
         if slot.api_key == ApiKey.SASL_HANDSHAKE:
             sasl.broker_answered(slot.api_key, slot.api_version, frame)

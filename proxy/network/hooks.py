@@ -64,9 +64,24 @@ class RoutedClient(Protocol):
 SharedRoute = Callable[[RoutedClient, bytes, RequestHeader], Awaitable[Routed | None]]
 
 
+@dataclass(frozen=True, slots=True)
+class Narrowed:
+    """A request let through in part (the rule file's principals section refused some of its
+    partitions): `frame` goes on in its place, with the same header, and `merge` turns the
+    broker's answer to it into the answer the client is owed (the refused partitions' errors
+    added, in the client's order). With `close`, the client connection is closed once `frame`
+    (if any) is forwarded, as Apache Kafka closes an acks=0 producer's connection on an error;
+    `close` says why."""
+
+    frame: bytes | None
+    merge: Callable[[bytes], bytes] | None = None
+    close: str | None = None
+
+
 # A request check takes (client, frame, header) and returns kipside's answer refusing the
-# request (the rule file's principals section), or None if it may go on.
-RequestCheck = Callable[[RoutedClient, bytes, RequestHeader], bytes | None]
+# request (the rule file's principals section), the part of it that may go on (Narrowed), or
+# None if all of it may go on.
+RequestCheck = Callable[[RoutedClient, bytes, RequestHeader], bytes | Narrowed | None]
 
 
 class ApiVersionsPolicy(Protocol):

@@ -273,28 +273,52 @@ class Session:
                 self._sasl_step(step, header.api_key, header.api_version, header.correlation_id)
                 finish(span)
                 return
-        if self.check is not None and (refusal := self.check(self, frame, header)) is not None:
-            self._owe(header, Pending.answered(refusal), False, started, span)
+        verdict = None if self.check is None else self.check(self, frame, header)
+        if isinstance(verdict, bytes):  # refused whole: kipside's answer
+            self._owe(header, Pending.answered(verdict), False, started, span)
+            return
+        if verdict is not None:  # refused in part: the rest goes on
+            if verdict.frame is not None:
+                await self._forward(verdict.frame, header, started, span, verdict.merge)
+            else:
+                finish(span)
+            if verdict.close is not None:
+                log.info("%s %s; closing the connection", self.describe(), verdict.close)
+                self._slots.append(REFUSED)
+                self._reader_scope.cancel()
+                self._flush()
             return
         if api_key == ApiKey.API_VERSIONS:
             local = self.versions.unsupported_answer(header)
             if local is not None:
                 self._owe(header, Pending.answered(local), False, started, span)
                 return
+        await self._forward(frame, header, started, span)
+
+    async def _forward(
+        self,
+        frame: bytes,
+        header: RequestHeader,
+        started: float,
+        span: Span | None,
+        merge: Callable[[bytes], bytes] | None = None,
+    ) -> None:
+        """Send the request on a shared route or the client's own connection."""
+        api_key, version = header.api_key, header.api_version
         if self.shared_route is not None:
             routed = await self.shared_route(self, frame, header)
             if routed is not None:
                 if routed.pending is not None:
-                    self._owe(header, routed.pending, routed.raw, started, span)
+                    self._owe(header, routed.pending, routed.raw, started, span, merge)
                 else:
                     finish(span)
                 return
         expects_response = api_key != ApiKey.PRODUCE or produce_acks(frame, header) != 0
         connection = await self._dedicated_connection()
-        stats.upstream_requests[api_key] += 1
+        self.stats.upstream_requests[api_key] += 1
         answer = await connection.send(frame, api_key, version, expects_response=expects_response)
         if answer is not None:
-            self._owe(header, answer, True, started, span)
+            self._owe(header, answer, True, started, span, merge)
         else:
             finish(span)
 
@@ -305,6 +329,7 @@ class Session:
         raw: bool,
         started: float,
         span: Span | None,
+        merge: Callable[[bytes], bytes] | None = None,
     ) -> None:
         slot = Slot(
             header.api_key,
@@ -314,6 +339,7 @@ class Session:
             raw,
             started,
             span,
+            merge,
             request_bytes=self._owed_request(),
         )
         self._slots.append(slot)
@@ -486,7 +512,7 @@ class Session:
                 slot.pending.failure,
             )
             return None
-        if not slot.raw:
+        if not slot.raw and slot.merge is None:
             return frame
         return rewrite_answer(slot, frame, self.versions, self.rewriter, self.sasl, self.describe())
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 
@@ -25,6 +26,8 @@ from .clients import (
     ck_produce,
     consume_assigned,
     kp_produce,
+    kp_producer,
+    kp_send,
     make_messages,
     run_async,
 )
@@ -251,6 +254,71 @@ def test_principal_rules_refuse_what_dave_may_not_use(terminating: SaslSetup) ->
     assert not any(other in c.topics for c in carried)
     assert not any("other-1" in c.transactional_ids for c in carried)
     assert any("dave-1" in c.transactional_ids for c in carried)
+
+
+def test_mixed_requests_serve_the_allowed_part(terminating: SaslSetup) -> None:
+    """Requests naming a topic dave may use and one he may not, as Apache Kafka answers them:
+    the refused topic's partitions get TOPIC_AUTHORIZATION_FAILED and the allowed ones are
+    served in the same request. kafka-python puts every partition bound for a broker in one
+    ProduceRequest (librdkafka sends one per partition, so confluent-kafka never mixes topics
+    in a ProduceRequest); a confluent-kafka consumer assigned both topics fetches them in one
+    FetchRequest. dave's records are read back once and in order, each refused record's
+    delivery fails with TopicAuthorizationFailedError, the consumer reads every allowed record
+    and reports the refused topic only; the relay never saw the refused topic from dave-up."""
+    from kafka.errors import TopicAuthorizationFailedError
+
+    setup = terminating
+    dave, alice = ck_sasl("PLAIN", "dave"), ck_sasl("PLAIN", "alice")
+    mine = fresh_topic(setup.bootstrap, "dave.mixed", PARTITIONS, conf=dave)
+    other = fresh_topic(setup.bootstrap, "mixed-other", PARTITIONS, conf=alice)
+    ck_produce(setup.bootstrap, other, make_messages(4, PARTITIONS, tag="alice"), conf=alice)
+    mark = setup.kipside.log_mark()
+    msgs = make_messages(20, PARTITIONS, tag="dave")
+    producer = kp_producer(setup.bootstrap, linger_ms=50, **py_sasl("PLAIN", "dave"))
+    try:
+        allowed, refused = [], []
+        for m in msgs:  # every send of `other` rides in a request with dave.mixed's batches
+            allowed += kp_send(producer, mine, [m])
+            refused.append(producer.send(other, value=m.value, partition=m.partition))
+        producer.flush(timeout=30)
+        for future in allowed:
+            future.get(timeout=1)
+        for future in refused:
+            with pytest.raises(TopicAuthorizationFailedError):
+                future.get(timeout=1)
+    finally:
+        producer.close(timeout=5)
+    part = "refused in part (the allowed partitions go on) by the principals rule for User:dave"
+    assert setup.kipside.wait_for_log(lambda line: "Produce v" in line and part in line, mark)
+    got, marks = consume_assigned(setup.bootstrap, mine, PARTITIONS, len(msgs), conf=dave)
+    assert_exactly_once_in_order(msgs, got, marks)
+
+    consumer = ck.Consumer(
+        {**ck_config(setup.bootstrap), **dave, "group.id": f"g-{mine}", "fetch.wait.max.ms": 50}
+    )
+    try:
+        # Offset 0, not OFFSET_BEGINNING: librdkafka would look the beginning up with a
+        # ListOffsets per topic first, and never fetch a topic whose lookup failed.
+        consumer.assign([ck.TopicPartition(t, p, 0) for t in (mine, other) for p in (0, 1)])
+        read: list[tuple[str | None, bytes | None]] = []
+        errors: set[tuple[str | None, int]] = set()
+        deadline = time.monotonic() + 20
+        while len(read) < len(msgs) or not errors:
+            assert time.monotonic() < deadline, (len(read), errors)
+            message = consumer.poll(0.2)
+            if message is None:
+                continue
+            if (error := message.error()) is not None:
+                errors.add((message.topic(), error.code()))
+            else:
+                read.append((message.topic(), message.value()))
+    finally:
+        consumer.close()
+    assert sorted(read) == sorted((mine, m.value) for m in msgs)
+    assert errors == {(other, ck.KafkaError.TOPIC_AUTHORIZATION_FAILED)}
+    assert setup.kipside.wait_for_log(lambda line: "Fetch v" in line and part in line, mark)
+    carried = [c for c in setup.relay.carried() if c.user == "dave-up"]
+    assert not any(other in c.topics for c in carried)
 
 
 def test_secrets_nowhere(terminating: SaslSetup) -> None:
