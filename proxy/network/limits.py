@@ -410,8 +410,8 @@ class ClientLimits:
             what = f"{'an' if name[0] in 'AEIOU' else 'a'} {name} request"
         self._server.reporter.reached(
             key,
-            f"{who} sent {what} with {exc}: over limits.{key} ({exc.cap}), closing the "
-            f"connection. Raise limits.{key} if the client is legitimate",
+            f"{who} sent {what} over limits.{key} ({exc}): closing the connection. Raise "
+            f"limits.{key} if the client is legitimate",
         )
 
     def _expired(self, key: str, seconds: float, partial_bytes: int) -> None:
@@ -419,7 +419,7 @@ class ClientLimits:
         if key == IDLE:
             self._server.reporter.reached(
                 key,
-                f"{who} sent no request for {seconds:.0f} s and is owed no answer: closing "
+                f"{who} sent no request for {seconds:.1f} s and is owed no answer: closing "
                 f"the idle connection (limits.{key} = {self._server.limits().idle_timeout_ms}); "
                 "Kafka clients reconnect when they next need to. Set it to 0 to keep idle "
                 "connections open",
@@ -428,7 +428,7 @@ class ClientLimits:
         else:
             self._server.reporter.reached(
                 key,
-                f"{who} began a request {seconds:.0f} s ago and has sent {partial_bytes} bytes "
+                f"{who} began a request {seconds:.1f} s ago and has sent {partial_bytes} bytes "
                 f"of it: closing the connection (limits.{key} = "
                 f"{self._server.limits().request_read_timeout_ms}). A client stalling on "
                 "purpose (slowloris) or a very slow network; raise the limit if the clients' "
