@@ -20,7 +20,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +42,12 @@ from kipside.evidence.craft import (
     truncated,
 )
 from kipside.evidence.craft import request as craft_request
-from kipside.protocol import ApiKey, build_frame, encode_response_header
+from kipside.protocol import (
+    ApiKey,
+    build_frame,
+    encode_request_header,
+    encode_response_header,
+)
 
 from .clients import Msg, assert_exactly_once_in_order, ck_config, consume_assigned
 
@@ -167,9 +172,12 @@ def names_port(line: str, port: int) -> bool:
 
 
 def outcome(reacted: str, lines: list[str]) -> str:
-    """REFUSED by kipside, WAITING, or FORWARDED (answered, or closed by the broker)."""
+    """REFUSED by kipside (a warning, or a close that only a repeated limit leaves unlogged),
+    WAITING, or FORWARDED (answered, or closed by the broker)."""
     if reacted == "nothing":
         return WAITING
+    if any(ln.startswith(("WARNING ", "ERROR ")) for ln in lines):
+        return REFUSED
     if reacted == "answered" or any("broker closed the connection" in ln for ln in lines):
         return FORWARDED
     return REFUSED
@@ -185,6 +193,10 @@ def client_frames() -> dict[str, bytes]:
             "tagged-fields-varint-body": bad_tagged_fields("varint"),
             "huge-partitions-array-2": huge_array("partitions"),
             "negative-topic-name-min": negative_length("topic", -(2**15)),
+            # Produce v3 whose body ends inside its transactional id: no acks to read.
+            "produce-too-short-for-acks": build_frame(
+                encode_request_header(ApiKey.PRODUCE, 3, 1, "kit"), b"\x00"
+            ),
         }
     )
     return frames
@@ -196,7 +208,52 @@ EXTRA_EXPECTED: Final = {
     "tagged-fields-varint-body": REFUSED,
     "huge-partitions-array-2": REFUSED,
     "negative-topic-name-min": REFUSED,
+    "produce-too-short-for-acks": REFUSED,
 }
+
+
+# With --one-to-one no feature reads a ProduceRequest's body (only its acks field): the broker
+# judges a malformed one, as it judges any request kipside has no reason to read.
+ONE_TO_ONE: Final = {
+    name: FORWARDED
+    for name in (
+        "huge-topics-array",
+        "huge-partitions-array",
+        "huge-partitions-array-2",
+        "negative-topic-name",
+        "negative-topic-name-min",
+    )
+}
+
+
+def check_client_frames(
+    bootstrap: str, lines_naming: Callable[[int], list[str]], *, one_to_one: bool = False
+) -> None:
+    """Send each client frame on a connection of its own; check what kipside did with it and
+    what it logged (`lines_naming(port)`: its log lines naming that client port, each as
+    "LEVEL message")."""
+    expected = {**CLIENT_FRAMES, **EXTRA_EXPECTED, **(ONE_TO_ONE if one_to_one else {})}
+    seen: dict[str, str] = {}
+    logged: dict[str, list[str]] = {}
+    for name, frame in client_frames().items():
+        with connect(bootstrap) as sock:
+            port = sock.getsockname()[1]
+            reacted = reaction(sock, frame, QUIET if expected[name] == WAITING else WAIT)
+        time.sleep(0.05)  # kipside logs as it closes; the client may see the close first
+        logged[name] = lines_naming(port)
+        seen[name] = outcome(reacted, logged[name])
+    assert seen == expected
+    for name, lines in logged.items():
+        warnings = [ln for ln in lines if ln.startswith(("WARNING ", "ERROR "))]
+        if seen[name] == REFUSED and name in RATE_LIMITED:
+            # The same limit as an earlier frame: kipside logs a limit once per 10 s.
+            assert len(warnings) <= 1, (name, lines)
+        elif seen[name] == REFUSED:
+            assert len(warnings) == 1 and "closing the connection" in warnings[0], (name, lines)
+        elif seen[name] == WAITING:
+            assert not lines, (name, lines)
+        else:
+            assert not warnings, (name, lines)
 
 
 def test_bad_client_frames_close_only_their_connection(
@@ -209,27 +266,37 @@ def test_bad_client_frames_close_only_their_connection(
     kipside = start_kipside_in_process(tansu.bootstrap, "")
     topic = fresh_topic(kipside.bootstrap, "bad-frames", PARTITIONS, request)
     steady = SteadyProducer(kipside.bootstrap, topic).start()
-    expected = {**CLIENT_FRAMES, **EXTRA_EXPECTED}
-    seen: dict[str, str] = {}
-    logged: dict[str, list[str]] = {}
-    for name, frame in client_frames().items():
-        with connect(kipside.bootstrap) as sock:
-            port = sock.getsockname()[1]
-            reacted = reaction(sock, frame, QUIET if expected[name] == WAITING else WAIT)
-        time.sleep(0.05)  # kipside logs as it closes; the client may see the close first
-        logged[name] = [r.getMessage() for r in caplog.records if names_port(r.getMessage(), port)]
-        seen[name] = outcome(reacted, logged[name])
-    assert seen == expected
-    for name, lines in logged.items():
-        if seen[name] == REFUSED and name in RATE_LIMITED:
-            # The same limit as an earlier frame: kipside logs a limit once per 10 s.
-            assert len(lines) <= 1, (name, lines)
-        elif seen[name] == REFUSED:
-            assert len(lines) == 1 and "closing the connection" in lines[0], (name, lines)
-        elif seen[name] == WAITING:
-            assert not lines, (name, lines)
+
+    def lines_naming(port: int) -> list[str]:
+        records = [r for r in caplog.records if names_port(r.getMessage(), port)]
+        return [f"{r.levelname} {r.getMessage()}" for r in records]
+
+    check_client_frames(kipside.bootstrap, lines_naming)
     assert not [r for r in caplog.records if STEADY_ID in r.getMessage()]
     steady.check()
+
+
+def test_bad_client_frames_one_to_one(
+    tansu: Broker, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The same with `kipside serve --one-to-one` (its own process): every request goes on the
+    client's own broker connection, read by the session alone (a Produce too short for its
+    acks field once crashed the process here)."""
+    kipside = start_kipside(tansu, tmp_path, extra_args=["--one-to-one"])
+    try:
+        topic = fresh_topic(kipside.bootstrap, "bad-frames-1to1", PARTITIONS, request)
+        steady = SteadyProducer(kipside.bootstrap, topic).start()
+
+        def lines_naming(port: int) -> list[str]:
+            kipside.assert_alive()
+            lines = [ln.split(" ", 2)[2] for ln in kipside.log().splitlines() if " kipside." in ln]
+            return [ln for ln in lines if names_port(ln, port)]
+
+        check_client_frames(kipside.bootstrap, lines_naming, one_to_one=True)
+        steady.check()
+        assert STEADY_ID not in kipside.log()
+    finally:
+        assert kipside.stop() == 0
 
 
 # A hostile broker ---------------------------------------------------------------------------
