@@ -198,10 +198,18 @@ class Registrar:
             window_likely=state.window_likely(now),
         )
         errors: Errors = ({}, {})
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._add_partitions, add, hold, partitions, extra, errors[0])
-            for group in groups:
-                nursery.start_soon(self._add_offsets, add, hold, group, errors[1])
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._add_partitions, add, hold, partitions, extra, errors[0])
+                for group in groups:
+                    nursery.start_soon(self._add_offsets, add, hold, group, errors[1])
+        except* UpstreamFailed as failed:
+            # A lost lane is the client's answer (its connection is closed, it retries), not a
+            # kipside error: the first such failure, out of the nursery's group.
+            first_failure: BaseException = failed
+            while isinstance(first_failure, BaseExceptionGroup):
+                first_failure = first_failure.exceptions[0]
+            raise first_failure from None
         if first:
             state.learn_window(hold.last_refusal if hold.closed_at is None else hold.closed_at)
         if state.open:
