@@ -233,12 +233,22 @@ def _round_trip(deployment: Deployment) -> None:
     consumer.close()
 
 
+def _kcat(deployment: Deployment, user: str, mechanism: str, args: list[str]) -> None:
+    """kcat (Debian's, on the system librdkafka) logging in as `user`; prints what it printed."""
+    settings = {**ck_settings(deployment.files, user), "sasl.mechanism": mechanism}
+    command = ["kcat", "-b", deployment.kipside.bootstrap]
+    command += [f"-X{key}={value}" for key, value in settings.items()] + args
+    done = subprocess.run(command, text=True, capture_output=True, timeout=30, check=False)
+    print("$ " + _shown(command))
+    print(done.stdout + done.stderr, end="")
+
+
 def demo(folder: Path) -> None:
     """Run the deployment in `folder` and print what docs/running.md shows."""
     folder.mkdir(parents=True, exist_ok=True)
     os.chdir(folder)
     log: list[str] = []
-    with secure_deployment(Path("."), listen_port=39092, node_port_base=39100, log=log) as d:
+    with secure_deployment(Path("."), listen_port=29092, node_port_base=29100, log=log) as d:
         print("\n".join(log))
         for name in (d.files.upstream, d.files.rules):
             print(f"$ cat {name}\n{name.read_text()}", end="")
@@ -246,12 +256,26 @@ def demo(folder: Path) -> None:
         print(d.kipside.log(), end="")
         print(d.kipside.stdout_path.read_text(), end="")
         _round_trip(d)
+        print(f"# kcat on librdkafka {_system_librdkafka()}:")
+        read = ["-C", "-t", "orders", "-p", "0", "-o", "beginning", "-e", "-q"]
+        _kcat(d, "bob", MECHANISM, read)
+        _kcat(d, "bob", "PLAIN", read)
         print("# the brokers' SASL listeners: who logged in on each connection kipside opened")
         for node, carried in d.brokers.carried():
             apis = ", ".join(sorted(api_name(k) for k in carried.apis))
             if carried.user is None and not carried.refused and not carried.failed_logins:
                 apis = "no login: ApiVersions only (Kafka answers it before authentication)"
             print(f"node {node} connection {carried.number}: {carried.user}: {apis}")
+
+
+def _system_librdkafka() -> str:
+    done = subprocess.run(
+        ["dpkg-query", "-W", "-f", "${Version}", "librdkafka1"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return done.stdout.strip() or "(unknown version)"
 
 
 if __name__ == "__main__":
