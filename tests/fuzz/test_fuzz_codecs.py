@@ -129,7 +129,7 @@ def produce_requests() -> list[tuple[int, bytes]]:
     return out
 
 
-@fuzz(800)
+@fuzz(500)
 @given(base=st.sampled_from(produce_requests()), data=st.data())
 def test_produce_requests_raise_only_own_errors(
     base: tuple[int, bytes], data: st.DataObject
@@ -180,7 +180,7 @@ def produce_responses() -> list[tuple[int, bytes]]:
     ]
 
 
-@fuzz(800)
+@fuzz(500)
 @given(base=st.sampled_from(produce_responses()), data=st.data())
 def test_produce_responses_raise_only_decode_error(
     base: tuple[int, bytes], data: st.DataObject
@@ -230,7 +230,7 @@ def test_record_batches_raise_only_record_batch_error(base: bytes, data: st.Data
             restamp(view, 1, 0, 0) if not view.is_control else control_type(view)
 
 
-@fuzz(300)
+@fuzz(200)
 @given(base=st.sampled_from([batch(1), batch(3)]), data=st.data())
 def test_records_kernel_raises_only_record_batch_error(base: bytes, data: st.DataObject) -> None:
     from kipside.protocol import decode_batch_records  # loads numba
