@@ -237,6 +237,24 @@ async def test_a_client_over_its_limit_is_not_read_until_its_answers_are_taken(
         assert clients.stats.in_flight_bytes == 0
 
 
+async def test_its_own_broker_connection_waits_only_on_answers_the_socket_refused(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    clients = Clients(Limits(max_in_flight_bytes_per_client=4096))
+    wire = StandIn()
+    client = clients.client("a", wire)
+    with trio.fail_after(TIMEOUT * 10):
+        client.took(8000)
+        client.arrived(8000)  # e.g. waiting behind an answer still to come on that connection
+        assert client.over() == IN_FLIGHT_PER_CLIENT
+        assert not await paused(client.answers_room)  # else that answer would never come
+        client.written(8000 + REQUEST_OVERHEAD_BYTES, 8000)
+        wire.report(+8000)  # written, but the client is not reading
+        assert await paused(client.answers_room)
+        wire.report(-8000)
+        assert not await paused(client.answers_room)
+
+
 async def test_over_the_total_only_clients_above_an_equal_share_wait(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -200,6 +200,7 @@ class ClientLimits:
         "_server",
         "_took_since_read",
         "answers",
+        "backlog",
         "deadlines",
         "requests",
     )
@@ -221,7 +222,10 @@ class ClientLimits:
         self.requests = 0
         """Bytes of requests read and not yet answered."""
         self.answers = 0
-        """Bytes of answers that came and are not yet taken by the client's socket."""
+        """Bytes of answers that came and are not yet written (some wait behind an earlier
+        answer: answers leave in request order)."""
+        self.backlog = 0
+        """Bytes of answers written that the client's socket has not taken (it is not reading)."""
         self.deadlines = Deadlines(server.limits, lambda: self.held > 0, self._expired)
         server.clients += 1
         server._sessions.add(self)
@@ -230,7 +234,7 @@ class ClientLimits:
     @property
     def held(self) -> int:
         """Bytes held for this client: its in-flight figure."""
-        return self.requests + self.answers
+        return self.requests + self.answers + self.backlog
 
     @property
     def report(self) -> Callable[[str, str], None]:
@@ -276,11 +280,10 @@ class ClientLimits:
     def _backlog_changed(self, delta: int) -> None:
         if self._closed:
             return
+        self.backlog += delta
         if delta > 0:
-            self.answers += delta
             self._add(delta)
         else:
-            self.answers += delta
             self._release(-delta)
 
     def _add(self, size: int) -> None:
@@ -336,13 +339,15 @@ class ClientLimits:
 
     async def answers_room(self) -> None:
         """Return once kipside may read more answers for this client from its own broker
-        connection: while the client has not taken its answers (their bytes alone are over a
-        limit), the broker's answers stay in the broker's socket. Its unanswered requests do
-        not count here, so this never waits on the answers it holds back."""
-        if self.over(self.answers) is None:
+        connection: while the client's socket has not taken the answers written to it (their
+        bytes alone are over a limit), the broker's answers stay in the broker's socket. Only
+        those count here: unanswered requests, or answers waiting behind an earlier one, might
+        be waiting for this very connection's next answer, and waiting on them would never
+        end; the written ones go only when the client reads."""
+        if self.over(self.backlog) is None:
             await trio.lowlevel.checkpoint()
             return
-        await self._until(lambda: self.over(self.answers))
+        await self._until(lambda: self.over(self.backlog))
 
     async def _until(self, over: Callable[[], str | None]) -> None:
         server = self._server
@@ -441,7 +446,7 @@ class ClientLimits:
         if self._closed:
             return
         held = self.held
-        self.requests = self.answers = 0
+        self.requests = self.answers = self.backlog = 0
         self._closed = True
         self.wake()
         server = self._server
