@@ -199,10 +199,9 @@ class ClientLimits:
         "_room",
         "_server",
         "_took_since_read",
-        "answers",
         "backlog",
         "deadlines",
-        "requests",
+        "held",
     )
 
     def __init__(
@@ -219,22 +218,16 @@ class ClientLimits:
         self._room: trio.Event | None = None
         """Set (and dropped) when what the client holds drops: wakes whoever waits on it."""
         self._took_since_read = False
-        self.requests = 0
-        """Bytes of requests read and not yet answered."""
-        self.answers = 0
-        """Bytes of answers that came and are not yet written (some wait behind an earlier
-        answer: answers leave in request order)."""
+        self.held = 0
+        """Bytes held for this client, its in-flight figure: requests read and not yet
+        answered, answers that came and are not yet written (some wait behind an earlier one:
+        answers leave in request order), and `backlog`."""
         self.backlog = 0
         """Bytes of answers written that the client's socket has not taken (it is not reading)."""
         self.deadlines = Deadlines(server.limits, lambda: self.held > 0, self._expired)
         server.clients += 1
         server._sessions.add(self)
         wire.on_backlog(self._backlog_changed)
-
-    @property
-    def held(self) -> int:
-        """Bytes held for this client: its in-flight figure."""
-        return self.requests + self.answers + self.backlog
 
     @property
     def report(self) -> Callable[[str, str], None]:
@@ -255,7 +248,7 @@ class ClientLimits:
         self._took_since_read = True
         if self._closed:
             return 0
-        self.requests += size
+        self.held += size
         self._add(size)
         return size
 
@@ -264,7 +257,7 @@ class ClientLimits:
         has not taken it)."""
         if self._closed:
             return
-        self.answers += size
+        self.held += size
         self._add(size)
 
     def written(self, request_bytes: int, answer_bytes: int) -> None:
@@ -273,14 +266,14 @@ class ClientLimits:
         self.deadlines.wrote()
         if self._closed:
             return
-        self.requests -= request_bytes
-        self.answers -= answer_bytes
+        self.held -= request_bytes + answer_bytes
         self._release(request_bytes + answer_bytes)
 
     def _backlog_changed(self, delta: int) -> None:
         if self._closed:
             return
         self.backlog += delta
+        self.held += delta
         if delta > 0:
             self._add(delta)
         else:
@@ -308,16 +301,20 @@ class ClientLimits:
     # Backpressure ---------------------------------------------------------------------
 
     def over(self, held: int | None = None) -> str | None:
-        """The in-flight limit this client (or `held` bytes of it) is over, if any."""
-        held = self.held if held is None else held
-        limits = self._server.limits()
+        """The in-flight limit this client (or `held` bytes of it) is over, if any. Called
+        before each request read: two comparisons when under both limits."""
+        if held is None:
+            held = self.held
+        server = self._server
+        limits = server.limits()
+        if held <= limits.max_in_flight_bytes_per_client and (
+            server.stats.in_flight_bytes <= limits.max_in_flight_bytes
+        ):
+            return None
         if held > limits.max_in_flight_bytes_per_client:
             return IN_FLIGHT_PER_CLIENT
         # Over an equal share of the total limit: held > limit / clients.
-        if (
-            self._server.stats.in_flight_bytes > limits.max_in_flight_bytes
-            and held * self._server.clients > limits.max_in_flight_bytes
-        ):
+        if held * server.clients > limits.max_in_flight_bytes:
             return IN_FLIGHT
         return None
 
@@ -446,7 +443,7 @@ class ClientLimits:
         if self._closed:
             return
         held = self.held
-        self.requests = self.answers = self.backlog = 0
+        self.held = self.backlog = 0
         self._closed = True
         self.wake()
         server = self._server

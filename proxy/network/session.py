@@ -197,12 +197,6 @@ class Session:
         wire = self.wire
         limits = self.limits
         while True:
-            # Past an in-flight limit (the client sends faster than its answers come, or reads
-            # none of them): read no more requests until it drops, as a broker mutes a
-            # connection (network.limits). Checked before each request, not only each read: one
-            # read can hold thousands of small requests.
-            if limits.over() is not None:
-                await limits.room(decoder.buffered)
             data = await wire.receive()
             if not data:
                 # The client is done sending. Requests already forwarded still run (acks=0
@@ -211,6 +205,11 @@ class Session:
             decoder.receive_data(data)
             while True:
                 try:
+                    # Past an in-flight limit (the client sends faster than its answers come,
+                    # or reads none of them): take no more requests until it drops, as a broker
+                    # mutes a connection (network.limits). Before each request, not each read:
+                    # one read can hold thousands of small ones; and after the last one, so
+                    # nothing more is read either.
                     if limits.over() is not None:
                         await limits.room(decoder.buffered)
                     if self.sasl.raw_token_due:  # after SaslHandshake v0: no Kafka header
