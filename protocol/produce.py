@@ -317,10 +317,13 @@ def parse_produce_response(frame: Buffer, body_offset: int, version: int) -> Pro
                     record_errors.append((batch_index, message))
                 error_message, offset = read_string(frame, offset, flexible)
             if flexible:
-                for tag, start, stop in iter_tagged_fields(frame, offset):
-                    if tag == 0 and version >= 10 and stop - start >= 8:
-                        current_leader = _LEADER.unpack_from(frame, start)
-                offset = skip_tagged_fields(frame, offset)
+                if offset < end and frame[offset] == 0:  # the usual case: no tagged fields
+                    offset += 1
+                else:
+                    for tag, start, stop in iter_tagged_fields(frame, offset):
+                        if tag == 0 and version >= 10 and stop - start >= 8:
+                            current_leader = _LEADER.unpack_from(frame, start)
+                    offset = skip_tagged_fields(frame, offset)
             results.append(
                 PartitionResult(
                     topic or "",
