@@ -16,11 +16,14 @@ import pytest
 import trio
 import trio.testing
 
+from kipside.protocol import ApiKey
 from kipside.proxy.features.transactions.hold import (
     CONCURRENT_TRANSACTIONS,
     HOLD_RETRY_SECONDS,
     BeginHold,
+    first_probe_at,
 )
+from kipside.proxy.features.transactions.state import TransactionState
 from kipside.proxy.telemetry.stats import Stats
 
 ROUND_TRIP = 0.001
@@ -76,7 +79,7 @@ async def test_one_probe_at_a_time_every_20_ms_then_the_others_go(
     start = trio.current_time()
     coordinator = Coordinator(closes_at=start + 0.100)
     stats = Stats()
-    hold = BeginHold(stats, None, start + 5.0, window_likely=window_likely)
+    hold = BeginHold(stats, None, start + 5.0, probe_at=start if window_likely else None)
     with trio.fail_after(TIMEOUT):
         results = await register(hold, coordinator, ["AddPartitionsToTxn", "AddOffsetsToTxn"])
     assert results == [0, 0]
@@ -95,7 +98,8 @@ async def test_one_probe_at_a_time_every_20_ms_then_the_others_go(
     # 100 ms of window: first round + the probes at 20, 40, 60, 80 ms (+ the 1 ms trips).
     assert coordinator.refused() == first_round + 4
     assert (stats.holds, stats.hold_retries) == (1, 5)
-    assert hold.closed_at == probes[accepted][0] + ROUND_TRIP
+    assert hold.accepted_sent == probes[accepted][0]
+    assert hold.window_after(start) == probes[accepted][0] - start
 
 
 async def test_no_window_costs_one_round_trip_for_all(
@@ -109,7 +113,7 @@ async def test_no_window_costs_one_round_trip_for_all(
         results = await register(hold, coordinator, ["AddPartitionsToTxn", "AddOffsetsToTxn", "g2"])
     assert results == [0, 0, 0]
     assert [at for _, at, _ in coordinator.calls] == [start] * 3
-    assert (stats.holds, hold.closed_at, hold.last_refusal) == (0, None, None)
+    assert (stats.holds, hold.refused_sent, hold.window_after(start)) == (0, None, 0.0)
 
 
 async def test_at_the_deadline_every_call_gets_the_coordinators_answer(
@@ -118,7 +122,7 @@ async def test_at_the_deadline_every_call_gets_the_coordinators_answer(
     start = trio.current_time()
     coordinator = Coordinator(closes_at=start + 10.0)
     stats = Stats()
-    hold = BeginHold(stats, None, start + 0.1, window_likely=True)
+    hold = BeginHold(stats, None, start + 0.1, probe_at=start)
     with trio.fail_after(TIMEOUT):
         results = await register(hold, coordinator, ["AddPartitionsToTxn", "AddOffsetsToTxn"])
     assert results == [CONCURRENT_TRANSACTIONS] * 2
@@ -126,4 +130,43 @@ async def test_at_the_deadline_every_call_gets_the_coordinators_answer(
     assert coordinator.most_in_flight == 1
     # Probes at 0, 20, ..., 80 ms; the call that never probed asks once for its own answer.
     assert coordinator.refused() == 5 + 1
-    assert stats.holds == 1 and hold.closed_at is None and hold.last_refusal is not None
+    assert stats.holds == 1 and hold.accepted_sent is None
+    assert hold.window_after(start) == hold.refused_sent - start > 0.07  # type: ignore[operator]
+
+
+async def test_a_learned_window_spares_the_coordinator_the_early_refusals(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Transactions back to back against a 100 ms window after every EndTxn: the client's
+    first add comes 5 ms after EndTxn's answer. librdkafka alone would be refused at 5, 25, 45,
+    65 and 85 ms (5 times) for AddPartitionsToTxn alone; the hold, once it knows the window,
+    probes alone one backoff before it ends."""
+    state = TransactionState("t")
+    refused = []
+    for _ in range(8):
+        state.track(ApiKey.END_TXN, EndTxnAnswer(), trio.current_time())
+        assert state.ended_at is not None
+        ended = state.ended_at
+        await trio.sleep(0.005)
+        coordinator = Coordinator(closes_at=ended + 0.100)
+        now = trio.current_time()
+        hold = BeginHold(Stats(), None, now + 5.0, probe_at=first_probe_at(state.window_end(), now))
+        with trio.fail_after(TIMEOUT):
+            assert await register(hold, coordinator, ["AddPartitionsToTxn", "AddOffsetsToTxn"]) == [
+                0,
+                0,
+            ]
+        assert trio.current_time() - ended < 0.100 + HOLD_RETRY_SECONDS + 2 * ROUND_TRIP
+        state.windows.append(hold.window_after(ended))
+        refused.append(coordinator.refused())
+    # The first transaction learns the window (both calls refused, then 20 ms probes); after
+    # that at most one refusal each (the probe one backoff before the window's end), and the
+    # transaction still begins within a backoff of the window's end (asserted above).
+    assert refused[0] == 2 + 4
+    assert all(n <= 1 for n in refused[1:]), refused
+
+
+class EndTxnAnswer:
+    """A successful EndTxn answer, as state.track reads it."""
+
+    error_code = 0

@@ -1177,6 +1177,11 @@ def test_the_hold_costs_the_coordinator_no_more_than_the_client_alone(
     assert via_total > 0, "kipside never met the window"
     assert via_total <= direct_total
     assert direct_seen and not via_seen
+    # Both loops' transactions committed, each record once, in order, none left open.
+    for partition in range(COST_PARTITIONS):
+        log = resolve(read_log(stack.bootstrap, topic, partition))
+        want = [f"{i}-{n}".encode() for i in (direct_id, via_id) for n in range(COST_TRANSACTIONS)]
+        assert (log.committed, log.aborted, log.still_open) == (want, [], []), partition
 
 
 # --------------------------------------------------------------------------- the relay itself

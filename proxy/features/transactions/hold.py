@@ -11,8 +11,11 @@ The hold must cost the coordinator no more than the client would have: a registr
 (AddPartitionsToTxn, and AddOffsetsToTxn for each group) share one BeginHold, which keeps one
 probe in flight per transactional id and sends it every HOLD_RETRY_SECONDS, librdkafka's own
 backoff on CONCURRENT_TRANSACTIONS; a call that is not probing waits for the probe, and goes
-the moment one is accepted. When the previous transaction of the id met a window that is still
-likely open, only one call goes first (features.transactions.state.TransactionState).
+the moment one is accepted. The coordinator's windows of a transactional id tend to last alike,
+so the hold also learns them (features.transactions.state.TransactionState keeps the last few):
+while the shortest of them, counted from the last EndTxn, has not passed, a transaction's first
+registration waits until one backoff before it ends and then probes alone, sparing the
+coordinator the refusals a client would collect on the way.
 """
 
 from __future__ import annotations
@@ -39,27 +42,41 @@ use it for a transaction's first add too."""
 class BeginHold:
     """The hold of one registration: its calls share one probe of the coordinator.
 
-    `window_likely` starts it held, so the first call probes alone; otherwise every call goes
-    at once (no window expected: one round trip for all) and the first CONCURRENT_TRANSACTIONS
-    starts the hold.
+    Without `probe_at`, every call goes at once (no window expected: one round trip for all)
+    and the first CONCURRENT_TRANSACTIONS starts the hold. With it (the coordinator is expected
+    to refuse until about then), the hold starts at once: one call probes alone, at `probe_at`.
     """
 
     def __init__(
-        self, stats: Stats, span: Span | None, deadline: float, *, window_likely: bool = False
+        self, stats: Stats, span: Span | None, deadline: float, *, probe_at: float | None = None
     ) -> None:
         self.stats = stats
         self.span = span
         self.deadline = deadline
-        self._held = window_likely
+        self.probed_alone = probe_at is not None
+        self._held = self.probed_alone
         self._expired = False
         self._probe = trio.Lock()
-        self._next_probe = trio.current_time()
+        self._next_probe = trio.current_time() if probe_at is None else min(probe_at, deadline)
         self._began: float | None = None
         self.retries = 0
-        self.last_refusal: float | None = None
-        """When (trio clock) the coordinator last answered CONCURRENT_TRANSACTIONS."""
-        self.closed_at: float | None = None
-        """When it first accepted a call after refusing one (the window closed)."""
+        self.refused_sent: float | None = None
+        """When (trio clock) the last call the coordinator refused was sent."""
+        self.accepted_sent: float | None = None
+        """When the first call it accepted was sent."""
+
+    def window_after(self, ended_at: float) -> float:
+        """How long after `ended_at` (the last EndTxn's answer) the coordinator refused this
+        registration, as far as the hold can tell: until the accepted call was sent (or the
+        last refused one, if none was accepted). A probe sent alone and accepted at once only
+        says the window was shorter: one backoff less than that is what the next transaction
+        expects, so the guess comes down until it meets the window again. 0: no window."""
+        if self.refused_sent is not None:
+            until = self.refused_sent if self.accepted_sent is None else self.accepted_sent
+            return max(until - ended_at, 0.0)
+        if self.probed_alone and self.accepted_sent is not None:
+            return max(self.accepted_sent - ended_at - HOLD_RETRY_SECONDS, 0.0)
+        return 0.0
 
     async def call(
         self, upstream_call: str, attempt: Callable[[], Awaitable[T]], refused: Callable[[T], bool]
@@ -68,40 +85,48 @@ class BeginHold:
         the refusal once the deadline has passed."""
         while True:
             if not self._held or self._expired:
+                sent = trio.current_time()
                 result = await attempt()
                 if not refused(result):
-                    self._release(upstream_call)
+                    self._release(upstream_call, sent)
                     return result
                 if self._expired:
                     return result
-                self._hold(upstream_call)
+                self._hold(upstream_call, sent)
                 if self._expired:
                     return result
                 continue
             async with self._probe:
                 if self._held and not self._expired:
+                    if self._began is None and self._next_probe > trio.current_time():
+                        self._begin(upstream_call)  # held for an expected window
                     await trio.sleep_until(self._next_probe)
                 if not self._held or self._expired:
                     continue  # the window closed (or the hold ended) while this call waited
-                if self._began is not None:
+                if self.refused_sent is not None:
                     self.retries += 1
                     self.stats.hold_retries += 1
+                sent = trio.current_time()
                 result = await attempt()
                 if not refused(result):
-                    self._release(upstream_call)
+                    self._release(upstream_call, sent)
                     return result
-                self._hold(upstream_call)
+                self._hold(upstream_call, sent)
                 if self._expired:
                     return result
 
-    def _hold(self, upstream_call: str) -> None:
+    def _begin(self, upstream_call: str) -> None:
+        self._began = time.monotonic()
+        self.stats.holds += 1
+        event(self.span, "kipside.txn.hold.begin", upstream_call=upstream_call)
+
+    def _hold(self, upstream_call: str, sent: float) -> None:
         """The coordinator refused a call: probe again in HOLD_RETRY_SECONDS, unless that is
         past the deadline (then every call returns what it gets)."""
-        now = self.last_refusal = trio.current_time()
+        self.refused_sent = sent
+        now = trio.current_time()
         if self._began is None:
-            self._began = time.monotonic()
-            self.stats.holds += 1
-            event(self.span, "kipside.txn.hold.begin", upstream_call=upstream_call)
+            self._begin(upstream_call)
         if now + HOLD_RETRY_SECONDS > self.deadline:
             if not self._expired:
                 self._expired = True
@@ -113,11 +138,12 @@ class BeginHold:
         else:
             self._next_probe = max(self._next_probe, now + HOLD_RETRY_SECONDS)
 
-    def _release(self, upstream_call: str) -> None:
+    def _release(self, upstream_call: str, sent: float) -> None:
         self._held = False
-        if self._began is not None and self.closed_at is None:
-            self.closed_at = trio.current_time()
-            self._finish(upstream_call, "ready")
+        if self.accepted_sent is None:
+            self.accepted_sent = sent
+            if self._began is not None:
+                self._finish(upstream_call, "ready")
 
     def _finish(self, upstream_call: str, outcome: str) -> None:
         assert self._began is not None
@@ -131,3 +157,12 @@ class BeginHold:
             retries=self.retries,
             outcome=outcome,
         )
+
+
+def first_probe_at(window_end: float | None, now: float) -> float | None:
+    """When a transaction's first registration goes, held alone, if the coordinator is
+    expected to refuse it until `window_end` (trio clock): one backoff before that, or now;
+    None when no window is expected (every call goes at once)."""
+    if window_end is None or now >= window_end:
+        return None
+    return max(now, window_end - HOLD_RETRY_SECONDS)

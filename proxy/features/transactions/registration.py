@@ -20,7 +20,11 @@ from opentelemetry.trace import Span
 
 from kipside.protocol import ApiKey, DecodeError, Message, RequestHeader, error_name
 from kipside.proxy.features.transactions.answers import add_offsets_answer, add_partitions_answer
-from kipside.proxy.features.transactions.hold import CONCURRENT_TRANSACTIONS, BeginHold
+from kipside.proxy.features.transactions.hold import (
+    CONCURRENT_TRANSACTIONS,
+    BeginHold,
+    first_probe_at,
+)
 from kipside.proxy.features.transactions.messages import (
     ADD_OFFSETS_VERSION,
     END_TXN_VERSION,
@@ -195,7 +199,7 @@ class Registrar:
             self.stats,
             add.span,
             now + add.rule.hold_begin.max_ms / 1000,
-            window_likely=state.window_likely(now),
+            probe_at=first_probe_at(state.window_end(), now),
         )
         errors: Errors = ({}, {})
         try:
@@ -210,8 +214,8 @@ class Registrar:
             while isinstance(first_failure, BaseExceptionGroup):
                 first_failure = first_failure.exceptions[0]
             raise first_failure from None
-        if first:
-            state.learn_window(hold.last_refusal if hold.closed_at is None else hold.closed_at)
+        if first and state.ended_at is not None:
+            state.windows.append(hold.window_after(state.ended_at))
         if state.open:
             state.producer = add.producer
         return errors

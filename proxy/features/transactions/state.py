@@ -7,6 +7,7 @@ broker hasn't confirmed: anything it cannot read makes it forget.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -15,6 +16,10 @@ import trio
 from kipside.protocol import ApiKey, ErrorCode, Message
 
 TopicPartition = tuple[str, int]
+
+WINDOWS_KEPT: Final = 3
+"""Recent marker windows remembered per transactional id: the shortest is expected next, so a
+long outlier costs no wait."""
 
 FENCING_ERRORS: Final = frozenset(
     {int(ErrorCode.invalid_producer_epoch), int(ErrorCode.producer_fenced)}
@@ -41,20 +46,17 @@ class TransactionState:
     lock: trio.Lock = field(default_factory=trio.Lock)
     ended_at: float | None = None
     """When (trio clock) the broker answered this id's last EndTxn without error."""
-    window: float = 0.0
-    """How long after that EndTxn the coordinator still refused the next transaction's first
-    registration, as last seen (0: it did not refuse it)."""
+    windows: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOWS_KEPT))
+    """How long after an EndTxn the coordinator still refused the next transaction's first
+    registration, for the last few transactions (0: it did not refuse it)."""
 
-    def window_likely(self, now: float) -> bool:
-        """The coordinator probably still writes the last transaction's markers: the last
-        window seen, counted from the last EndTxn, has not passed yet."""
-        return not self.open and self.ended_at is not None and now < self.ended_at + self.window
-
-    def learn_window(self, refused_until: float | None) -> None:
-        """What the hold of a transaction's first registration saw: the coordinator refused
-        it until `refused_until` (trio clock), or never (None)."""
-        if self.ended_at is not None:
-            self.window = 0.0 if refused_until is None else refused_until - self.ended_at
+    def window_end(self) -> float | None:
+        """When (trio clock) the coordinator is expected to accept this id's next transaction:
+        the shortest recent window after the last EndTxn; None when no window is expected."""
+        if self.open or self.ended_at is None or not self.windows:
+            return None
+        shortest = min(self.windows)
+        return self.ended_at + shortest if shortest > 0 else None
 
     def reset(self) -> None:
         self.open = False
