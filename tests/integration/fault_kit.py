@@ -119,14 +119,18 @@ class FaultStack:
 
 @contextlib.contextmanager
 def fault_stack(
-    tmp_path: Path, rules: str = "", extra_args: Iterable[str] = ()
+    tmp_path: Path,
+    rules: str = "",
+    extra_args: Iterable[str] = (),
+    relay: FaultRelay | None = None,
 ) -> Iterator[FaultStack]:
-    """The stack, with `rules` (YAML text; empty: defaults) and more `kipside serve` args.
+    """The stack, with `rules` (YAML text; empty: defaults), more `kipside serve` args and a
+    FaultRelay (a FaultRelay() unless given: a subclass may simulate more).
 
     On exit kipside gets SIGTERM and must exit 0, and the relay must have seen only readable
     Kafka: a relay problem (a frame cut in half, an answer to nothing) fails the test.
     """
-    relay = FaultRelay()
+    relay = relay if relay is not None else FaultRelay()
     rules_path = None
     if rules:
         rules_path = tmp_path / "rules.yaml"

@@ -18,14 +18,16 @@ record. What a test can do to the path, from its own thread, while traffic flows
 
 It counts, independently of kipside, what it swallowed (`swallowed()`), and the base relay
 counts connections and cuts (`link_counts()`). It binds and dials loopback only and never
-changes a byte it forwards.
+changes a byte it forwards. Its hooks pass what they do not swallow on to the next class in
+the MRO, so it composes with a simulating relay: `class X(FaultRelay, MarkerWindowRelay)`,
+whose __init__ runs the other relay's __init__ and then `_init_faults()`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import DROP, FORWARD, Conn, Decision, Relay, Request
+from .base import DROP, Conn, Decision, Relay, Request
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +43,9 @@ class FaultRelay(Relay):
 
     def __init__(self, upstream: tuple[str, int] | None = None) -> None:
         super().__init__(upstream)
+        self._init_faults()
+
+    def _init_faults(self) -> None:
         self._blackhole = False
         self._dark: set[int] = set()  # connections that lived through a blackhole
         self._swallowed_requests = 0
@@ -92,20 +97,22 @@ class FaultRelay(Relay):
     def on_open(self, conn: Conn) -> None:
         if self._blackhole:
             self._dark.add(conn.number)
+        super().on_open(conn)
 
     def on_close(self, conn: Conn) -> None:
         self._dark.discard(conn.number)
+        super().on_close(conn)
 
     def on_request(self, conn: Conn, request: Request) -> Decision:
         if conn.number in self._dark:
             with self._lock:
                 self._swallowed_requests += 1
             return DROP
-        return FORWARD
+        return super().on_request(conn, request)
 
     def on_response(self, conn: Conn, request: Request, frame: bytes) -> bytes | None:
         if conn.number in self._dark:
             with self._lock:
                 self._swallowed_responses += 1
             return None
-        return frame
+        return super().on_response(conn, request, frame)
