@@ -16,15 +16,17 @@ command it runs and what it printed, for the docs:
 
 from __future__ import annotations
 
+import io
 import os
 import shlex
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from conftest import KIPSIDE_BIN, Kipside, create_topics, start_kipside
 from relaykit.secure import SecureCluster, secure_simulated_cluster
@@ -32,6 +34,7 @@ from relaykit.tls import CertFiles, TestCA
 from testkit.ports import free_port
 
 from kipside.protocol import api_name
+from kipside.proxy import cli
 
 NODES = (1, 2, 3)
 MECHANISM = "SCRAM-SHA-512"
@@ -75,26 +78,40 @@ def _shown(command: Sequence[str], stdin: str | None = None) -> str:
     return f"printf {shlex.quote(stdin)} | {line}" if stdin is not None else line
 
 
-def add_credentials(credentials: Path, user: str, password: str, log: list[str]) -> None:
-    """`kipside credentials add`, as a user runs it (the password on standard input)."""
+def add_credentials(
+    credentials: Path, user: str, password: str, log: list[str], *, in_process: bool
+) -> None:
+    """`kipside credentials add`, as a user runs it (the password on standard input); with
+    `in_process`, the same command line run by kipside.proxy.cli.main in this process (no
+    interpreter to start: test_sasl_termination runs the command itself)."""
     command = [str(KIPSIDE_BIN), "credentials", "add", str(credentials), user]
     command += ["--mechanism", MECHANISM]
-    done = subprocess.run(
-        command, input=password + "\n", text=True, capture_output=True, check=True, timeout=30
-    )
+    if in_process:
+        said = io.StringIO()
+        with mock.patch("sys.stdin", io.StringIO(password + "\n")), redirect_stderr(said):
+            assert cli.main(command[1:]) == 0, said.getvalue()
+        output = said.getvalue()
+    else:
+        done = subprocess.run(
+            command, input=password + "\n", text=True, capture_output=True, check=True, timeout=30
+        )
+        output = done.stdout + done.stderr
     log.append("$ " + _shown(command, password + "\\n"))
-    log.extend(line for line in (done.stdout + done.stderr).splitlines())
+    log.extend(output.splitlines())
 
 
-def write_files(folder: Path, log: list[str] | None = None) -> DeploymentFiles:
+def write_files(
+    folder: Path, log: list[str] | None = None, *, in_process: bool = True
+) -> DeploymentFiles:
     """Every file of the deployment, in `folder` (paths under it as given: relative stays
-    relative); `log` collects the commands run and what they printed."""
+    relative); `log` collects the commands run and what they printed (see add_credentials for
+    `in_process`)."""
     log = [] if log is None else log
     folder.mkdir(parents=True, exist_ok=True)
     kipside_ca, brokers_ca = TestCA(folder, "kipside"), TestCA(folder, "brokers")
     credentials = folder / "credentials.yaml"
     for user, password in CLIENT_PASSWORDS.items():
-        add_credentials(credentials, user, password, log)
+        add_credentials(credentials, user, password, log, in_process=in_process)
     lines = ["discovery: User:kipside", "principals:"]
     for principal, user in UPSTREAM_USERS.items():
         secret = folder / f"{user}.pw"
@@ -172,10 +189,11 @@ def secure_deployment(
     listen_port: int | None = None,
     node_port_base: int | None = None,
     log: list[str] | None = None,
+    in_process: bool = True,
 ) -> Iterator[Deployment]:
     """The files, the secured simulated cluster, and kipside serving it; on exit kipside must
     stop with status 0 and the relays must have noted no problem."""
-    files = write_files(folder, log)
+    files = write_files(folder, log, in_process=in_process)
     users = {user: BROKER_PASSWORDS[user] for user in UPSTREAM_USERS.values()}
     admin = free_port()
     with secure_simulated_cluster(files.broker, users, NODES) as brokers:
@@ -248,7 +266,8 @@ def demo(folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     os.chdir(folder)
     log: list[str] = []
-    with secure_deployment(Path("."), listen_port=29092, node_port_base=29100, log=log) as d:
+    ports = {"listen_port": 29092, "node_port_base": 29100}
+    with secure_deployment(Path("."), **ports, log=log, in_process=False) as d:
         print("\n".join(log))
         for name in (d.files.upstream, d.files.rules):
             print(f"$ cat {name}\n{name.read_text()}", end="")
