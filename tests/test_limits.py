@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 import pytest
 import trio
@@ -38,7 +39,10 @@ from kipside.protocol import (
     request_body_offset,
     response_correlation_id,
 )
+from kipside.proxy.features.principals import PrincipalRules
 from kipside.proxy.network.deadlines import IDLE, REQUEST_READ, Deadlines
+from kipside.proxy.network.hooks import RoutedClient
+from kipside.proxy.network.identity import ANONYMOUS, Principal
 from kipside.proxy.network.limits import (
     IN_FLIGHT,
     IN_FLIGHT_PER_CLIENT,
@@ -49,7 +53,7 @@ from kipside.proxy.network.limits import (
 )
 from kipside.proxy.network.wire import READ_SIZE
 from kipside.proxy.telemetry.stats import Stats
-from kipside.rules import Limits, RuleSet
+from kipside.rules import Limits, RuleSet, parse_rules
 
 # ------------------------------------------------------------------------- the log and count
 
@@ -355,6 +359,29 @@ def test_produce_topics_and_partitions_are_capped(
     with pytest.raises(LimitExceeded, match=refused) as caught:
         parse_produce_request(frame, offset, version, CAPS)
     assert caught.value.limit == "max_partitions"
+
+
+def test_a_principal_check_does_not_let_a_request_over_a_cap_through() -> None:
+    # A request kipside cannot read is let through for the broker to answer; one over a cap
+    # must not be, or 11 partitions would slip past a principal's topic restriction.
+    rules = parse_rules(
+        'limits: {max_partitions_per_request: 10}\nprincipals: [{principal: "*", topics: [t0]}]',
+        "p.yaml",
+    )
+    check = PrincipalRules(lambda: rules)
+    client = cast(RoutedClient, _Client())
+    within, over = produce_frame(9, 1, 10), produce_frame(9, 1, 11)
+    assert check.refusal(client, within, parse_request_header(within)) is None
+    with pytest.raises(LimitExceeded):
+        check.refusal(client, over, parse_request_header(over))
+
+
+@dataclass(eq=False)  # hashable, as a session is
+class _Client:
+    principal: Principal = ANONYMOUS
+
+    def describe(self) -> str:
+        return "client 127.0.0.1:1"
 
 
 # ------------------------------------------------------------------------- a real session

@@ -40,7 +40,9 @@ from typing import Any, Final
 from kipside.protocol import (
     ApiKey,
     DecodeError,
+    DecodeLimits,
     ErrorCode,
+    LimitExceeded,
     Message,
     PartitionBatch,
     PartitionResult,
@@ -121,6 +123,8 @@ class PrincipalRules:
             return None
         try:
             verdict = self._verdict(rule, frame, header)
+        except LimitExceeded:
+            raise  # over a cap of the rules' limits: the session closes the client
         except DecodeError:
             return None  # the broker answers what kipside can't read
         if verdict is not None:
@@ -147,7 +151,7 @@ class PrincipalRules:
     def _verdict(self, rule: PrincipalRule, frame: bytes, header: RequestHeader) -> Verdict:
         key, version = header.api_key, header.api_version
         if key == ApiKey.PRODUCE and version >= 3:
-            return _produce_verdict(rule, frame, header)
+            return _produce_verdict(rule, frame, header, self.rules().limits.decode_limits)
         if key in _PARTITIONED:  # Fetch, ListOffsets, Produce v0-2 (no transactional id)
             return None if rule.topics is None else _topics_verdict(rule, frame, header)
         if rule.transactional_ids is None:
@@ -162,9 +166,12 @@ class PrincipalRules:
 # Produce v3+ (protocol.produce: the allowed partitions' batches are carried as they came) ----
 
 
-def _produce_verdict(rule: PrincipalRule, frame: bytes, header: RequestHeader) -> Verdict:
+def _produce_verdict(
+    rule: PrincipalRule, frame: bytes, header: RequestHeader, limits: DecodeLimits
+) -> Verdict:
     version = header.api_version
-    produce = parse_produce_request(frame, header.body_offset, version)
+    # limits: the rules' caps on what kipside decodes (LimitExceeded closes the client).
+    produce = parse_produce_request(frame, header.body_offset, version, limits)
     sent = produce.partitions
     tid = produce.transactional_id
     code = TOPIC_REFUSED
