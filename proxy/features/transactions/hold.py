@@ -9,13 +9,15 @@ order meanwhile. Once the deadline passes the client gets the coordinator's own 
 
 The hold must cost the coordinator no more than the client would have: a registration's calls
 (AddPartitionsToTxn, and AddOffsetsToTxn for each group) share one BeginHold, which keeps one
-probe in flight per transactional id and sends it every HOLD_RETRY_SECONDS, librdkafka's own
-backoff on CONCURRENT_TRANSACTIONS; a call that is not probing waits for the probe, and goes
-the moment one is accepted. The coordinator's windows of a transactional id tend to last alike,
-so the hold also learns them (features.transactions.state.TransactionState keeps the last few):
-while the shortest of them, counted from the last EndTxn, has not passed, a transaction's first
-registration waits until one backoff before it ends and then probes alone, sparing the
-coordinator the refusals a client would collect on the way.
+probe in flight per transactional id and never sends more probes than librdkafka's own
+backoff on CONCURRENT_TRANSACTIONS (HOLD_RETRY_SECONDS) would have retried since the hold
+began; a call that is not probing waits for the probe, and goes the moment one is accepted.
+The coordinator's windows of a transactional id tend to last alike, so the hold also learns
+them (features.transactions.state.TransactionState keeps the last few): while the shortest of
+them, counted from the last EndTxn, has not passed, a transaction's first registration waits
+until just before it ends and then probes alone, sparing the coordinator the refusals a client
+collects on the way, and spends the probes it saved HOLD_PROBE_SECONDS apart, so the
+transaction begins within a few ms of the coordinator being ready.
 """
 
 from __future__ import annotations
@@ -36,7 +38,11 @@ T = TypeVar("T")
 CONCURRENT_TRANSACTIONS: Final = int(ErrorCode.concurrent_transactions)
 HOLD_RETRY_SECONDS: Final = 0.020
 """librdkafka's backoff after CONCURRENT_TRANSACTIONS (rdkafka_txnmgr.c); Java and kafka-python
-use it for a transaction's first add too."""
+use it for a transaction's first add too. A hold's n-th probe goes no earlier than n of these
+after the hold started: never more probes than librdkafka would have retried by then."""
+HOLD_PROBE_SECONDS: Final = 0.005
+"""The closest two probes may follow each other, spending probes a hold saved while it waited
+for an expected window's end."""
 
 
 class BeginHold:
@@ -57,7 +63,10 @@ class BeginHold:
         self._held = self.probed_alone
         self._expired = False
         self._probe = trio.Lock()
-        self._next_probe = trio.current_time() if probe_at is None else min(probe_at, deadline)
+        self._started = trio.current_time()
+        self._next_probe = self._started if probe_at is None else min(probe_at, deadline)
+        self._probes = 0
+        """Probes sent so far (a first round of calls sent together counts as one)."""
         self._began: float | None = None
         self.retries = 0
         self.refused_sent: float | None = None
@@ -69,13 +78,13 @@ class BeginHold:
         """How long after `ended_at` (the last EndTxn's answer) the coordinator refused this
         registration, as far as the hold can tell: until the accepted call was sent (or the
         last refused one, if none was accepted). A probe sent alone and accepted at once only
-        says the window was shorter: one backoff less than that is what the next transaction
+        says the window was shorter: a little less than that is what the next transaction
         expects, so the guess comes down until it meets the window again. 0: no window."""
         if self.refused_sent is not None:
             until = self.refused_sent if self.accepted_sent is None else self.accepted_sent
             return max(until - ended_at, 0.0)
         if self.probed_alone and self.accepted_sent is not None:
-            return max(self.accepted_sent - ended_at - HOLD_RETRY_SECONDS, 0.0)
+            return max(self.accepted_sent - ended_at - HOLD_PROBE_SECONDS, 0.0)
         return 0.0
 
     async def call(
@@ -98,14 +107,16 @@ class BeginHold:
                 continue
             async with self._probe:
                 if self._held and not self._expired:
-                    if self._began is None and self._next_probe > trio.current_time():
+                    due = self._probe_due()
+                    if self._began is None and due > trio.current_time():
                         self._begin(upstream_call)  # held for an expected window
-                    await trio.sleep_until(self._next_probe)
+                    await trio.sleep_until(due)
                 if not self._held or self._expired:
                     continue  # the window closed (or the hold ended) while this call waited
                 if self.refused_sent is not None:
                     self.retries += 1
                     self.stats.hold_retries += 1
+                self._probes += 1
                 sent = trio.current_time()
                 result = await attempt()
                 if not refused(result):
@@ -114,6 +125,11 @@ class BeginHold:
                 self._hold(upstream_call, sent)
                 if self._expired:
                     return result
+
+    def _probe_due(self) -> float:
+        """When the next probe may go: not before the pace allows, nor before librdkafka's
+        schedule would have sent as many."""
+        return max(self._next_probe, self._started + self._probes * HOLD_RETRY_SECONDS)
 
     def _begin(self, upstream_call: str) -> None:
         self._began = time.monotonic()
@@ -124,19 +140,15 @@ class BeginHold:
         """The coordinator refused a call: probe again in HOLD_RETRY_SECONDS, unless that is
         past the deadline (then every call returns what it gets)."""
         self.refused_sent = sent
-        now = trio.current_time()
         if self._began is None:
             self._begin(upstream_call)
-        if now + HOLD_RETRY_SECONDS > self.deadline:
-            if not self._expired:
-                self._expired = True
-                self._finish(upstream_call, "timed_out")
-            return
-        if not self._held:
+        if not self._held:  # the first round's refusal: it counts as one probe
             self._held = True
-            self._next_probe = now + HOLD_RETRY_SECONDS
-        else:
-            self._next_probe = max(self._next_probe, now + HOLD_RETRY_SECONDS)
+            self._probes = max(self._probes, 1)
+        self._next_probe = max(self._next_probe, trio.current_time() + HOLD_PROBE_SECONDS)
+        if self._probe_due() > self.deadline and not self._expired:
+            self._expired = True
+            self._finish(upstream_call, "timed_out")
 
     def _release(self, upstream_call: str, sent: float) -> None:
         self._held = False
@@ -161,8 +173,8 @@ class BeginHold:
 
 def first_probe_at(window_end: float | None, now: float) -> float | None:
     """When a transaction's first registration goes, held alone, if the coordinator is
-    expected to refuse it until `window_end` (trio clock): one backoff before that, or now;
-    None when no window is expected (every call goes at once)."""
+    expected to refuse it until `window_end` (trio clock): just before that, or now; None when
+    no window is expected (every call goes at once)."""
     if window_end is None or now >= window_end:
         return None
-    return max(now, window_end - HOLD_RETRY_SECONDS)
+    return max(now, window_end - HOLD_PROBE_SECONDS)
