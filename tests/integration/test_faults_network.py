@@ -161,6 +161,7 @@ def test_cut_and_restore_during_transactions(
 GROUP_MESSAGES = 400
 
 
+@pytest.mark.slow
 def test_cut_during_a_consumer_group_rebalance(
     tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
