@@ -359,6 +359,14 @@ def main() -> int:
                 f"{ratio:.2f}x ({number(k['mb_per_s'])} vs {number(t['mb_per_s'])} MB/s)",
             )
         )
+        per_cpu = k["mb_per_cpu_s"] / t["mb_per_cpu_s"]
+        targets.append(
+            Target(
+                "(no target) MB per CPU second, which other load on the machine disturbs less",
+                None,
+                f"{per_cpu:.2f}x ({number(k['mb_per_cpu_s'])} vs {number(t['mb_per_cpu_s'])})",
+            )
+        )
         ks = med.get(f"{KIPSIDE}, 1/16")
         if ks:
             targets.append(
