@@ -1,4 +1,5 @@
-"""The benchmarks' charts: panels of bars, a group per label with a bar per series (matplotlib)."""
+"""The benchmarks' charts (matplotlib): panels of bars, a group per label with a bar per series;
+and panels of lines over time (the soak)."""
 
 from __future__ import annotations
 
@@ -110,6 +111,48 @@ def bar_chart(png: Path, title: str, panels: Sequence[Panel], cols: int = 2) -> 
             handles=list(legend.values()), loc="lower center", ncol=len(legend), frameon=False
         )
     fig.tight_layout(rect=(0, 0.05 if legend else 0, 1, 1))
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+
+
+@dataclass(frozen=True)
+class Lines:
+    """One chart panel of lines over a shared x axis (e.g. minutes into a run)."""
+
+    title: str
+    x: Sequence[float]
+    series: Mapping[str, Sequence[float]]
+    xlabel: str = ""
+    ylabel: str = ""
+
+
+def line_chart(png: Path, title: str, panels: Sequence[Lines], cols: int = 1) -> None:
+    """A grid of line panels in one PNG; each panel's y axis starts at 0, so that a flat line
+    looks flat."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(9 * cols, 2.6 * rows + 0.6), squeeze=False)
+    for ax, panel in zip(axes.flat, panels, strict=False):
+        for j, (name, values) in enumerate(panel.series.items()):
+            color = SERIES_COLORS[(j + 2) % len(SERIES_COLORS)]
+            ax.plot(panel.x, values, label=name, color=color, linewidth=1.2)
+        top = max((max(v) for v in panel.series.values() if v), default=1.0)
+        ax.set_ylim(bottom=0, top=top * 1.2)
+        ax.set_title(panel.title, fontsize=10.5)
+        ax.set_xlabel(panel.xlabel, fontsize=9)
+        ax.set_ylabel(panel.ylabel, fontsize=9)
+        ax.spines[["top", "right"]].set_visible(False)
+        if len(panel.series) > 1:
+            ax.legend(fontsize=8, frameon=False, loc="lower right")
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.set_visible(False)
+    fig.suptitle(title, fontsize=11.5)
+    fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=100)
     plt.close(fig)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _chart import Panel, bar_chart
+from _chart import Lines, Panel, bar_chart, line_chart
 from _harness import REPO
 from _measure import Run, per_rep
 
@@ -287,6 +287,8 @@ class Report:
     notes: list[str] = field(default_factory=list)
     chart: tuple[str, Sequence[Panel]] | None = None
     """(title, panels): drawn as docs/img/SECTION.png."""
+    lines: tuple[str, Sequence[Lines]] | None = None
+    """(title, panels of lines over time): drawn instead, as docs/img/SECTION.png."""
 
     def publish(self, args: argparse.Namespace) -> None:
         script = command_line().split()[1]
@@ -300,9 +302,12 @@ class Report:
         print("\n".join(lines))
         if args.no_doc:
             return
+        png = Path(args.doc).parent / "img" / f"{self.section}.png"
         if self.chart is not None:
-            png = Path(args.doc).parent / "img" / f"{self.section}.png"
             bar_chart(png, *self.chart)
             lines += [f"![{self.chart[0]}](img/{png.name})", ""]
+        elif self.lines is not None:
+            line_chart(png, *self.lines)
+            lines += [f"![{self.lines[0]}](img/{png.name})", ""]
         write_section(self.section, "\n".join(lines), Path(args.doc))
         print(f"wrote the {self.section} section of {args.doc}")

@@ -43,6 +43,29 @@ from .test_transactions import read_log, resolve
 RUN_TIMEOUT = 60.0  # any one scenario's traffic, whatever happens
 
 
+class Load(threading.Thread):
+    """A client load in a thread: stop() ends it; `run_timeout` (seconds) ends it whatever
+    happens (longer for bench/soak.py); `error` is what it raised."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self.run_timeout = RUN_TIMEOUT
+        self.error: BaseException | None = None
+        self._stop_event = threading.Event()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:
+            self.error = exc
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
 def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -185,7 +208,7 @@ def idempotent_conf(bootstrap: str, name: str, **extra: Any) -> dict[str, Any]:
     }
 
 
-class SequencedProducer(threading.Thread):
+class SequencedProducer(Load):
     """A confluent-kafka producer writing NAME|P|SEQ round-robin over `partitions` of `topic`
     at about `rate` messages a second until stop() (then it flushes), or until `count` are
     sent. What it was told is in `delivered` once joined; `latencies` are per-message delivery
@@ -202,31 +225,20 @@ class SequencedProducer(threading.Thread):
         flush_timeout: float = 50.0,
         **conf: Any,
     ) -> None:
-        super().__init__(name=name, daemon=True)
+        super().__init__(name)
         self.topic, self.partitions, self.rate, self.count = topic, partitions, rate, count
         self.flush_timeout = flush_timeout
         self.conf = idempotent_conf(bootstrap, name, **conf)
         self.delivered = Delivered()
         self.latencies: list[tuple[float, float]] = []  # (sent at, seconds to the ack)
-        self.error: BaseException | None = None
         self.unflushed = 0
-        self._stop_event = threading.Event()
-
-    def stop(self) -> None:
-        self._stop_event.set()
-
-    def run(self) -> None:
-        try:
-            self._run()
-        except BaseException as exc:
-            self.error = exc
 
     def _run(self) -> None:
         producer = ck.Producer(self.conf)
         delivered, latencies = self.delivered, self.latencies
         seqs = [0] * self.partitions
         started = time.monotonic()
-        deadline = started + RUN_TIMEOUT
+        deadline = started + self.run_timeout
 
         def report(sent_at: float) -> Callable[[Any, Any], None]:
             def on_delivery(err: Any, msg: Any) -> None:
@@ -284,7 +296,7 @@ class KafkaPythonProducer(SequencedProducer):
         delivered = self.delivered
         seqs = [0] * self.partitions
         started = time.monotonic()
-        deadline = started + RUN_TIMEOUT
+        deadline = started + self.run_timeout
         try:
             while not self._stop_event.is_set() and time.monotonic() < deadline:
                 p = delivered.sent % self.partitions
@@ -339,6 +351,16 @@ class Audit:
             f"{self.duplicates}, reordered {self.reordered}"
         )
         return text + (f" (at-least-once duplicates {self.resent})" if self.resent else "")
+
+    @property
+    def clean(self) -> bool:
+        """Nothing acknowledged lost; no duplicate; order per producer and partition."""
+        return (
+            not self.lost
+            and self.duplicates == 0
+            and self.reordered == 0
+            and self.found == self.acknowledged
+        )
 
     def assert_clean(self) -> None:
         """Nothing acknowledged lost; no duplicate; order per producer and partition."""
@@ -412,7 +434,7 @@ def transaction_rules(*rules: tuple[str, str, str], hold_max_ms: int = 3000) -> 
     )
 
 
-class TransactionalLoop(threading.Thread):
+class TransactionalLoop(Load):
     """A consume-transform-produce loop's writing half, with confluent-kafka: transaction i
     writes `per_txn` messages NAME|P|SEQ and commits offset i+1 of partition 0 of
     `input_topic` for `group`, one every `pause` seconds until stop() or `count` transactions.
@@ -433,7 +455,7 @@ class TransactionalLoop(threading.Thread):
         pause: float = 0.02,
         **conf: Any,
     ) -> None:
-        super().__init__(name=name, daemon=True)
+        super().__init__(name)
         self.pause = pause
         self.bootstrap, self.topic, self.partitions = bootstrap, topic, partitions
         self.input_topic, self.group, self.per_txn, self.count = input_topic, group, per_txn, count
@@ -461,18 +483,7 @@ class TransactionalLoop(threading.Thread):
         self.aborted = 0
         self.errors: Counter[str] = Counter()  # what the client raised, by error name
         self.producers_made = 0
-        self.error: BaseException | None = None
-        self._stop_event = threading.Event()
         self._seqs = [0] * partitions
-
-    def stop(self) -> None:
-        self._stop_event.set()
-
-    def run(self) -> None:
-        try:
-            self._run()
-        except BaseException as exc:
-            self.error = exc
 
     def _new_producer(self) -> ck.Producer:
         producer = ck.Producer(self.conf)
@@ -486,7 +497,7 @@ class TransactionalLoop(threading.Thread):
         )
         metadata = consumer.consumer_group_metadata()
         producer = self._new_producer()
-        deadline = time.monotonic() + RUN_TIMEOUT
+        deadline = time.monotonic() + self.run_timeout
         try:
             while not self._stop_event.is_set() and time.monotonic() < deadline:
                 if self.count is not None and self.transactions >= self.count:
@@ -573,7 +584,7 @@ def fill(bootstrap: str, topic: str, partitions: int, count: int) -> dict[int, i
     return {p: len(range(p, count, partitions)) for p in range(partitions)}
 
 
-class GroupMember(threading.Thread):
+class GroupMember(Load):
     """A confluent-kafka consumer in `group`, at least once: it processes (records) each
     message, taking `work` seconds, and commits what it processed after every poll and when
     its partitions are revoked, synchronously. `processed` lists (partition, offset) in order;
@@ -583,7 +594,7 @@ class GroupMember(threading.Thread):
     def __init__(
         self, name: str, bootstrap: str, topic: str, group: str, work: float = 0.002
     ) -> None:
-        super().__init__(name=name, daemon=True)
+        super().__init__(name)
         self.topic, self.work = topic, work
         self.conf = {
             "bootstrap.servers": bootstrap,
@@ -601,18 +612,7 @@ class GroupMember(threading.Thread):
         self.processed: list[tuple[int, int]] = []
         self.assignments = 0
         self.commit_failures: Counter[str] = Counter()
-        self.error: BaseException | None = None
         self._uncommitted: dict[int, int] = {}
-        self._stop_event = threading.Event()
-
-    def stop(self) -> None:
-        self._stop_event.set()
-
-    def run(self) -> None:
-        try:
-            self._run()
-        except BaseException as exc:
-            self.error = exc
 
     def _commit(self, consumer: ck.Consumer) -> None:
         if not self._uncommitted:
@@ -634,7 +634,7 @@ class GroupMember(threading.Thread):
             self._commit(c)
 
         consumer.subscribe([self.topic], on_assign=on_assign, on_revoke=on_revoke)
-        deadline = time.monotonic() + RUN_TIMEOUT
+        deadline = time.monotonic() + self.run_timeout
         try:
             while not self._stop_event.is_set() and time.monotonic() < deadline:
                 for message in consumer.consume(num_messages=20, timeout=0.1):
