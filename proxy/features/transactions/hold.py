@@ -18,6 +18,9 @@ them, counted from the last EndTxn, has not passed, a transaction's first regist
 until just before it ends and then probes alone, sparing the coordinator the refusals a client
 collects on the way, and spends the probes it saved HOLD_PROBE_SECONDS apart, so the
 transaction begins within a few ms of the coordinator being ready.
+
+It never makes up an answer: the client gets the coordinator's own, accepted or (at the
+deadline) refused.
 """
 
 from __future__ import annotations
