@@ -40,10 +40,10 @@ OPTIONS = {
     "--minutes": (float, 30.0, "how long the load runs"),
     "--sample": (float, 5.0, "seconds between samples of kipside's RSS and descriptors"),
     "--producers": (int, 4, "idempotent producers"),
-    "--rate": (float, 200.0, "records a second, per producer"),
+    "--rate": (float, 50.0, "records a second, per producer"),
     "--members": (int, 2, "consumers in the group"),
     "--partitions": (int, 4, "partitions per topic"),
-    "--txn-pause": (float, 0.05, "seconds between transactions"),
+    "--txn-pause": (float, 0.2, "seconds between transactions"),
     "--ref": (str, "", "run kipside as of this git ref (default: a snapshot of the working tree)"),
 }
 QUICK = {"minutes": 1.0, "sample": 2.0}
