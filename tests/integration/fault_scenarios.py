@@ -97,6 +97,7 @@ class Outcome:
 def run(scenario: str, work: Path, name: Namer, scale: Any = None) -> Outcome:
     """Run one scenario of SCENARIOS at `scale` (its CI scale if None) and print its outcome."""
     fn, ci_scale = SCENARIOS[scenario]
+    work.mkdir(parents=True, exist_ok=True)
     outcome = fn(work, name, ci_scale if scale is None else scale)
     print(f"\n{scenario}: {outcome.faults}\n  {outcome.result}")
     return outcome
