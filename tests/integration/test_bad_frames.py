@@ -147,6 +147,11 @@ class SteadyProducer:
         assert len(sent) > 50, f"only {len(sent)} records sent: the producer was stalled"
         received, marks = consume_assigned(self.bootstrap, self.topic, PARTITIONS, len(sent))
         assert_exactly_once_in_order(sent, received, marks)
+        in_log = sum(high - low for low, high in marks.values())
+        print(
+            f"steady producer: acknowledged {len(sent)}, found {len(received)} "
+            f"({in_log} in the log), duplicates 0, reordered 0"
+        )
 
 
 def connect(bootstrap: str) -> socket.socket:
@@ -243,6 +248,11 @@ def check_client_frames(
         logged[name] = lines_naming(port)
         seen[name] = outcome(reacted, logged[name])
     assert seen == expected
+    print(
+        f"client frames: {sum(1 for v in seen.values() if v == REFUSED)} refused, "
+        f"{sum(1 for v in seen.values() if v == WAITING)} waiting, "
+        f"{sum(1 for v in seen.values() if v == FORWARDED)} forwarded"
+    )
     for name, lines in logged.items():
         warnings = [ln for ln in lines if ln.startswith(("WARNING ", "ERROR "))]
         if seen[name] == REFUSED and name in RATE_LIMITED:
