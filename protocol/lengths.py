@@ -14,9 +14,9 @@ dataclasses and their field metadata), and raises DecodeError at the first count
 left cannot hold (`count * smallest element > bytes left`: Apache Kafka's generated readers
 refuse the same, "Tried to read N elements, but only M bytes remain"), at a string or bytes
 length past the end, at a negative length other than -1 (null), at a tagged-field count the
-bytes left cannot hold, and at a known tagged field whose value does not take the size it
-declares. Once it passes, kio reserves at most 8 bytes per byte left in the frame for any
-array, and reads no further than the walk did.
+bytes left cannot hold, and at an unknown tagged field whose size runs past the end (a known
+one is walked by its schema, as kio reads it). Once it passes, kio reserves at most 8 bytes per
+byte left in the frame for any array, and reads no further than the walk did.
 
 The walk is compiled once per message class into one Python function (source generated from
 the schema, the way kio and Kafka generate their readers): fixed-size fields add up to one
@@ -103,8 +103,10 @@ def _overrun(where: str, pos: int, end: int) -> NoReturn:
 def _tagged(
     where: str, known: dict[int, tuple[str, Check]], buf: Buffer, pos: int, end: int
 ) -> int:
-    """A tagged-field section that is not empty: unknown tags skipped by size (kio then
-    refuses them), known ones walked and held to their declared size."""
+    """A tagged-field section that is not empty. A known tag's value is walked from its
+    schema and the walk goes on where the value ends, as kio and Kafka's generated readers
+    read it (neither looks at a known tag's declared size); an unknown one is skipped by its
+    size, which must fit (kio then refuses it: protocol.messages)."""
     count, pos = read_uvarint(buf, pos)
     if count > (end - pos) // 2:  # each field takes a tag and a size at least
         raise DecodeError(
@@ -113,22 +115,16 @@ def _tagged(
     for _ in range(count):
         tag, pos = read_uvarint(buf, pos)
         size, pos = read_uvarint(buf, pos)
-        stop = pos + size
-        if stop > end:
+        field = known.get(tag)
+        if field is not None:
+            pos = field[1](buf, pos, end)
+        elif pos + size > end:
             raise DecodeError(
                 f"{where} tagged field {tag} claims {size} bytes, "
                 f"but only {max(end - pos, 0)} are left"
             )
-        field = known.get(tag)
-        if field is not None:
-            name, check = field
-            taken = check(buf, pos, stop)
-            if taken != stop:
-                raise DecodeError(
-                    f"{where}.{name} (tagged field {tag}) declares {size} bytes "
-                    f"but its value takes {taken - pos}"
-                )
-        pos = stop
+        else:
+            pos += size
     return pos
 
 
