@@ -258,6 +258,14 @@ class Server:
         self.sessions.add(session)
         try:
             await session.run()
+        except Exception:
+            # A kipside bug met by one client's traffic ends that client's connection only;
+            # let it escape and trio would end every session and the server with it.
+            log.exception(
+                "%s: unexpected error in kipside; closing this connection only. Please report "
+                "this line and the traceback",
+                session.describe(),
+            )
         finally:
             self.sessions.discard(session)
 
