@@ -96,9 +96,9 @@ def rewrite_answer(
             return rewriter.rewrite(slot.api_key, slot.api_version, frame, header)
     except DecodeError as exc:
         log.error(
-            "%s: cannot rewrite %s v%d response (%s); kipside never passes broker "
-            "addresses through, so the connection is closed. Report this with the broker "
-            "version",
+            "%s: the broker's %s v%d answer cannot be read (%s); kipside never passes broker "
+            "addresses through, so the connection is closed. If the broker is a real Kafka "
+            "broker, report this with its version",
             who,
             api_name(slot.api_key),
             slot.api_version,
