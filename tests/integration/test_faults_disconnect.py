@@ -35,7 +35,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(autouse=True)
 def _needs_lanes() -> None:
-    skip_unless_shared_lanes("the shared lanes")
+    skip_unless_shared_lanes("handling clients that vanish")
 
 
 def test_clients_vanish_mid_request_mid_coalesced_request_and_mid_hold(

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(autouse=True)
 def _needs_lanes() -> None:
-    skip_unless_shared_lanes("the shared lanes' timeouts")
+    skip_unless_shared_lanes("the lanes' answer timeout")
 
 
 def test_latency_spike_then_stall(tmp_path: Path, request: pytest.FixtureRequest) -> None:

@@ -20,11 +20,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import unique_name
+from conftest import DIRECT, unique_name
 
 from .fault_scenarios import run
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def _needs_kipside() -> None:
+    if DIRECT:
+        pytest.skip("KIPSIDE_TEST_DIRECT=1: the storm measures kipside itself")
 
 
 @pytest.mark.slow
