@@ -344,6 +344,7 @@ class Audit:
     unacknowledged_in_log: int  # failed or never reported, yet written: allowed, counted
     aborted_in_log: int  # records of aborted transactions (read_committed hides them)
     resent: int = 0  # duplicates of at-least-once producers: allowed, counted
+    duplicated: list[bytes] = field(default_factory=list)  # the first few duplicated values
 
     def line(self) -> str:
         text = (
@@ -365,7 +366,7 @@ class Audit:
     def assert_clean(self) -> None:
         """Nothing acknowledged lost; no duplicate; order per producer and partition."""
         assert not self.lost, f"{len(self.lost)} acknowledged messages lost: {self.lost[:5]}"
-        assert self.duplicates == 0, f"{self.duplicates} duplicates ({self.line()})"
+        assert self.duplicates == 0, f"{self.line()}: duplicated {self.duplicated}"
         assert self.reordered == 0, f"{self.reordered} reordered ({self.line()})"
         assert self.found == self.acknowledged, self.line()
 
@@ -405,6 +406,7 @@ def audit(
         unacknowledged_in_log=sum(1 for v in counts if v not in acked),
         aborted_in_log=aborted,
         resent=resent,
+        duplicated=sorted(v for v in extra if parse_value(v)[0] not in lenient)[:10],
     )
 
 
@@ -465,8 +467,11 @@ class TransactionalLoop(Load):
             "transactional.id": name,
             "linger.ms": 2,
             "compression.type": "none",
-            "transaction.timeout.ms": 30000,
-            "message.timeout.ms": 20000,
+            "transaction.timeout.ms": 60000,
+            # Longer than any outage a scenario injects: a message that times out makes
+            # librdkafka bump its epoch (KIP-360 InitProducerId with its producer id), which
+            # Tansu 0.6.0 answers UNKNOWN_SERVER_ERROR for ever (seen without kipside).
+            "message.timeout.ms": 45000,
             "socket.connection.setup.timeout.ms": 5000,
             "reconnect.backoff.ms": 50,
             "reconnect.backoff.max.ms": 500,
@@ -552,9 +557,9 @@ class TransactionalLoop(Load):
 
     def _abort(self, producer: ck.Producer) -> None:
         self.aborted += 1
-        for _ in range(20):
+        for _ in range(6):
             try:
-                producer.abort_transaction(30)
+                producer.abort_transaction(10)
                 return
             except ck.KafkaException as exc:
                 self.errors[f"abort: {exc.args[0].name()}"] += 1
