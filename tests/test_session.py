@@ -356,6 +356,22 @@ async def test_upstream_closing_before_any_answer_closes_the_client(
         assert await w.client_closed()
 
 
+async def test_upstream_lost_under_many_requests_logs_one_line(
+    caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A client with 20 requests in flight when its broker connection drops is closed with
+    one log line, not one per request (a slow reader's 64 Fetches logged 64)."""
+    caplog.set_level(logging.INFO, logger="kipside")
+    async with wired_session() as w:
+        await w.send(*(heartbeat_request(i) for i in range(20)))
+        broker = await w.broker()
+        await broker.frames(20)
+        await broker.stream.aclose()
+        assert await w.client_closed()
+    lines = [r.getMessage() for r in caplog.records if "closing so the client" in r.getMessage()]
+    assert len(lines) == 1, lines
+
+
 async def test_upstream_answering_the_wrong_correlation_id_closes_the_client(
     caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
 ) -> None:

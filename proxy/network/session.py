@@ -456,6 +456,10 @@ class Session:
 
     def _flush(self) -> None:
         """Write every answer that is ready at the head of the FIFO, in order, in one call."""
+        if self._nursery is not None and self._nursery.cancel_scope.cancel_called:
+            # Closing: nothing more is written, and the failures of the requests still in
+            # flight (all of them, when a broker connection drops) are not logged one by one.
+            return
         ready: list[Slot] = []
         frames: list[bytes] = []
         stop = False
