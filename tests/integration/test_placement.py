@@ -9,12 +9,14 @@ from __future__ import annotations
 import threading
 import time
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from inprocess import StartKipside
 from testkit.broker import Broker
 
 from kipside.proxy.features.coalesce.placement import LanePlacement, lane_index
+
+from .clients import consume_assigned
 
 PARTITIONS = 4
 MESSAGES = 200
@@ -86,28 +88,12 @@ def test_mixed_acks_share_partitions_exactly_once_in_order_and_release_every_lan
     placement = kipside.server.coalescer.placement
     assert placement.outstanding() == 0  # every batch answered released its partition
 
-    consumer = Consumer(
-        {
-            "bootstrap.servers": kipside.bootstrap,
-            "group.id": f"g-{topic}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-        }
-    )
-    consumer.subscribe([topic])
+    # Read back without a group (a group's join would only add its rebalance delay here).
+    messages, _ = consume_assigned(kipside.bootstrap, topic, PARTITIONS, MESSAGES * len(confs))
     seen: dict[tuple[str, int], list[int]] = {}
-    deadline = time.monotonic() + 30
-    total = 0
-    while total < MESSAGES * len(confs) and time.monotonic() < deadline:
-        for msg in consumer.consume(500, 0.5):
-            if msg.error():
-                continue
-            value, partition = msg.value(), msg.partition()
-            assert value is not None and partition is not None, msg
-            name, seq = value.decode().split(":")
-            seen.setdefault((name, partition), []).append(int(seq))
-            total += 1
-    consumer.close()
+    for message in messages:
+        name, seq = message.value.decode().split(":")
+        seen.setdefault((name, message.partition), []).append(int(seq))
     for name in confs:
         for partition in range(PARTITIONS):
             expected = list(range(partition, MESSAGES, PARTITIONS))
