@@ -11,7 +11,13 @@ import pytest
 from inprocess import StartKipside
 from testkit.broker import Broker
 
-from kipside.protocol import ApiKey, FrameDecoder, build_frame, encode_request_header
+from kipside.protocol import (
+    ApiKey,
+    FrameDecoder,
+    RequestHeader,
+    build_frame,
+    encode_request_header,
+)
 from kipside.proxy.network.session import Session
 
 pytestmark = pytest.mark.integration
@@ -41,10 +47,10 @@ def test_an_unexpected_error_closes_one_connection_and_kipside_serves_on(
     host, port = kipside.bootstrap.rsplit(":", 1)
     on_request = Session._on_request
 
-    async def faulty(self: Session, frame: bytes, header: object) -> None:
+    async def faulty(self: Session, frame: bytes, header: RequestHeader) -> None:
         if self.client_id == "trips-a-bug":
             raise RuntimeError("a bug in kipside")
-        await on_request(self, frame, header)  # type: ignore[arg-type]
+        await on_request(self, frame, header)
 
     monkeypatch.setattr(Session, "_on_request", faulty)
     with caplog.at_level(logging.ERROR, logger="kipside.server"):
