@@ -32,6 +32,7 @@ from kipside.protocol.apis import (
 )
 from kipside.protocol.batch_builder import Record, encode_batch
 from kipside.protocol.client import ClientConnection, Response, VersionRange, pick_version
+from kipside.protocol.entities import blank, field_entity
 from kipside.protocol.errors import (
     DecodeError,
     FrameError,
@@ -212,6 +213,7 @@ __all__ = [
     "VersionRange",
     "api_name",
     "batch_extent",
+    "blank",
     "build_frame",
     "build_request",
     "count_batches",
@@ -230,6 +232,7 @@ __all__ = [
     "encode_response_header",
     "error_name",
     "fetch_response_names_nodes",
+    "field_entity",
     "is_retriable",
     "iter_batches",
     "known_versions",

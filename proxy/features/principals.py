@@ -26,12 +26,8 @@ rule; every other request stays bytes.
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import enum
 import functools
 import logging
-import types
-import typing
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,6 +45,7 @@ from kipside.protocol import (
     ProduceResponseData,
     RequestHeader,
     api_name,
+    blank,
     build_frame,
     decode_request,
     decode_response,
@@ -56,6 +53,7 @@ from kipside.protocol import (
     encode_produce_request,
     encode_produce_response,
     encode_response_header,
+    field_entity,
     parse_produce_request,
     parse_produce_response,
     parse_response_header,
@@ -278,8 +276,8 @@ def _merged_answer(
     head = parse_response_header(answer, key, version)
     message = decode_response(key, version, answer, head.body_offset)
     topics_field, _, _, out_topics, out_partitions = _PARTITIONED[key]
-    topic_cls = _entity(type(message), out_topics)
-    partition_cls = _entity(topic_cls, out_partitions)
+    topic_cls = field_entity(type(message), out_topics)
+    partition_cls = field_entity(topic_cls, out_partitions)
     answered: dict[str | None, list[Any]] = {}
     for topic in getattr(message, out_topics):
         answered.setdefault(_name(topic), []).append(topic)
@@ -321,49 +319,6 @@ def _frame_bytes(header: RequestHeader, body: bytes) -> bytes:
     return build_frame(head, body)
 
 
-def _entity(cls: Any, field: str) -> Any:
-    hint = typing.get_type_hints(cls)[field]
-    while typing.get_origin(hint) in (tuple, typing.Union, types.UnionType):
-        hint = next(a for a in typing.get_args(hint) if a not in (type(None), Ellipsis))
-    return hint
-
-
-def _unknown(hint: Any) -> Any:
-    """Kafka's "nothing known" for a field without a default (-1, "", empty, null)."""
-    origin = typing.get_origin(hint)
-    if origin is tuple:
-        return ()
-    if origin in (typing.Union, types.UnionType):
-        return None
-    if hint is bool:
-        return False
-    if hint is str:
-        return ""
-    if hint is bytes:
-        return b""
-    if isinstance(hint, type) and issubclass(hint, enum.IntEnum):
-        return hint(0)
-    if isinstance(hint, type) and issubclass(hint, datetime.timedelta):
-        return datetime.timedelta(0)
-    if isinstance(hint, type) and issubclass(hint, int):
-        return -1
-    if dataclasses.is_dataclass(hint):
-        return _blank(hint)
-    raise TypeError(f"no blank value for {hint!r}")
-
-
-def _blank(cls: Any, **values: Any) -> Any:
-    """An entity of `cls`: `values` where the version has the field, the rest unknown."""
-    hints = typing.get_type_hints(cls)
-    kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if f.name in values:
-            kwargs[f.name] = values[f.name]
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            kwargs[f.name] = _unknown(hints[f.name])
-    return cls(**kwargs)
-
-
 def _refused_topic(key: int, topic_cls: Any, partition_cls: Any, topic: Any, error: int) -> Any:
     """The answer's entry for one request topic: each of its partitions with `error`."""
     _, partitions_field, index_field, _, out_partitions = _PARTITIONED[key]
@@ -372,13 +327,13 @@ def _refused_topic(key: int, topic_cls: Any, partition_cls: Any, topic: Any, err
     # A Fetch error partition carries empty records, not null ones (Kafka's MemoryRecords.EMPTY:
     # librdkafka refuses a null record set as a protocol error).
     partitions = tuple(
-        _blank(
+        blank(
             partition_cls,
             **{_RESPONSE_INDEX[key]: getattr(p, index_field), "error_code": error, "records": b""},
         )
         for p in getattr(topic, partitions_field)
     )
-    return _blank(topic_cls, **naming, **{out_partitions: partitions})
+    return blank(topic_cls, **naming, **{out_partitions: partitions})
 
 
 def _partitioned_answer(
@@ -388,13 +343,13 @@ def _partitioned_answer(
     key = header.api_key
     topics_field, _, _, out_topics, out_partitions = _PARTITIONED[key]
     cls = response_class(key, header.api_version)
-    topic_cls = _entity(cls, out_topics)
-    partition_cls = _entity(topic_cls, out_partitions)
+    topic_cls = field_entity(cls, out_topics)
+    partition_cls = field_entity(topic_cls, out_partitions)
     topics = tuple(
         _refused_topic(key, topic_cls, partition_cls, topic, error(_name(topic)))
         for topic in getattr(request, topics_field)
     )
-    return _frame(header, _blank(cls, **{out_topics: topics, "error_code": ErrorCode.none}))
+    return _frame(header, blank(cls, **{out_topics: topics, "error_code": ErrorCode.none}))
 
 
 def _transactional_answer(header: RequestHeader, request: Message) -> bytes:
@@ -410,18 +365,18 @@ def _transactional_answer(header: RequestHeader, request: Message) -> bytes:
         return add_offsets_answer(header, int(TXN_REFUSED))
     cls = response_class(key, header.api_version)
     if key == ApiKey.TXN_OFFSET_COMMIT:
-        topic_cls = _entity(cls, "topics")
-        partition_cls = _entity(topic_cls, "partitions")
+        topic_cls = field_entity(cls, "topics")
+        partition_cls = field_entity(topic_cls, "partitions")
         topics = tuple(
-            _blank(
+            blank(
                 topic_cls,
                 name=topic.name,
                 partitions=tuple(
-                    _blank(partition_cls, partition_index=p.partition_index, error_code=TXN_REFUSED)
+                    blank(partition_cls, partition_index=p.partition_index, error_code=TXN_REFUSED)
                     for p in topic.partitions
                 ),
             )
             for topic in request.topics
         )
-        return _frame(header, _blank(cls, topics=topics))
-    return _frame(header, _blank(cls, error_code=TXN_REFUSED))
+        return _frame(header, blank(cls, topics=topics))
+    return _frame(header, blank(cls, error_code=TXN_REFUSED))

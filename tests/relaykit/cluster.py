@@ -58,6 +58,7 @@ from typing import Any, Self
 from relays import BatchSeen, produce_batches
 from testkit.broker import Broker, start_tansu
 
+from kipside.protocol import blank, field_entity
 from kipside.protocol.apis import ApiKey
 from kipside.protocol.headers import build_frame, parse_response_header
 from kipside.protocol.messages import Message, decode_request, decode_response, encode_message
@@ -86,9 +87,7 @@ from .kafka_answers import (
     UNKNOWN_LEADER_EPOCH,
     Refusal,
     TopicKey,
-    blank,
     coordinator_key,
-    field_entity,
     keep_partitions,
     merged_answer,
     not_coordinator_answer,

@@ -1,8 +1,8 @@
 """Kafka's own error answers, built from the request they answer (kio, through kipside.protocol's
 messages adapter), for relays that stand in for a broker's refusals.
 
-- `blank(cls, **values)`: a kio entity with the values given and every other field at its
-  default, or at Kafka's "unknown" (-1, "", empty, null) where the schema has none.
+- Built with kipside.protocol's `blank` (a kio entity with every unset field at Kafka's
+  "unknown") and `field_entity`, as kipside builds its own answers.
 - Partition-led requests (Produce, Fetch, ListOffsets), described by `PARTITIONED`: which
   partitions a request names (`request_partitions`), the request cut down to some of them
   (`keep_partitions`), and the answer with the refused ones merged back in request order
@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import enum
-import types
-import typing
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
+from kipside.protocol import blank, field_entity
 from kipside.protocol.apis import ApiKey
 from kipside.protocol.kafka_errors import ErrorCode
 from kipside.protocol.messages import Message, response_class
@@ -41,60 +39,6 @@ TopicKey = str | uuid.UUID  # a topic as a request names it: by name, or by id (
 
 
 # --------------------------------------------------------------------------- entities
-
-
-def field_entity(cls: Any, name: str) -> Any:
-    """The kio entity class a field of `cls` holds (itself, or the items of its tuple)."""
-    hint = typing.get_type_hints(cls)[name]
-    while (origin := typing.get_origin(hint)) is not None:
-        args = [a for a in typing.get_args(hint) if a is not type(None) and a is not Ellipsis]
-        if origin not in (tuple, typing.Union, types.UnionType) or len(args) != 1:
-            break
-        hint = args[0]
-    if not dataclasses.is_dataclass(hint):
-        raise TypeError(f"{cls.__name__}.{name} holds no entity")
-    return hint
-
-
-def _unknown(hint: Any) -> Any:
-    """Kafka's "nothing known" for a field without a default."""
-    origin = typing.get_origin(hint)
-    if origin is tuple:
-        return ()
-    if origin in (typing.Union, types.UnionType):
-        return None
-    if hint is bool:
-        return False
-    if hint is str:
-        return ""
-    if hint is bytes:
-        return b""
-    if isinstance(hint, type) and issubclass(hint, enum.IntEnum):
-        return hint(0)
-    if isinstance(hint, type) and issubclass(hint, datetime.timedelta):
-        return datetime.timedelta(0)
-    if isinstance(hint, type) and issubclass(hint, int):
-        return -1
-    if dataclasses.is_dataclass(hint):
-        return blank(hint)
-    raise TypeError(f"no blank value for {hint!r}")
-
-
-def blank(cls: Any, **values: Any) -> Message:
-    """An entity of `cls` from `values` (keys it lacks at its version are ignored; error codes
-    may be ints), every other field at its default or unknown."""
-    hints = typing.get_type_hints(cls)
-    kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        hint = hints[f.name]
-        if f.name in values:
-            value = values[f.name]
-            if isinstance(hint, type) and issubclass(hint, enum.IntEnum):
-                value = hint(value)
-            kwargs[f.name] = value
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            kwargs[f.name] = _unknown(hint)
-    return cls(**kwargs)
 
 
 def replace_known(entity: Any, **changes: Any) -> Any:
