@@ -31,15 +31,16 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
-from _harness import REPO, HarnessError, KipsideCode, at_ref
+from _harness import HarnessError, KipsideCode, at_ref
 from _measure import Window, medians, repeat
 from _report import Report, Target, facts, number, output, parse_args, run_notes, table
+from captures import pcapkit
 from testkit import tools
 
 from kipside.protocol import api_name
@@ -98,10 +99,6 @@ def fresh_seed(where: Path) -> list[Path]:
     return [where / name for name in makers]
 
 
-_PCAP_HEADER: Final = struct.Struct("<IHHiIII")
-_RECORD: Final = struct.Struct("<IIII")
-_PCAP_MAGIC: Final = 0xA1B2C3D4
-_LINKTYPE_ETHERNET: Final = 1
 _ETHERNET: Final = 14
 
 
@@ -116,17 +113,6 @@ class SeedPacket:
     from_client: bool
 
 
-def read_pcap(path: Path) -> Iterator[tuple[float, bytes]]:
-    """A tcpdump capture's packets (pcap, microseconds, Ethernet: `tcpdump -i lo`)."""
-    with path.open("rb") as f:
-        magic, _, _, _, _, _, linktype = _PCAP_HEADER.unpack(f.read(_PCAP_HEADER.size))
-        if magic != _PCAP_MAGIC or linktype != _LINKTYPE_ETHERNET:
-            raise HarnessError(f"{path}: not a little-endian microsecond pcap of Ethernet")
-        while head := f.read(_RECORD.size):
-            sec, usec, caplen, _ = _RECORD.unpack(head)
-            yield sec + usec / 1e6, f.read(caplen)
-
-
 def seed_packets(runs: Sequence[Path]) -> list[SeedPacket]:
     """Every IPv4 TCP packet of the runs' captures, in time order, its server named; the runs
     overlaid, each starting at 0 (the two sides of one run keep their timing)."""
@@ -135,9 +121,12 @@ def seed_packets(runs: Sequence[Path]) -> list[SeedPacket]:
     for run in runs:
         meta = json.loads((run / "run.json").read_text())
         sides = {"client.pcap": set(meta["kipside_ports"]), "broker.pcap": {meta["broker_port"]}}
-        start = min(next(read_pcap(run / name))[0] for name in sides)
+        # tcpdump -i lo: pcap, microseconds, Ethernet
+        records = {name: pcapkit.read_pcap(run / name) for name in sides}
+        start = min(found[0].ts for found in records.values())
         for name, ports in sides.items():
-            for ts, data in read_pcap(run / name):
+            for record in records[name]:
+                ts, data = record.ts, record.data
                 if data[12:14] != b"\x08\x00" or data[_ETHERNET + 9] != 6:
                     continue  # not IPv4, or not TCP
                 tcp = _ETHERNET + (data[_ETHERNET] & 0x0F) * 4
@@ -196,17 +185,12 @@ def write_capture(path: Path, seed: Sequence[SeedPacket], size: int) -> dict[str
     span = seed[-1].ts - seed[0].ts + 0.001
     copies = packets = 0
     with path.open("wb") as f:
-        f.write(_PCAP_HEADER.pack(_PCAP_MAGIC, 2, 4, 0, 0, 262144, _LINKTYPE_ETHERNET))
-        written = _PCAP_HEADER.size
+        written = f.write(pcapkit.file_header())
         while written < size:
             shift = copies * span
             for packet in seed:
                 data = renumbered(packet, copies)
-                ts = packet.ts + shift
-                sec = int(ts)
-                f.write(_RECORD.pack(sec, round((ts - sec) * 1e6) % 1000000, len(data), len(data)))
-                f.write(data)
-                written += _RECORD.size + len(data)
+                written += f.write(pcapkit.record_bytes(packet.ts + shift, data, len(data)))
             packets += len(seed)
             copies += 1
     return {"bytes": written, "copies": copies, "packets": packets, "seconds": copies * span}
@@ -226,7 +210,7 @@ def the_captures(args: Any, workdir: Path) -> tuple[Path, Path, dict[str, Any]]:
         t0 = time.monotonic()
         about = write_capture(big, seed, size)
         about.update(seed=[str(s) for s in seeds], seed_packets=len(seed), made=time.ctime())
-        about["seed_bytes"] = sum(len(p.data) + _RECORD.size for p in seed)
+        about["seed_bytes"] = (about["bytes"] - len(pcapkit.file_header())) // about["copies"]
         about_file.write_text(json.dumps(about, indent=2))
         print(
             f"wrote {big} ({about['bytes'] / 1e6:,.0f} MB) in {time.monotonic() - t0:.0f} s",
@@ -388,13 +372,7 @@ def main() -> int:
         f"({seed_mb:.2f} MB) captured by tcpdump on loopback: "
         + ", ".join(f"`{Path(s).name}`" for s in about["seed"]),
         "Commands (FILE the capture): "
-        + "; ".join(
-            f"`{' '.join(c).replace(str(REPO) + '/', '')}`"
-            for c in (
-                [p.replace("{file}", "FILE") for p in COMMANDS[KIPSIDE]],
-                [p.replace("{file}", "FILE") for p in COMMANDS[TSHARK]],
-            )
-        ),
+        + "; ".join(f"`{' '.join(c).format(file='FILE')}`" for c in COMMANDS.values()),
         f"Repetitions: {args.reps}, the tools' order alternating; median reported.",
         f"Both tools' requests per API on the full capture: {agreement(med, 'full')}",
     ]

@@ -3,9 +3,9 @@
 - `conversation(exchanges)`: one TCP connection carrying the given request and response frames,
   as scapy packets (Ether/IP/TCP: handshake, data segments of at most `mss` bytes, FIN), so a
   test controls every byte and segment boundary.
-- `write_pcap` / `read_pcap`: the pcap format itself (records of timestamp, captured length,
-  length on the wire, bytes), so a test can write what tcpdump would: packets cut by a snap
-  length, a file cut mid-record.
+- `write_pcap` / `read_pcap` (`file_header`, `record_bytes`): the pcap format itself (records of
+  timestamp, captured length, length on the wire, bytes), so a test can write what tcpdump would:
+  packets cut by a snap length, a file cut mid-record (and bench/pcap_summary.py a 1 GB capture).
 - `dropped`, `duplicated`, `swapped`, `snapped`, `cut`: damaged copies of a capture's records.
 """
 
@@ -42,13 +42,20 @@ def read_pcap(path: Path) -> list[Record]:
     return out
 
 
+def file_header(snaplen: int = 262144) -> bytes:
+    """The header of a pcap file of Ethernet packets, as `tcpdump -i lo` writes it."""
+    return _GLOBAL.pack(0xA1B2C3D4, 2, 4, 0, 0, snaplen, LINKTYPE_ETHERNET)
+
+
+def record_bytes(ts: float, data: bytes, wirelen: int) -> bytes:
+    """One packet's record: timestamp (microseconds), captured length, length on the wire, bytes."""
+    sec = int(ts)
+    carry, usec = divmod(round((ts - sec) * 1e6), 1_000_000)
+    return _RECORD.pack(sec + carry, usec, len(data), wirelen) + data
+
+
 def pcap_bytes(records: Sequence[Record], snaplen: int = 262144) -> bytes:
-    out = bytearray(_GLOBAL.pack(0xA1B2C3D4, 2, 4, 0, 0, snaplen, LINKTYPE_ETHERNET))
-    for r in records:
-        sec = int(r.ts)
-        usec = round((r.ts - sec) * 1e6)
-        out += _RECORD.pack(sec, usec, len(r.data), r.wirelen) + r.data
-    return bytes(out)
+    return file_header(snaplen) + b"".join(record_bytes(r.ts, r.data, r.wirelen) for r in records)
 
 
 def write_pcap(path: Path, records: Sequence[Record]) -> Path:
