@@ -4,7 +4,6 @@ TLS options' usage errors."""
 
 from __future__ import annotations
 
-import socket
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,6 +13,7 @@ import trio
 import trustme
 from cryptography import x509
 from cryptography.x509.oid import NameOID
+from testkit.ports import loopback_pair
 
 from kipside.proxy.cli import main
 from kipside.proxy.network.certificates import certificate_principal, rfc2253
@@ -32,15 +32,7 @@ async def tls_pair() -> AsyncIterator[tuple[TlsWire, TlsWire]]:
     ca.issue_cert("127.0.0.1").configure_cert(server_context)
     client_context = ssl.create_default_context()
     ca.configure_trust(client_context)
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
-    near = socket.create_connection(listener.getsockname())
-    far, _ = listener.accept()
-    listener.close()
-    for sock in (near, far):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    near, far = loopback_pair(64 * 1024)
     server = TlsWire(far, server_context, server_side=True)
     client = TlsWire(near, client_context, server_side=False, server_hostname="127.0.0.1")
     try:

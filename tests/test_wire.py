@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 import trio.testing
+from testkit.ports import loopback_pair
 
 from kipside.proxy.network import wire as wire_module
 from kipside.proxy.network.wire import Wire, WireBroken
@@ -23,16 +24,7 @@ TIMEOUT = 10
 
 @asynccontextmanager
 async def pair() -> AsyncIterator[tuple[Wire, trio.socket.SocketType]]:
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
-    near = socket.create_connection(listener.getsockname())
-    far, _ = listener.accept()
-    listener.close()
-    # Small kernel buffers so a backlog forms after a few hundred KiB.
-    for sock in (near, far):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    near, far = loopback_pair(64 * 1024)  # small buffers: a backlog forms after a few hundred KiB
     w = Wire(near)
     peer = trio.socket.from_stdlib_socket(far)
     try:
