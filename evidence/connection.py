@@ -17,6 +17,7 @@ reported as not Kafka. Never does I/O.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -167,8 +168,10 @@ class Connection:
             frames,
             min_frame_bytes=RESPONSE_MIN_BYTES,
         )
-        self.requests = TcpDirection(_FirstBytes(self, self._request_frames), reassembly)
-        self.responses = TcpDirection(_ServerFirst(self, self._response_frames), reassembly)
+        self.requests = TcpDirection(self._request_frames, reassembly)
+        self.requests.sink = _FirstBytes(self, self.requests, _client_first)
+        self.responses = TcpDirection(self._response_frames, reassembly)
+        self.responses.sink = _FirstBytes(self, self.responses, _server_first)
         self.midstream = False
         """Whether the capture began after the connection's SYN."""
 
@@ -276,50 +279,49 @@ class _Responses:
 
 
 class _FirstBytes:
-    """The client direction's sink until its first bytes were seen: TLS and HTTP are told apart
-    from Kafka there (kipside.protocol.sniff_foreign_protocol), before any frame is split."""
+    """A direction's sink until its first bytes were seen: there, before any frame is split,
+    the connection may turn out not to be Kafka (`foreign` says what it is instead, or None).
+    From then on the direction's bytes go straight to its frames."""
 
-    __slots__ = ("_connection", "_frames")
+    __slots__ = ("_connection", "_direction", "_foreign", "_frames")
 
-    def __init__(self, connection: Connection, frames: FrameSplitter) -> None:
+    def __init__(
+        self,
+        connection: Connection,
+        direction: TcpDirection,
+        foreign: Callable[[Connection, Buffer], str | None],
+    ) -> None:
         self._connection = connection
-        self._frames = frames
+        self._direction = direction
+        self._frames = direction.sink
+        self._foreign = foreign
 
     def data(self, chunk: Buffer, ts: float) -> None:
-        connection = self._connection
-        connection.requests.sink = self._frames
-        what = sniff_foreign_protocol(bytes(chunk[:64]))
-        if what is not None:
-            connection.foreign(TLS if what.startswith("a TLS") else NOT_KAFKA)
+        self._direction.sink = self._frames
+        kind = self._foreign(self._connection, chunk)
+        if kind is not None:
+            self._connection.foreign(kind)
             return
         self._frames.data(chunk, ts)
 
     def lost(self, size: int) -> None:
-        self._connection.requests.sink = self._frames
+        self._direction.sink = self._frames
         self._frames.lost(size)
 
 
-class _ServerFirst:
-    """The server direction's sink until its first bytes: a Kafka broker never speaks first, so
-    a server that does, on a connection whose start was captured, is not Kafka."""
+def _client_first(connection: Connection, chunk: Buffer) -> str | None:
+    """TLS and HTTP are told apart from Kafka by the client's first bytes
+    (kipside.protocol.sniff_foreign_protocol)."""
+    what = sniff_foreign_protocol(bytes(chunk[:64]))
+    if what is None:
+        return None
+    return TLS if what.startswith("a TLS") else NOT_KAFKA
 
-    __slots__ = ("_connection", "_frames")
 
-    def __init__(self, connection: Connection, frames: FrameSplitter) -> None:
-        self._connection = connection
-        self._frames = frames
-
-    def data(self, chunk: Buffer, ts: float) -> None:
-        connection = self._connection
-        connection.responses.sink = self._frames
-        if connection.kind is None and not connection.midstream:
-            connection.foreign(NOT_KAFKA)
-            return
-        self._frames.data(chunk, ts)
-
-    def lost(self, size: int) -> None:
-        self._connection.responses.sink = self._frames
-        self._frames.lost(size)
+def _server_first(connection: Connection, chunk: Buffer) -> str | None:
+    """A Kafka broker never speaks first, so a server that does, on a connection whose start
+    was captured, is not Kafka."""
+    return NOT_KAFKA if connection.kind is None and not connection.midstream else None
 
 
 class _RequestsOrTls(RequestBoundaries):
