@@ -308,16 +308,22 @@ class SimulatedCluster:
                 out[(key, partition)] = Refusal(code, leader, current, LOOPBACK, port)
         return out
 
-    def metadata_answer(self, answer: Message) -> Message:
+    def _live_brokers(self, answer: Message, id_field: str) -> tuple[list[int], tuple[Any, ...]]:
+        """The live node ids, and `answer`'s broker entries naming them (Metadata calls the id
+        node_id, DescribeCluster broker_id). The caller holds the lock."""
         broker_cls = field_entity(type(answer), "brokers")
-        with self._lock:
-            live = sorted(self._live)
-            brokers = tuple(
-                blank(
-                    broker_cls, node_id=n, host=LOOPBACK, port=self._advertised_port(n), rack=None
-                )
-                for n in live
+        live = sorted(self._live)
+        brokers = tuple(
+            blank(
+                broker_cls, host=LOOPBACK, port=self._advertised_port(n), rack=None, **{id_field: n}
             )
+            for n in live
+        )
+        return live, brokers
+
+    def metadata_answer(self, answer: Message) -> Message:
+        with self._lock:
+            live, brokers = self._live_brokers(answer, "node_id")
             topics = []
             for topic in answer.topics:
                 if getattr(topic, "topic_id", None) is not None and topic.name is not None:
@@ -361,15 +367,8 @@ class SimulatedCluster:
         return replace_known(entry, node_id=node, host=LOOPBACK, port=port)
 
     def describe_cluster_answer(self, answer: Message) -> Message:
-        broker_cls = field_entity(type(answer), "brokers")
         with self._lock:
-            live = sorted(self._live)
-            brokers = tuple(
-                blank(
-                    broker_cls, broker_id=n, host=LOOPBACK, port=self._advertised_port(n), rack=None
-                )
-                for n in live
-            )
+            live, brokers = self._live_brokers(answer, "broker_id")
         return dataclasses.replace(answer, brokers=brokers, controller_id=live[0])
 
 
