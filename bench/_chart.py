@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 PATH_COLORS = {"direct": "#7f7f7f", "kipside": "#d62728", "tansu-proxy": "#1f77b4"}
 PATH_COLORS |= {"haproxy": "#2ca02c", "relay": "#bcbd22", "kipside-before": "#f4a3a3"}
@@ -62,18 +63,43 @@ def grouped(
     return Panel(title, labels, values, fmt, reference, line, log)
 
 
-def bar_chart(png: Path, title: str, panels: Sequence[Panel], cols: int = 2) -> None:
-    """A grid of panels in one PNG, with one legend for the series."""
+def grid(panels: Sequence[Any], cols: int, width: float, height: float) -> tuple[Any, list[Any]]:
+    """A figure of `cols` columns of axes, one titled axes per panel (the spare ones hidden)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
 
     rows = (len(panels) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(5.6 * cols, 3.6 * rows + 0.6), squeeze=False)
-    legend: dict[str, Patch] = {}
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows + 0.6), squeeze=False)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.set_visible(False)
     for ax, panel in zip(axes.flat, panels, strict=False):
+        ax.set_title(panel.title, fontsize=10.5)
+        ax.spines[["top", "right"]].set_visible(False)
+    return fig, list(axes.flat)[: len(panels)]
+
+
+def save(fig: Any, png: Path, title: str, legend: Sequence[Any] = ()) -> None:
+    """Title the figure, add one legend for all panels (if any) and write it as `png`."""
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title, fontsize=11.5)
+    if legend:
+        fig.legend(handles=list(legend), loc="lower center", ncol=len(legend), frameon=False)
+    fig.tight_layout(rect=(0, 0.05 if legend else 0, 1, 1))
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+
+
+def bar_chart(png: Path, title: str, panels: Sequence[Panel], cols: int = 2) -> None:
+    """A grid of panels in one PNG, with one legend for the series."""
+    from matplotlib.patches import Patch
+
+    fig, axes = grid(panels, cols, 5.6, 3.6)
+    legend: dict[str, Patch] = {}
+    for ax, panel in zip(axes, panels, strict=True):
         width = 0.8 / len(panel.series)
         for j, (name, values) in enumerate(panel.series.items()):
             shown = [None if v is None or v != v else v for v in values]  # NaN: no bar
@@ -99,21 +125,9 @@ def bar_chart(png: Path, title: str, panels: Sequence[Panel], cols: int = 2) -> 
             ax.legend(handles=[line], loc="upper left", fontsize=8, frameon=False)
         labels = [label.replace("-", "\n").replace(", ", "\n") for label in panel.labels]
         ax.set_xticks(list(range(len(labels))), labels, fontsize=8)
-        ax.set_title(panel.title, fontsize=10.5)
         ax.set_yscale("log" if panel.log else "linear")
         ax.margins(y=0.25)
-        ax.spines[["top", "right"]].set_visible(False)
-    for ax in list(axes.flat)[len(panels) :]:
-        ax.set_visible(False)
-    fig.suptitle(title, fontsize=11.5)
-    if legend:
-        fig.legend(
-            handles=list(legend.values()), loc="lower center", ncol=len(legend), frameon=False
-        )
-    fig.tight_layout(rect=(0, 0.05 if legend else 0, 1, 1))
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
+    save(fig, png, title, list(legend.values()))
 
 
 @dataclass(frozen=True)
@@ -130,29 +144,15 @@ class Lines:
 def line_chart(png: Path, title: str, panels: Sequence[Lines], cols: int = 1) -> None:
     """A grid of line panels in one PNG; each panel's y axis starts at 0, so that a flat line
     looks flat."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = (len(panels) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(9 * cols, 2.6 * rows + 0.6), squeeze=False)
-    for ax, panel in zip(axes.flat, panels, strict=False):
+    fig, axes = grid(panels, cols, 9, 2.6)
+    for ax, panel in zip(axes, panels, strict=True):
         for j, (name, values) in enumerate(panel.series.items()):
             color = SERIES_COLORS[(j + 2) % len(SERIES_COLORS)]
             ax.plot(panel.x, values, label=name, color=color, linewidth=1.2)
         top = max((max(v) for v in panel.series.values() if v), default=1.0)
         ax.set_ylim(bottom=0, top=top * 1.2)
-        ax.set_title(panel.title, fontsize=10.5)
         ax.set_xlabel(panel.xlabel, fontsize=9)
         ax.set_ylabel(panel.ylabel, fontsize=9)
-        ax.spines[["top", "right"]].set_visible(False)
         if len(panel.series) > 1:
             ax.legend(fontsize=8, frameon=False, loc="lower right")
-    for ax in list(axes.flat)[len(panels) :]:
-        ax.set_visible(False)
-    fig.suptitle(title, fontsize=11.5)
-    fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
+    save(fig, png, title)

@@ -148,15 +148,40 @@ def git(*args: str) -> bytes:
 HAPROXY = """\
 global
     maxconn 4096
+    ssl-default-bind-options ssl-min-ver TLSv1.2
 defaults
     mode tcp
     timeout connect 5s
     timeout client 1h
     timeout server 1h
 listen kafka
-    bind {host}:{listen}
+    bind {host}:{listen}{tls}
     server tansu {host}:{origin}
 """
+
+
+def haproxy(cfg: Path, listen: int, origin: int, pem: Path | None = None) -> list[str]:
+    """The command of haproxy in TCP mode on HOST:listen before HOST:origin, its configuration
+    written to `cfg`; with `pem` (certificate and key in one file) it terminates TLS."""
+    tls = f" ssl crt {pem}" if pem else ""
+    cfg.write_text(HAPROXY.format(host=HOST, listen=listen, origin=origin, tls=tls))
+    return [tools.find("haproxy", "the benchmarks' floor and TLS broker"), "-db", "-f", str(cfg)]
+
+
+def launch(
+    name: str, args: Sequence[str], log: Path, ports: Sequence[int], env: Any = None
+) -> Managed:
+    """Start `args` (stdout and stderr to `log`) and return once it listens on all `ports`."""
+    with log.open("wb") as out:
+        popen = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env)
+    started = Managed(name, procs.track(popen), log)
+    try:
+        for p in ports:
+            wait_for_port(p, timeout=20.0, process=popen, name=name)
+    except PortNotListening as exc:
+        procs.stop(popen)
+        raise HarnessError(f"{exc}{started.log_tail()}") from None
+    return started
 
 
 def start_proxy(
@@ -175,22 +200,10 @@ def start_proxy(
         args = [str(tansu_path()), "proxy", "--listener-url", me, "--advertised-listener-url", me]
         args += ["--origin-url", there]
     elif kind == "haproxy":
-        cfg = logdir / "haproxy.cfg"
-        cfg.write_text(HAPROXY.format(host=HOST, listen=port, origin=origin))
-        args = [tools.find("haproxy", "the benchmarks' floor"), "-db", "-f", str(cfg)]
+        args = haproxy(logdir / "haproxy.cfg", port, origin)
     else:
         args = [sys.executable, str(REPO / "bench" / "_relay.py"), str(port), str(origin)]
-    log = logdir / PROXY_LOG
-    with log.open("wb") as out:
-        popen = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env)
-    proxy = Managed(kind, procs.track(popen), log)
-    try:
-        for p in ports:
-            wait_for_port(p, timeout=20.0, process=popen, name=kind)
-    except PortNotListening as exc:
-        procs.stop(popen)
-        raise HarnessError(f"{exc}{proxy.log_tail()}") from None
-    return proxy
+    return launch(kind, args, logdir / PROXY_LOG, ports, env)
 
 
 @dataclass
@@ -205,6 +218,8 @@ class Stack:
     logdir: Path
     client: dict[str, Any] = field(default_factory=dict)
     """Settings every client of this stack needs, in librdkafka's names (TLS)."""
+    admin: int | None = None
+    """kipside's admin port (its /metrics), when asked for."""
 
 
 @contextlib.contextmanager
@@ -214,12 +229,15 @@ def open_stack(
     *,
     kipside_args: Sequence[str] = (),
     code: KipsideCode = INSTALLED,
+    rules: str | None = None,
+    admin: bool = False,
     relay: Any = None,
     client: Mapping[str, Any] | None = None,
 ) -> Iterator[Stack]:
     """Start a fresh Tansu and, unless `path` is direct, the proxy in front of it.
 
-    `kipside_args` go to `kipside serve` on kipside paths. With `relay` (a tests/ relay),
+    On kipside paths: `kipside_args` go to `kipside serve`, `rules` is the text of its rule
+    file, `admin` opens its admin listener (Stack.admin). With `relay` (a tests/ relay),
     Tansu advertises the relay and the proxy (or a direct client) talks to the relay. A plain
     TCP proxy (haproxy, the trio relay) cannot rewrite metadata, so Tansu advertises its port.
     `client`: settings every client of the stack needs (TLS toward kipside).
@@ -227,7 +245,12 @@ def open_stack(
     kind = "kipside" if path.startswith("kipside") else path
     if kind not in PATHS:
         raise ValueError(f"unknown path {path!r}; choose from {', '.join(PATHS)}")
-    listen = free_port()
+    listen, admin_port = free_port(), free_port() if admin and kind == "kipside" else None
+    if kind == "kipside" and rules is not None:
+        (logdir / "rules.yaml").write_text(rules)
+        kipside_args = [*kipside_args, "--rules", str(logdir / "rules.yaml")]
+    if admin_port is not None:
+        kipside_args = [*kipside_args, "--admin", f"{HOST}:{admin_port}"]
     plain = listen if kind in ("haproxy", "relay") else None
     with contextlib.ExitStack() as stack:
         broker = start_tansu(advertised_port=relay.port if relay is not None else plain)
@@ -241,4 +264,5 @@ def open_stack(
             stack.callback(procs.stop, proxy.popen)
             port = listen
         tansu = Managed("tansu", broker.proc)
-        yield Stack(path, f"{HOST}:{port}", tansu, broker.port, proxy, logdir, dict(client or {}))
+        client = dict(client or {})
+        yield Stack(path, f"{HOST}:{port}", tansu, broker.port, proxy, logdir, client, admin_port)

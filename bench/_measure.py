@@ -186,18 +186,17 @@ def fleet(
     counts: list[int],
     *,
     partitions: int,
-    admin: int | None = None,
     during: AbstractContextManager[object] | None = None,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """`counts[i]` producers in staged process i, on a fresh topic `load["topic"]`: the numbers
-    of the window and each process's result. `admin`: kipside's admin port, for its counts of
+    of the window and each process's result. The stack's admin port gives kipside's counts of
     Produce requests (which include the warm-up). `during` is entered at GO and left once all
     have finished (a profiler)."""
     topics = {"bootstrap": stack.bootstrap, "topics": [load["topic"]], "partitions": partitions}
     worker(stack, "create-topics", topics)
     common = {"bootstrap": stack.bootstrap, "client": stack.client, "size": 100, **load}
     common.setdefault("go_timeout", 120)
-    before, staged = produce_requests(admin), []
+    before, staged = produce_requests(stack.admin), []
     try:
         for i, n in enumerate(counts):
             spec = {**common, "producers": n, "first_index": sum(counts[:i])}
@@ -211,14 +210,16 @@ def fleet(
             for s in staged:
                 s.expect("FINISHED", float(load["seconds"]) * 1.5 + 60)
         w.close()
-        after = produce_requests(admin)
+        after = produce_requests(stack.admin)
         results = [json.loads(s.expect("{", 30)) for s in staged]
     finally:
         for s in staged:
             procs.stop(s.popen, 1.0)
     total = {k: sum(r[k] for r in results) for k in ("offered", "delivered", "errors", "cpu_s")}
     stats = float(sum(r["client_produce_requests"] for r in results))
-    client, upstream = (after[0] - before[0], after[1] - before[1]) if admin else (stats, stats)
+    client, upstream = (
+        (after[0] - before[0], after[1] - before[1]) if stack.admin else (stats, stats)
+    )
     span = max(r["end"] for r in results) - min(r["start"] for r in results)
     latencies = [v / 1000 for r in results for v in r["latencies_us"]]
     proxy, broker = w.proxy_broker()

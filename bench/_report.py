@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _chart import Lines, Panel, bar_chart, line_chart
+from _chart import Bars, Lines, Panel, bar_chart, line_chart
 from _harness import REPO
-from _measure import Run, per_rep
+from _measure import Body, Run, medians, per_rep, repeat
 
 from kipside.proxy.devbroker import tansu_path
 
@@ -155,13 +155,14 @@ class Table:
 
 Cell = str | Callable[[dict[str, float]], str]
 """A table cell: a format string over a case's numbers ("{p50_ms:.2f}") or a function of them."""
+Columns = Sequence[tuple[str, Cell]]
 
 
 def table(
     title: str,
     cases: Sequence[str],
     found: Mapping[str, dict[str, float] | None],
-    columns: Sequence[tuple[str, Cell]],
+    columns: Columns,
     first: str = "path",
 ) -> Table:
     """A row per case, a column per (header, cell); "-" where a number is NaN."""
@@ -311,3 +312,63 @@ class Report:
             lines += [f"![{self.lines[0]}](img/{png.name})", ""]
         write_section(self.section, "\n".join(lines), Path(args.doc))
         print(f"wrote the {self.section} section of {args.doc}")
+
+
+@dataclass(frozen=True)
+class Compared:
+    """A benchmark of cases measured in the same repetitions (interleaved, order rotated) and
+    reported by their medians: its tables, targets and bar chart. "{reps}" in a title is the
+    number of repetitions; every case also gets `KEY_vs` and `KEY_add` against `base` for
+    each key of `vs`."""
+
+    section: str
+    title: str
+    tables: Mapping[str, Columns]
+    base: str
+    vs: Sequence[str] = ()
+    targets: Sequence[Compare] = ()
+    bars: Sequence[Bars] = ()
+    chart: str = ""
+    first: str = "path"
+    noisy: float = 0.1
+    retries: int = 1
+    budget: float = 200.0
+    tools: Sequence[str] = ()
+
+    def run(
+        self, args: argparse.Namespace, cases: Mapping[str, Body]
+    ) -> tuple[list[Run], dict[str, dict[str, float] | None]]:
+        """Every case in `args.repeats` repetitions; the runs and each case's medians."""
+        runs = repeat(
+            cases, args.repeats, noisy=self.noisy, retries=self.retries, budget=self.budget
+        )
+        med = {c: medians(runs, c) for c in cases}
+        relative(med, self.base, self.vs)
+        return runs, med
+
+    def report(
+        self,
+        args: argparse.Namespace,
+        runs: Sequence[Run],
+        med: dict[str, dict[str, float] | None],
+        *more: str,
+        notes: Sequence[str] = (),
+        code: Mapping[str, str] = {},
+    ) -> Report:
+        """The section: `more` facts, the kipside `code` each path ran, `notes` on the run."""
+        reps, cases = args.repeats, list(med)
+        found = [
+            table(title.format(reps=reps), cases, med, columns, self.first)
+            for title, columns in self.tables.items()
+        ]
+        shown = f"Repetitions: {reps}, the cases interleaved (order rotated); median reported."
+        chart = (self.chart.format(reps=reps), [b.panel(med, cases) for b in self.bars])
+        return Report(
+            self.section,
+            self.title,
+            facts(shown, *more, tools=self.tools, code=code),
+            found,
+            [t.judge(runs, med) for t in self.targets],
+            [*notes, *run_notes(runs, self.noisy)],
+            chart if self.bars else None,
+        )

@@ -22,11 +22,10 @@ from typing import Any
 
 import psutil
 from _chart import grouped
-from _harness import HOST, HarnessError, Stack, at_ref, open_stack, snapshot
+from _harness import HarnessError, Stack, at_ref, open_stack, snapshot
 from _measure import fleet, repeat, sampling, wait_until_quiet
 from _report import Report, Target, facts, listed, parse_args, run_notes, table
 from testkit.metrics import scrape
-from testkit.ports import free_port
 
 from kipside.pipeline.kafka.connection import BrokerConnection
 from kipside.protocol import Address
@@ -107,9 +106,7 @@ def broker_connections(stack: Stack) -> int:
     return sum(1 for c in conns if c.status == up and c.laddr and c.laddr.port == stack.broker_port)
 
 
-def produce(
-    stack: Stack, args: argparse.Namespace, rate: float, admin: int | None
-) -> dict[str, float]:
+def produce(stack: Stack, args: argparse.Namespace, rate: float) -> dict[str, float]:
     """One configuration at one offered load, on a running stack."""
     load = {"topic": "bench-coalesce", "mode": "paced", "rate": rate, "seconds": args.seconds}
     counts = [args.clients // args.processes] * args.processes
@@ -118,7 +115,7 @@ def produce(
     conns = [broker_connections(stack)]
     with sampling(1.0, lambda: conns.append(broker_connections(stack))):
         load["client_prefix"] = "bench-coalesce"
-        m, _ = fleet(stack, load, counts, partitions=args.partitions, admin=admin)
+        m, _ = fleet(stack, load, counts, partitions=args.partitions)
     slow = m["msgs_per_s"] < OVERLOAD_SHARE * rate * args.clients or m["p50_ms"] > OVERLOAD_P50_MS
     return {**m, "broker_conns": float(max(conns)), "overloaded": float(slow)}
 
@@ -136,10 +133,10 @@ def connect(host: str, port: int, client_id: str) -> tuple[BrokerConnection, Any
     return conn, conn.request(3, 12, METADATA_V12).decode()
 
 
-def idle(stack: Stack, count: int, admin: int) -> dict[str, float]:
+def idle(stack: Stack, count: int) -> dict[str, float]:
     """`count` connections that handshake and stay, alternately on the bootstrap and the node
     listener; kipside's memory and the broker's connections 2 s after the last opened."""
-    assert stack.proxy is not None
+    assert stack.proxy is not None and stack.admin is not None
     kipside = psutil.Process(stack.proxy.popen.pid)
     time.sleep(0.5)
     rss0, conns0, t0 = kipside.memory_info().rss, broker_connections(stack), time.monotonic()
@@ -154,7 +151,7 @@ def idle(stack: Stack, count: int, admin: int) -> dict[str, float]:
             conns.append(connect(host, ports[i % len(ports)], f"bench-idle-{i}")[0])
         opened = time.monotonic() - t0
         time.sleep(2.0)  # let anything opened or closed lazily settle
-        m = scrape(admin)
+        m = scrape(stack.admin)
         return {
             "clients": float(len(conns)),
             "open_s": opened,
@@ -173,18 +170,11 @@ def idle(stack: Stack, count: int, admin: int) -> dict[str, float]:
 def measure(what: str, key: str, args: argparse.Namespace, logdir: Path) -> dict[str, float]:
     """Produce at rate `what`, or the idle clients, on a fresh stack of configuration `key`."""
     _, coalescing, flags = CONFIGS[key]
-    admin = free_port() if key != "direct" else None
-    extra = ["--admin", f"{HOST}:{admin}", *flags]
-    if coalescing is not None:
-        rules = logdir / "rules.yaml"
-        more = "lanes: 2\n  max_request_bytes: 1048576"
-        rules.write_text(f"coalescing:\n  {coalescing}\n  {more}\n")
-        extra += ["--rules", str(rules)]
-    path = "kipside" if admin else "direct"
-    with open_stack(path, logdir, kipside_args=extra if admin else [], code=args.code) as stack:
-        if what == "idle" and admin:
-            return idle(stack, args.idle, admin)
-        return produce(stack, args, float(what), admin)
+    more = "lanes: 2\n  max_request_bytes: 1048576"
+    rules = f"coalescing:\n  {coalescing}\n  {more}\n" if coalescing is not None else None
+    path = "kipside" if key != "direct" else "direct"
+    with open_stack(path, logdir, kipside_args=flags, code=args.code, rules=rules, admin=True) as s:
+        return idle(s, args.idle) if what == "idle" else produce(s, args, float(what))
 
 
 def targets(args: argparse.Namespace, found: dict[str, dict[str, float]]) -> list[Target]:

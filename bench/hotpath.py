@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from _chart import Bars
-from _harness import HOST, INSTALLED, HarnessError, at_ref, open_stack, snapshot
+from _harness import INSTALLED, HarnessError, at_ref, open_stack, snapshot
 from _measure import Run, fleet, measure, medians, repeat, worker
 from _report import (
     Compare,
@@ -39,7 +39,6 @@ from _report import (
     run_notes,
     table,
 )
-from testkit.ports import free_port
 
 A_PATHS = ["direct", "relay", "haproxy", "tansu-proxy", "kipside", "kipside-before"]
 B_PATHS = ("direct", "kipside", "kipside-before")
@@ -99,16 +98,14 @@ def workload(
     """Workload A or B (then its exactly-once check) on a fresh stack of `path`."""
     load = {"mode": "closed", "seconds": args.seconds, "warm_up_s": args.warm_up}
     load |= {"client_prefix": "bench-hotpath", "topic": "hot" if workload == "A" else "mixed"}
-    admin = free_port() if workload == "B" and path.startswith("kipside") else None
-    extra = ["--admin", f"{HOST}:{admin}", "--rules", str(args.rules)] if admin else []
-    code = args.codes.get(path, INSTALLED)
-    with open_stack(path, logdir, kipside_args=extra, code=code) as stack:
+    code, b = args.codes.get(path, INSTALLED), workload == "B"
+    with open_stack(path, logdir, code=code, rules=B_RULES if b else None, admin=b) as stack:
         if workload == "A":
             m, _ = fleet(stack, load, [1], partitions=1, during=during(stack) if during else None)
             if m["delivered"] == 0 or m["errors"]:
                 raise HarnessError(f"{m['delivered']:.0f} requests, {m['errors']:.0f} errors")
             return m
-        m, results = fleet(stack, {**load, "mixed": True}, [8] * 4, partitions=64, admin=admin)
+        m, results = fleet(stack, {**load, "mixed": True}, [8] * 4, partitions=64)
         sent = {k: v for r in results for k, v in r["sequences"].items()}
         check = {"bootstrap": stack.bootstrap, "topic": "mixed", "sent": sent, "seconds": 120}
         found, _ = worker(stack, "verify-sequences", check)
@@ -238,8 +235,7 @@ def main() -> int:
     if args.profile_path not in ("kipside", "kipside-before"):
         sys.exit("--profile-path: kipside or kipside-before")
     with tempfile.TemporaryDirectory(prefix="kipbench-hotpath-") as tmp:
-        args.tmp, args.rules = tmp, Path(tmp) / "rules.yaml"
-        args.rules.write_text(B_RULES)
+        args.tmp = tmp
         sources = {"kipside": partial(snapshot, Path(tmp) / "now")}
         sources["kipside-before"] = partial(at_ref, args.baseline_ref, Path(tmp) / "ref")
         wanted = {*args.paths, *([args.profile_path] if args.profile else [])}

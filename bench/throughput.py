@@ -19,8 +19,8 @@ from typing import Any
 
 from _chart import Bars
 from _harness import open_stack
-from _measure import fleet, medians, repeat, worker
-from _report import Compare, Report, facts, listed, parse_args, relative, run_notes, table
+from _measure import fleet, worker
+from _report import Compare, Compared, listed, parse_args
 
 PATHS = ["direct", "kipside", "tansu-proxy", "haproxy"]
 OPTIONS: dict[str, tuple[Any, Any, str]] = {
@@ -110,30 +110,28 @@ CHART = [
 ]
 
 
+BENCH = Compared(
+    "throughput",
+    "Throughput and latency: direct vs kipside vs tansu proxy vs haproxy",
+    {"Results (median of {reps})": RESULTS, "CPU": CPU},
+    "direct",
+    ["prod_msgs_per_s", "cons_msgs_per_s", "probe_p50_ms"],
+    TARGETS,
+    CHART,
+    "kipside throughput benchmark (median of {reps}, loopback)",
+    noisy=NOISY,
+    retries=2,
+    budget=150,
+    tools=["haproxy"],
+)
+
+
 def main() -> int:
     args = parse_args(__doc__, OPTIONS, QUICK)
-    cases = {path: partial(workloads, path, args, ()) for path in args.paths}
-    runs = repeat(cases, args.repeats, noisy=NOISY, retries=2, budget=150)
-    med = {p: medians(runs, p) for p in args.paths}
-    relative(med, "direct", ["prod_msgs_per_s", "cons_msgs_per_s", "probe_p50_ms"])
+    runs, med = BENCH.run(args, {path: partial(workloads, path, args, ()) for path in args.paths})
     stopped = [r for r in runs if r.metrics.get("prod_capped") or r.metrics.get("cons_capped")]
-    capped = (
-        [f"{len(stopped)} run(s) stopped after --seconds, before all records."] if stopped else []
-    )
-    more = f"Repetitions: {args.repeats} per path, interleaved; median reported."
-    title = f"kipside throughput benchmark (median of {args.repeats}, loopback)"
-    Report(
-        "throughput",
-        "Throughput and latency: direct vs kipside vs tansu proxy vs haproxy",
-        facts(more, tools=["haproxy"]),
-        [
-            table(f"Results (median of {args.repeats})", args.paths, med, RESULTS),
-            table("CPU", args.paths, med, CPU),
-        ],
-        [t.judge(runs, med) for t in TARGETS],
-        [*run_notes(runs, NOISY), *capped],
-        (title, [b.panel(med, args.paths) for b in CHART]),
-    ).publish(args)
+    capped = f"{len(stopped)} run(s) stopped after --seconds, before all records."
+    BENCH.report(args, runs, med, notes=[capped] if stopped else []).publish(args)
     return 0
 
 

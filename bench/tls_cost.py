@@ -15,19 +15,17 @@ number measures.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
 from functools import partial
 from pathlib import Path
 
-from _harness import HOST, KipsideCode, Managed, at_ref
-from _measure import medians, repeat
-from _report import Report, facts, parse_args, relative, run_notes, table
+from _harness import HOST, KipsideCode, Managed, at_ref, haproxy, launch
+from _report import Compared, parse_args
 from relaykit.tls import TestCA
-from testkit import procs, tools
-from testkit.ports import free_port, wait_for_port
-from throughput import NOISY, OPTIONS, QUICK, workloads
+from testkit import procs
+from testkit.ports import free_port
+from throughput import OPTIONS, QUICK, workloads
 
 CASES = {  # case: (TLS toward clients, TLS toward brokers)
     "plaintext": (False, False),
@@ -45,19 +43,10 @@ COLUMNS = [
     ("vs plaintext", "{probe_proxy_cpu_per_m_vs:.2f}x"),
     ("haproxy CPU us/msg (excluded)", "{front_us_msg:.3f}"),
 ]
-HAPROXY = """\
-global
-    maxconn 4096
-    ssl-default-bind-options ssl-min-ver TLSv1.2
-defaults
-    mode tcp
-    timeout connect 5s
-    timeout client 1h
-    timeout server 1h
-listen kafka
-    bind {host}:{port}{tls}
-    server tansu {host}:{origin}
-"""
+VS = ["proxy_us_msg", "probe_proxy_cpu_per_m", "prod_msgs_per_s"]
+TITLE = "TLS cost: kipside's CPU with TLS toward clients, toward brokers, both, and neither"
+RESULTS = {"Results (median of {reps})": COLUMNS}
+BENCH = Compared("tls", TITLE, RESULTS, "plaintext", VS, first="", budget=300, tools=["haproxy"])
 
 
 class Front:
@@ -74,13 +63,8 @@ class Front:
 
     @upstream.setter
     def upstream(self, address: tuple[str, int]) -> None:
-        tls = f" ssl crt {self.pem}" if self.pem else ""
-        config = self.logdir / "front.cfg"
-        config.write_text(HAPROXY.format(host=HOST, port=self.port, tls=tls, origin=address[1]))
-        command = [tools.find("haproxy", "the TLS broker of bench/tls_cost.py"), "-db", "-f"]
-        popen = subprocess.Popen([*command, str(config)], stdout=subprocess.DEVNULL)
-        self.process = Managed("haproxy", procs.track(popen))
-        wait_for_port(self.port, timeout=10.0, process=popen, name="haproxy")
+        command = haproxy(self.logdir / "front.cfg", self.port, address[1], self.pem)
+        self.process = launch("haproxy", command, self.logdir / "front.log", [self.port])
 
     def close(self) -> float:
         """Stop it; the CPU seconds it used."""
@@ -132,31 +116,19 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="kipside-tls-bench-"))
     code, pki = at_ref(args.ref, work / "code"), certificates(work)
     cases = {name: partial(case, *sides, args, code, pki) for name, sides in CASES.items()}
-    runs = repeat(cases, args.repeats, noisy=NOISY, retries=1, budget=300)
-    med = {c: medians(runs, c) for c in cases}
-    relative(med, "plaintext", ["proxy_us_msg", "probe_proxy_cpu_per_m", "prod_msgs_per_s"])
-    more = [
-        f"Repetitions: {args.repeats}, the four cases interleaved; median reported.",
-        "TLS: TLS 1.3 (kipside and haproxy accept 1.2 and up), ECDSA P-256 certificates made "
-        "at run time; kipside's TLS is Python's ssl module (OpenSSL) over memory BIOs.",
-    ]
-    found = table(f"Results (median of {args.repeats})", list(cases), med, COLUMNS, first="")
-    front = {c: m["front_us_msg"] for c, m in med.items() if m}
+    runs, med = BENCH.run(args, cases)
+    front = ", ".join(f"{m['front_us_msg']:.3f} us/msg {c}" for c, m in med.items() if m)
     relay = (
         "haproxy stands between kipside and Tansu in every case, terminating TLS (the TLS "
-        "broker) when kipside speaks TLS to the brokers: its CPU, "
-        + ", ".join(f"{v:.3f} us/msg {c}" for c, v in front.items())
-        + " (its whole life per record), is not in kipside's figures."
+        f"broker) when kipside speaks TLS to the brokers: its CPU, {front} (its whole life per "
+        "record), is not in kipside's figures."
     )
-    title = "TLS cost: kipside's CPU with TLS toward clients, toward brokers, both, and neither"
-    Report(
-        "tls",
-        title,
-        facts(*more, tools=["haproxy"], code={"kipside code": code.label}),
-        [found],
-        [],
-        [relay, *run_notes(runs, NOISY)],
-    ).publish(args)
+    tls = (
+        "TLS: TLS 1.3 (kipside and haproxy accept 1.2 and up), ECDSA P-256 certificates made "
+        "at run time; kipside's TLS is Python's ssl module (OpenSSL) over memory BIOs."
+    )
+    code_label = {"kipside code": code.label}
+    BENCH.report(args, runs, med, tls, notes=[relay], code=code_label).publish(args)
     return 0 if all(r.ok for r in runs) else 1
 
 

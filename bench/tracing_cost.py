@@ -14,9 +14,8 @@ import threading
 from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from _measure import medians, repeat
-from _report import Report, facts, parse_args, relative, run_notes, table
-from throughput import NOISY, OPTIONS, QUICK, workloads
+from _report import Compared, parse_args
+from throughput import OPTIONS, QUICK, workloads
 
 OFF, ON = "kipside, tracing off", "kipside, tracing on (OTLP)"
 COLUMNS = [
@@ -31,6 +30,10 @@ COLUMNS = [
         "{probe_p50_ms_add:+.3f}, {probe_proxy_cpu_per_m_add:+.1f}",
     ),
 ]
+VS = ["prod_msgs_per_s", "cons_msgs_per_s", "probe_p50_ms", "probe_proxy_cpu_per_m"]
+TITLE = "Tracing cost: kipside with tracing off vs on"
+RESULTS = {"Results (median of {reps})": COLUMNS}
+BENCH = Compared("tracing", TITLE, RESULTS, OFF, VS, first="", retries=0)
 
 
 class Sink(BaseHTTPRequestHandler):
@@ -61,18 +64,10 @@ def main() -> int:
         OFF: partial(workloads, "kipside", args, []),
         ON: partial(workloads, "kipside", args, exporter),
     }
-    runs = repeat(cases, args.repeats, noisy=1.0, retries=0)
+    runs, med = BENCH.run(args, cases)
     sink.shutdown()
-    med = {c: medians(runs, c) for c in cases}
-    relative(
-        med, OFF, ["prod_msgs_per_s", "cons_msgs_per_s", "probe_p50_ms", "probe_proxy_cpu_per_m"]
-    )
-    more = f"Repetitions: {args.repeats}, configurations interleaved; median reported."
-    found = table(f"Results (median of {args.repeats})", list(cases), med, COLUMNS, first="")
     sent = f"The sink received {Sink.exports} OTLP exports, {Sink.size / 1e6:.1f} MB."
-    notes = [sent, *run_notes(runs, NOISY)]
-    title = "Tracing cost: kipside with tracing off vs on"
-    Report("tracing", title, facts(more), [found], [], notes).publish(args)
+    BENCH.report(args, runs, med, notes=[sent]).publish(args)
     return 0 if all(r.ok for r in runs) else 1
 
 

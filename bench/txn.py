@@ -104,10 +104,8 @@ def transact(
 ) -> dict[str, float]:
     """One client process's loop on a fresh relay, Tansu (and kipside), and what the relay saw."""
     relay = MarkerWindowRelay(window_ms=window, delay_ms=rtt / 2).start()
-    (logdir / "rules.yaml").write_text(RULES)
-    extra = ["--rules", str(logdir / "rules.yaml")]
     try:
-        with open_stack(path, logdir, kipside_args=extra, relay=relay) as stack:
+        with open_stack(path, logdir, rules=RULES, relay=relay) as stack:
             work = {"client": client, "bootstrap": stack.bootstrap, "warmup": WARMUP}
             work["transactional_id"] = f"bench-{client}"
             work |= {"transactions": args.transactions, "seconds": args.seconds}
