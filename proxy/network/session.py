@@ -47,8 +47,8 @@ from kipside.proxy.network.hooks import ApiVersionsPolicy, RequestCheck, SharedR
 from kipside.proxy.network.identity import ANONYMOUS, Principal
 from kipside.proxy.network.limits import ServerLimits
 from kipside.proxy.network.peek import produce_acks, produce_topics
-from kipside.proxy.network.sasl import ClientSasl, SaslStep
-from kipside.proxy.network.sasl.kafka import SASL_APIS
+from kipside.proxy.network.sasl import ClientSasl
+from kipside.proxy.network.session_sasl import take_raw_token, take_request
 from kipside.proxy.network.upstream import (
     Pending,
     UpstreamConnection,
@@ -190,7 +190,7 @@ class Session:
             await self._read_requests()
         # Drained (or the client is done sending): close after the answers already owed.
         self._slots.append(DRAINED)
-        self._flush()
+        self.flush()
 
     async def _read_requests(self) -> None:
         decoder = FrameDecoder(max_frame_bytes=self.max_frame_bytes, min_frame_bytes=8)
@@ -218,7 +218,7 @@ class Session:
                     if frame is None:
                         break
                     if self.sasl.raw_token_due:
-                        await self._on_raw_token(frame)
+                        take_raw_token(self, frame)
                         if not self.sasl.raw_token_due:
                             decoder.min_frame_bytes = 8
                         continue
@@ -266,12 +266,9 @@ class Session:
                 correlation_id=header.correlation_id,
             )
         self.current_span = span
-        if api_key in SASL_APIS or self.sasl.terminates:
-            step = self._sasl_request(frame, header)
-            if step is not None:
-                self._sasl_step(step, header.api_key, header.api_version, header.correlation_id)
-                finish(span)
-                return
+        if take_request(self, frame, header):
+            finish(span)
+            return
         verdict = None if self.check is None else self.check(self, frame, header)
         if isinstance(verdict, bytes):  # refused whole: kipside's answer
             self._owe(header, Pending.answered(verdict), False, started, span)
@@ -282,10 +279,7 @@ class Session:
             else:
                 finish(span)
             if verdict.close is not None:
-                log.info("%s %s; closing the connection", self.describe(), verdict.close)
-                self._slots.append(REFUSED)
-                self._reader_scope.cancel()
-                self._flush()
+                self.refuse(verdict.close, logging.INFO)
             return
         if api_key == ApiKey.API_VERSIONS:
             local = self.versions.unsupported_answer(header)
@@ -350,58 +344,25 @@ class Session:
         if frame is not None:
             slot.answer_bytes = len(frame)
             self.limits.arrived(len(frame))
-        self._flush()
+        self.flush()
 
     def _owed_request(self) -> int:
         """The routed request's bytes, now held by its slot until its answer is written."""
         size, self._unowed = self._unowed, 0
         return size
 
-    # SASL (network.sasl) -----------------------------------------------------------------
+    def queue(self, item: Slot | Marker) -> None:
+        """Owe the client this answer (or act on this marker) after those owed before it."""
+        self._slots.append(item)
 
-    def _sasl_request(self, frame: bytes, header: RequestHeader) -> SaslStep | None:
-        """How kipside takes a request as the client's SASL stands; None: route it as usual."""
-        sasl = self.sasl
-        if not sasl.terminates:
-            forwarding = sasl.forwarding(frame, header)
-            return None if forwarding.answer is None and forwarding.close is None else forwarding
-        step = sasl.before_authentication(header)
-        if step is None and header.api_key in SASL_APIS:
-            step = sasl.answer(frame, header)
-        return step
+    def refuse(self, reason: str, level: int) -> None:
+        """Log the reason, stop reading, and close once the answers owed so far are written."""
+        log.log(level, "%s %s; closing the connection", self.describe(), reason)
+        self._slots.append(REFUSED)
+        self._reader_scope.cancel()
+        self.flush()
 
-    async def _on_raw_token(self, frame: bytes) -> None:
-        """A legacy SASL token (after SaslHandshake v0): answered here or carried opaque."""
-        sasl = self.sasl
-        if sasl.terminates:
-            self._sasl_step(sasl.raw_token(frame))
-            return
-        connection = self.dedicated
-        if connection is None:  # cannot happen: the handshake went on it
-            raise UpstreamFailed("a raw SASL token came with no upstream connection to carry it")
-        pending = connection.send_raw_nowait(frame)
-        sasl.raw_token_forwarded()
-        self._slots.append(
-            Slot(ApiKey.SASL_AUTHENTICATE, 0, -1, pending, False, time.perf_counter(), None)
-        )
-        pending.on_done(self._flush)
-
-    def _sasl_step(
-        self, step: SaslStep, key: int = ApiKey.SASL_AUTHENTICATE, version: int = 0, cid: int = -1
-    ) -> None:
-        """Owe the client kipside's SASL answer (a raw token's by default), then act on it."""
-        if step.answer is not None:
-            pending = Pending.answered(step.answer)
-            self._slots.append(Slot(key, version, cid, pending, False, time.perf_counter(), None))
-        if step.principal is not None:
-            self._authenticated(step.principal)
-        if step.close is not None:
-            log.warning("%s %s; closing the connection", self.describe(), step.close)
-            self._slots.append(REFUSED)
-            self._reader_scope.cancel()
-        self._flush()
-
-    def _authenticated(self, principal: Principal) -> None:
+    def authenticated_as(self, principal: Principal) -> None:
         """The client proved who it is: from now on every upstream connection is its
         principal's. One dialled before (for ApiVersions, which Kafka answers before
         authentication) is closed, so nothing the client sends later rides on it."""
@@ -450,11 +411,11 @@ class Session:
             self._dedicated_failed = True
             self.stats.upstream_connections -= 1
             self._slots.append(UPSTREAM_GONE)
-            self._flush()
+            self.flush()
 
     # Responses -------------------------------------------------------------------------
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         """Write every answer that is ready at the head of the FIFO, in order, in one call."""
         if self._nursery is not None and self._nursery.cancel_scope.cancel_called:
             # Closing: nothing more is written, and the failures of the requests still in

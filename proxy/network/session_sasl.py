@@ -1,0 +1,106 @@
+"""A session's SASL steps: what one client connection does with its SASL requests and tokens.
+
+`ClientSasl` (network.sasl) decides, per request or legacy raw token, whether kipside carries
+it to the broker (passthrough) or answers it itself (termination, `--sasl-credentials`); this
+module acts on that decision for the client's session (network.session): it owes the client
+kipside's answer in its place in request order, carries a raw token opaque on the client's own
+upstream connection, switches the session to the principal the client proved, or refuses the
+connection. It never reads a token itself (ClientSasl does) and never logs a secret; it knows
+the session only as `SaslSession`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Protocol
+
+from kipside.protocol import ApiKey, RequestHeader
+from kipside.proxy.network.answers import Marker, Slot
+from kipside.proxy.network.identity import Principal
+from kipside.proxy.network.sasl import ClientSasl, SaslStep
+from kipside.proxy.network.sasl.kafka import SASL_APIS
+from kipside.proxy.network.upstream import Pending, UpstreamConnection, UpstreamFailed
+
+__all__ = ["SaslSession", "take_raw_token", "take_request"]
+
+
+class SaslSession(Protocol):
+    """What the SASL steps need of a client's session (network.session.Session)."""
+
+    sasl: ClientSasl
+
+    @property
+    def dedicated(self) -> UpstreamConnection | None:
+        """The client's own upstream connection, if it has one."""
+
+    def describe(self) -> str: ...
+
+    def queue(self, item: Slot | Marker) -> None:
+        """Owe the client this answer (or act on this marker) after those owed before it."""
+
+    def flush(self) -> None:
+        """Write every answer ready at the head of the queue."""
+
+    def refuse(self, reason: str, level: int) -> None:
+        """Log the reason, stop reading, and close once the answers owed so far are written."""
+
+    def authenticated_as(self, principal: Principal) -> None:
+        """The client proved it is this principal."""
+
+
+def take_request(session: SaslSession, frame: bytes, header: RequestHeader) -> bool:
+    """Whether the client's SASL takes this request (answered, or refused); False: route it as
+    any other request."""
+    if header.api_key not in SASL_APIS and not session.sasl.terminates:
+        return False
+    step = _step_for(session.sasl, frame, header)
+    if step is None:
+        return False
+    _act(session, step, header.api_key, header.api_version, header.correlation_id)
+    return True
+
+
+def take_raw_token(session: SaslSession, frame: bytes) -> None:
+    """A legacy SASL token (after SaslHandshake v0): answered here or carried opaque."""
+    sasl = session.sasl
+    if sasl.terminates:
+        _act(session, sasl.raw_token(frame))
+        return
+    connection = session.dedicated
+    if connection is None:  # cannot happen: the handshake went on it
+        raise UpstreamFailed("a raw SASL token came with no upstream connection to carry it")
+    pending = connection.send_raw_nowait(frame)
+    sasl.raw_token_forwarded()
+    session.queue(Slot(ApiKey.SASL_AUTHENTICATE, 0, -1, pending, False, time.perf_counter(), None))
+    pending.on_done(session.flush)
+
+
+def _step_for(sasl: ClientSasl, frame: bytes, header: RequestHeader) -> SaslStep | None:
+    """How kipside takes a request as the client's SASL stands; None: route it as usual."""
+    if not sasl.terminates:
+        forwarding = sasl.forwarding(frame, header)
+        return None if forwarding.answer is None and forwarding.close is None else forwarding
+    step = sasl.before_authentication(header)
+    if step is None and header.api_key in SASL_APIS:
+        step = sasl.answer(frame, header)
+    return step
+
+
+def _act(
+    session: SaslSession,
+    step: SaslStep,
+    key: int = ApiKey.SASL_AUTHENTICATE,
+    version: int = 0,
+    cid: int = -1,
+) -> None:
+    """Owe the client kipside's SASL answer (a raw token's by default), then act on it."""
+    if step.answer is not None:
+        pending = Pending.answered(step.answer)
+        session.queue(Slot(key, version, cid, pending, False, time.perf_counter(), None))
+    if step.principal is not None:
+        session.authenticated_as(step.principal)
+    if step.close is not None:
+        session.refuse(step.close, logging.WARNING)
+    else:
+        session.flush()
