@@ -16,14 +16,9 @@ from pathlib import Path
 import pytest
 
 from captures import pcapkit
-from kipside.evidence import (
-    MALFORMED,
-    KafkaRequest,
-    ProduceRequestBody,
-    kafka_frames,
-    produce_request,
-    summarize,
-)
+from kipside.evidence import kafka_frames, summarize
+from kipside.evidence.craft import MALFORMED, produce_request
+from kipside.evidence.layers import KafkaRequest, ProduceRequestBody
 from kipside.protocol import (
     ApiKey,
     FrameDecoder,
