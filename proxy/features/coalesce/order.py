@@ -24,7 +24,7 @@ It is bookkeeping only: it never sends, and never waits itself.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -96,11 +96,7 @@ class ProduceOrder:
         routes = self._routes(client)
         if pending is None:
             return
-        lanes = routes.lanes
-        for partition in partitions:
-            lanes[partition] = pending
-        if len(lanes) > PRUNE_AT:
-            _prune(lanes)
+        _record(routes.lanes, partitions, pending)
 
     def sent_own(self, client: RoutedClient, partitions: Sequence[Partition] | None) -> None:
         """The request goes to the client's own connection (None: its partitions are unread)."""
@@ -133,13 +129,16 @@ class ProduceOrder:
         if sent is None:
             routes.own_any = last
             return
-        own = routes.own
-        for partition in sent:
-            own[partition] = last
-        if len(own) > PRUNE_AT:
-            _prune(own)
+        _record(routes.own, sent, last)
 
 
-def _prune(answers: dict[Partition, Pending]) -> None:
-    for partition in [p for p, pending in answers.items() if pending.done]:
-        del answers[partition]
+def _record(
+    answers: dict[Partition, Pending], partitions: Iterable[Partition], pending: Pending
+) -> None:
+    """`pending` is now the latest answer owed for these partitions on one route; answers
+    already given are dropped once the route remembers more than PRUNE_AT partitions."""
+    for partition in partitions:
+        answers[partition] = pending
+    if len(answers) > PRUNE_AT:
+        for done in [p for p, owed in answers.items() if owed.done]:
+            del answers[done]

@@ -129,19 +129,29 @@ def _b64(value: object, where: str) -> bytes:
         raise CredentialsError(f"{where}: not base64") from None
 
 
+def _entry(entry: object, where: str, *, expected: str, instead: str) -> dict[Any, Any]:
+    """An entry of either file as a mapping. Neither file may hold a password: `instead` says
+    where it belongs."""
+    if not isinstance(entry, dict):
+        raise CredentialsError(f"{where}: expected {expected}")
+    if "password" in entry:
+        raise CredentialsError(f"{where}: a password is written in the file; {instead}")
+    return entry
+
+
 def _credential(mechanism: str, entry: object, where: str) -> ScramCredential:
     if mechanism not in SCRAM_MECHANISMS:
         raise CredentialsError(
             f"{where}: unknown mechanism; a credentials file holds {', '.join(SCRAM_MECHANISMS)} "
             "(PLAIN logins are checked against them)"
         )
-    if not isinstance(entry, dict):
-        raise CredentialsError(f"{where}: expected salt, iterations, stored_key, server_key")
-    if "password" in entry:
-        raise CredentialsError(
-            f"{where}: a password is written in the file; a credentials file holds salted keys "
-            "only: remove it and write the entry with `kipside credentials add`"
-        )
+    entry = _entry(
+        entry,
+        where,
+        expected="salt, iterations, stored_key, server_key",
+        instead="a credentials file holds salted keys only: remove it and write the entry with "
+        "`kipside credentials add`",
+    )
     iterations = entry.get("iterations")
     if not isinstance(iterations, int) or not (
         SCRAM_MIN_ITERATIONS <= iterations <= SCRAM_MAX_ITERATIONS
@@ -287,13 +297,13 @@ _LOGIN_KEYS = ("mechanism", "username", "password_file", "password_env")
 
 
 def _login(principal: str, entry: object, folder: Path, where: str) -> UpstreamLogin:
-    if not isinstance(entry, dict):
-        raise CredentialsError(f"{where}: expected a mapping with keys {', '.join(_LOGIN_KEYS)}")
-    if "password" in entry:
-        raise CredentialsError(
-            f"{where}: a password is written in the file; put it in a file (password_file) or "
-            "an environment variable (password_env) and name that here"
-        )
+    entry = _entry(
+        entry,
+        where,
+        expected=f"a mapping with keys {', '.join(_LOGIN_KEYS)}",
+        instead="put it in a file (password_file) or an environment variable (password_env) "
+        "and name that here",
+    )
     unknown = sorted(set(entry) - set(_LOGIN_KEYS))
     if unknown:
         raise CredentialsError(
