@@ -198,6 +198,16 @@ class KafkaResponseV1(KafkaResponse):
     ]
 
 
+def _array(count: str, name: str, item: type[Packet]) -> list[AnyField]:
+    """A Kafka array of non-flexible versions: its int32 count (field `count`), then the items."""
+    return [
+        FieldLenField(count, None, count_of=name, fmt="!i"),
+        PacketListField(
+            name, [], item, count_from=lambda p: getattr(p, count), max_count=_MAX_ITEMS
+        ),
+    ]
+
+
 class ProducePartition(Packet):
     """One partition of a ProduceRequest v3-v8: index, records (int32 length, -1 for null)."""
 
@@ -219,14 +229,7 @@ class ProduceTopic(Packet):
     fields_desc: ClassVar[list[AnyField]] = [
         FieldLenField("name_length", None, length_of="topic", fmt="!h"),
         StrLenField("topic", b"", length_from=lambda p: max(p.name_length, 0)),
-        FieldLenField("partition_count", None, count_of="partitions", fmt="!i"),
-        PacketListField(
-            "partitions",
-            [],
-            ProducePartition,
-            count_from=lambda p: p.partition_count,
-            max_count=_MAX_ITEMS,
-        ),
+        *_array("partition_count", "partitions", ProducePartition),
     ]
 
     def extract_padding(self, s: bytes) -> tuple[bytes, bytes]:
@@ -252,14 +255,7 @@ class ProduceRequestBody(Packet):
         ),
         SignedShortField("acks", -1),
         SignedIntField("timeout_ms", 30000),
-        FieldLenField("topic_count", None, count_of="topics", fmt="!i"),
-        PacketListField(
-            "topics",
-            [],
-            ProduceTopic,
-            count_from=lambda p: p.topic_count,
-            max_count=_MAX_ITEMS,
-        ),
+        *_array("topic_count", "topics", ProduceTopic),
     ]
 
 
