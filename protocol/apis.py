@@ -11,6 +11,8 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import Final
 
+from .errors import DecodeError
+
 
 class ApiKey(IntEnum):
     PRODUCE = 0
@@ -212,6 +214,15 @@ def api_name(api_key: int) -> str:
         return "".join(part.capitalize() for part in ApiKey(api_key).name.split("_"))
     except ValueError:
         return f"Api({api_key})"
+
+
+def check_version(api_key: int, version: int, lowest: int, highest: int) -> None:
+    """DecodeError unless `version` is in the range kipside's own reader of this API reads."""
+    if not lowest <= version <= highest:
+        raise DecodeError(
+            f"{api_name(api_key)} v{version} is outside the v{lowest}-v{highest} range "
+            "kipside reads"
+        )
 
 
 def is_flexible(api_key: int, api_version: int) -> bool:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from .apis import ApiKey, is_flexible
+from .apis import ApiKey, check_version, is_flexible
 from .errors import DecodeError
 from .primitives import (
     INT8,
@@ -100,10 +100,7 @@ class FetchResponseData:
 
 
 def _check_version(version: int) -> None:
-    if not MIN_VERSION <= version <= MAX_VERSION:
-        raise DecodeError(
-            f"Fetch v{version} is outside the v{MIN_VERSION}-v{MAX_VERSION} range kipside reads"
-        )
+    check_version(ApiKey.FETCH, version, MIN_VERSION, MAX_VERSION)
 
 
 def encode_fetch_request(

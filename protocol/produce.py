@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from .apis import ApiKey, is_flexible
+from .apis import ApiKey, check_version, is_flexible
 from .errors import DecodeError, LimitExceeded
 from .primitives import (
     INT16,
@@ -93,10 +93,7 @@ class ProduceResponseData:
 
 
 def _check_version(version: int) -> None:
-    if not MIN_VERSION <= version <= MAX_VERSION:
-        raise DecodeError(
-            f"Produce v{version} is outside the v{MIN_VERSION}-v{MAX_VERSION} range kipside reads"
-        )
+    check_version(ApiKey.PRODUCE, version, MIN_VERSION, MAX_VERSION)
 
 
 def parse_produce_request(
