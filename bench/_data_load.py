@@ -23,13 +23,14 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from _workload import create_topics
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 
 BULK = {"linger.ms": 20, "batch.size": 1_000_000, "queue.buffering.max.kbytes": 512_000}
 WORDS: tuple[str, ...] = ("alpha", "beta", "gamma", "delta", "order", "payment", "refund")
@@ -56,20 +57,19 @@ def json_schema() -> dict[str, Any]:
 
 def producing(bootstrap: str, topic: str, partitions: int, **config: Any) -> Callable[..., None]:
     """Create `topic` and return a produce(value, key, partition) that waits out full queues."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
-        future.result(timeout=30)
+    create_topics({"bootstrap": bootstrap, "topics": [topic], "partitions": partitions})
     producer = Producer({"bootstrap.servers": bootstrap, **BULK, **config})
     FLUSHES.append(producer.flush)
+    return partial(send, producer, topic)
 
-    def produce(value: bytes, key: bytes, partition: int) -> None:
-        while True:
-            try:
-                return producer.produce(topic, value, key, partition=partition)
-            except BufferError:
-                producer.poll(0.05)
 
-    return produce
+def send(producer: Producer, topic: str, value: Any, key: Any, partition: int, **more: Any) -> None:
+    """producer.produce, waiting while its queue is full."""
+    while True:
+        try:
+            return producer.produce(topic, value, key, partition=partition, **more)
+        except BufferError:
+            producer.poll(0.05)
 
 
 def flush_all(timeout: float) -> None:
@@ -129,20 +129,8 @@ def deep(a: dict[str, Any]) -> dict[str, Any]:
     out = {t: Producer({**dest, "compression.type": c}) for t, c in a["topics"].items()}
     copied = 0
     for m in from_the_start(a["source"], "bench-deep-mirror", list(a["topics"])):
-        topic, producer = str(m.topic()), out[str(m.topic())]
-        while True:
-            try:
-                producer.produce(
-                    topic,
-                    m.value(),
-                    m.key(),
-                    headers=m.headers(),
-                    timestamp=m.timestamp()[1],
-                    partition=int(m.partition() or 0),
-                )
-                break
-            except BufferError:
-                producer.poll(0.05)
+        topic, more = str(m.topic()), {"headers": m.headers(), "timestamp": m.timestamp()[1]}
+        send(out[topic], topic, m.value(), m.key(), m.partition() or 0, **more)
         copied += 1
         if copied % 10_000 == 0:
             for p in out.values():
