@@ -16,20 +16,17 @@ from kipside.protocol import (
     PartitionResult,
     ProduceResponseData,
     build_frame,
-    decode_request,
-    decode_response,
-    encode_message,
     encode_produce_request,
     encode_produce_response,
     encode_request_header,
     encode_response_header,
+    messages,
     parse_produce_request,
     parse_produce_response,
     parse_request_header,
     parse_response_header,
 )
 from kipside.protocol.batch_builder import Record, encode_batch
-from kipside.protocol.messages import build, build_request, response_class
 from kipside.proxy.features.principals import PrincipalRules
 from kipside.proxy.network.hooks import Narrowed, RoutedClient
 from kipside.proxy.network.identity import Principal
@@ -187,11 +184,13 @@ def test_mixed_fetch_merges_the_refused_topic_with_empty_records() -> None:
         "rack_id": "",
         "topics": [topic("payments", [0, 1]), topic("audit", [2]), topic("orders.eu", [0])],
     }  # fmt: skip
-    frame = _frame(ApiKey.FETCH, 12, encode_message(build_request(ApiKey.FETCH, 12, fields)))
+    frame = _frame(
+        ApiKey.FETCH, 12, messages.encode_message(messages.build_request(ApiKey.FETCH, 12, fields))
+    )
     header = parse_request_header(frame)
     verdict = CHECK.refusal(CLIENT, frame, header)
     assert isinstance(verdict, Narrowed) and verdict.frame is not None and verdict.merge
-    sent = decode_request(ApiKey.FETCH, 12, verdict.frame, header.body_offset)
+    sent = messages.decode_request(ApiKey.FETCH, 12, verdict.frame, header.body_offset)
     assert [t.topic for t in sent.topics] == ["audit", "orders.eu"]
 
     def answered(name: str, p: int) -> dict[str, Any]:
@@ -204,15 +203,15 @@ def test_mixed_fetch_merges_the_refused_topic_with_empty_records() -> None:
             ],
         }  # fmt: skip
 
-    reply = build(
-        response_class(ApiKey.FETCH, 12),
+    reply = messages.build(
+        messages.response_class(ApiKey.FETCH, 12),
         {"throttle_time": 0, "error_code": 0, "session_id": 0,
          "responses": [answered("orders.eu", 0), answered("audit", 2)]},
     )  # fmt: skip
     head = encode_response_header(ApiKey.FETCH, 12, 7)
-    merged = verdict.merge(build_frame(head, encode_message(reply)))
+    merged = verdict.merge(build_frame(head, messages.encode_message(reply)))
     offset = parse_response_header(merged, ApiKey.FETCH, 12).body_offset
-    got = decode_response(ApiKey.FETCH, 12, merged, offset)
+    got = messages.decode_response(ApiKey.FETCH, 12, merged, offset)
     assert [(t.topic, [(p.partition_index, p.error_code, p.records) for p in t.partitions])
             for t in got.responses] == [
         ("payments", [(0, 29, b""), (1, 29, b"")]),
@@ -230,11 +229,13 @@ def test_fetch_of_refused_topics_only_is_answered_here() -> None:
             {"partition": 0, "current_leader_epoch": -1, "fetch_offset": 0,
              "log_start_offset": -1, "partition_max_bytes": 1024}]}],
     }  # fmt: skip
-    frame = _frame(ApiKey.FETCH, 12, encode_message(build_request(ApiKey.FETCH, 12, fields)))
+    frame = _frame(
+        ApiKey.FETCH, 12, messages.encode_message(messages.build_request(ApiKey.FETCH, 12, fields))
+    )
     header = parse_request_header(frame)
     answer = CHECK.refusal(CLIENT, frame, header)
     assert isinstance(answer, bytes)
     offset = parse_response_header(answer, ApiKey.FETCH, 12).body_offset
-    got = decode_response(ApiKey.FETCH, 12, answer, offset)
+    got = messages.decode_response(ApiKey.FETCH, 12, answer, offset)
     [partition] = got.responses[0].partitions
     assert (partition.error_code, partition.records) == (29, b"")
