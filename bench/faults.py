@@ -1,5 +1,5 @@
 """The fault suite's scenarios, longer and bigger than in CI: more load, longer outages, more
-rounds. The scenarios are the CI suite's own (tests/integration/fault_scenarios.py), each run
+rounds. The scenarios are the CI suite's own (tests/integration/fault_scenarios/), each run
 once at the scale below; every check the CI test asserts is reported here.
 
     .venv/bin/python bench/faults.py [--scenarios network-produce,storm,...] [--quick] [--doc FILE]
@@ -20,42 +20,30 @@ from typing import Any
 
 from _harness import REPO  # also puts tests/ on sys.path
 from _report import DOC, Report, Table, Target, facts, listed, parse_args
-from integration.fault_scenarios import (
-    SCENARIOS,
-    DisconnectScale,
-    GroupScale,
-    LatencyScale,
-    NetworkScale,
-    Outcome,
-    RestartScale,
-    StormScale,
-    TransactionScale,
-    run,
-)
+from integration.fault_scenarios import SCENARIOS, run
+from integration.fault_scenarios.disconnect import DisconnectScale
+from integration.fault_scenarios.latency import LatencyScale
+from integration.fault_scenarios.network import GroupScale, NetworkScale, TransactionScale
+from integration.fault_scenarios.outcome import Outcome, Producers, Timeouts
+from integration.fault_scenarios.restart import RestartScale
+from integration.fault_scenarios.storm import StormScale
 
 RELIABILITY = REPO / "docs" / "reliability.md"
+LONG = Timeouts(answer_s=5.0, request_ms=10000)  # the network and latency runs' timeouts
 BIG: dict[str, Any] = {
     "network-produce": NetworkScale(
-        producers=6,
-        rate=300.0,
-        cut_s=10.0,
-        blackhole_s=20.0,
-        settle_s=5.0,
-        answer_timeout_s=5.0,
-        request_timeout_ms=10000,
+        producers=Producers(6, 300.0), cut_s=10.0, blackhole_s=20.0, settle_s=5.0, timeouts=LONG
     ),
     "network-transactions": TransactionScale(writers=4, before_s=5.0, cut_s=10.0, after_s=10.0),
     "network-rebalance": GroupScale(messages=20000, cut_s=10.0),
-    "restarts": RestartScale(producers=4, rate=300.0, between_s=5.0, down_s=3.0, restarts=3),
+    "restarts": RestartScale(producers=Producers(4, 300.0), between_s=5.0, down_s=3.0, restarts=3),
     "latency": LatencyScale(
-        producers=4,
-        rate=300.0,
+        producers=Producers(4, 300.0),
         spike_ms=2000.0,
         spike_s=10.0,
         stall_s=20.0,
         settle_s=5.0,
-        answer_timeout_s=5.0,
-        request_timeout_ms=10000,
+        timeouts=LONG,
     ),
     "disconnects": DisconnectScale(rate=300.0, rounds=5),
     "storm": StormScale(connections=5000, slow_readers=32, held_s=30.0),

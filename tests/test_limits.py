@@ -10,7 +10,8 @@ not read its answers. Every test has an absolute trio.fail_after (TIMEOUT) or ru
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import cast
 
@@ -99,6 +100,16 @@ class Watched:
 
         return Deadlines(lambda: self.limits, lambda: self.busy, expire)
 
+    @asynccontextmanager
+    async def watching(self) -> AsyncIterator[Deadlines]:
+        """The deadlines, watched from the block's start until they expire (the block's end
+        waits for that)."""
+        deadlines = self.deadlines()
+        with trio.fail_after(TIMEOUT * 10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(deadlines.watch)
+                yield deadlines
+
 
 START = 0.0  # trio's MockClock starts at 0
 
@@ -107,15 +118,12 @@ async def test_idle_connection_closes_after_the_idle_timeout_and_not_while_it_is
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     watched = Watched(Limits(idle_timeout_ms=5000, request_read_timeout_ms=0), busy=True)
-    deadlines = watched.deadlines()
-    with trio.fail_after(TIMEOUT * 10):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(deadlines.watch)
-            await trio.sleep(12)  # owed answers all along: never idle
-            assert watched.expired == []
-            watched.busy = False  # at 12 s; last counted busy at 10 s
-            await trio.sleep(1)
-            deadlines.read(0, completed=True)  # a request at 13 s
+    async with watched.watching() as deadlines:
+        await trio.sleep(12)  # owed answers all along: never idle
+        assert watched.expired == []
+        watched.busy = False  # at 12 s; last counted busy at 10 s
+        await trio.sleep(1)
+        deadlines.read(0, completed=True)  # a request at 13 s
     # Idle from 13 s: closed at 18 s, not at 15 s.
     assert watched.expired == [(IDLE, 18.0, 0)]
 
@@ -124,15 +132,12 @@ async def test_a_request_not_whole_within_the_read_timeout_closes_even_if_bytes_
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     watched = Watched(Limits(idle_timeout_ms=0, request_read_timeout_ms=2000))
-    deadlines = watched.deadlines()
-    with trio.fail_after(TIMEOUT * 10):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(deadlines.watch)
-            await trio.sleep(1)
-            deadlines.read(5, completed=False)  # a request begins at 1 s
-            for partial in range(6, 30):  # a byte every 0.1 s: still the same request
-                await trio.sleep(0.1)
-                deadlines.read(partial, completed=False)
+    async with watched.watching() as deadlines:
+        await trio.sleep(1)
+        deadlines.read(5, completed=False)  # a request begins at 1 s
+        for partial in range(6, 30):  # a byte every 0.1 s: still the same request
+            await trio.sleep(0.1)
+            deadlines.read(partial, completed=False)
     assert watched.expired == [(REQUEST_READ, 3.0, 24)]
 
 
@@ -140,18 +145,15 @@ async def test_a_whole_request_restarts_the_clock_and_a_paused_reader_stops_it(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     watched = Watched(Limits(idle_timeout_ms=0, request_read_timeout_ms=2000))
-    deadlines = watched.deadlines()
-    with trio.fail_after(TIMEOUT * 10):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(deadlines.watch)
-            deadlines.read(10, completed=False)  # begins at 0
-            await trio.sleep(1.5)
-            deadlines.read(4, completed=True)  # whole at 1.5 s; the next begins
-            await trio.sleep(1.5)
-            deadlines.pause()  # kipside stops reading at 3 s: not the client's fault
-            await trio.sleep(30)
-            assert watched.expired == []
-            deadlines.resume(4)  # reading again at 33 s
+    async with watched.watching() as deadlines:
+        deadlines.read(10, completed=False)  # begins at 0
+        await trio.sleep(1.5)
+        deadlines.read(4, completed=True)  # whole at 1.5 s; the next begins
+        await trio.sleep(1.5)
+        deadlines.pause()  # kipside stops reading at 3 s: not the client's fault
+        await trio.sleep(30)
+        assert watched.expired == []
+        deadlines.resume(4)  # reading again at 33 s
     assert watched.expired == [(REQUEST_READ, 35.0, 4)]
 
 
@@ -159,13 +161,10 @@ async def test_a_reload_applies_a_shorter_timeout_at_once(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     watched = Watched(Limits(idle_timeout_ms=600_000, request_read_timeout_ms=0))
-    deadlines = watched.deadlines()
-    with trio.fail_after(TIMEOUT * 10):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(deadlines.watch)
-            await trio.sleep(10)
-            watched.limits = replace(watched.limits, idle_timeout_ms=3000)
-            deadlines.reconsider()
+    async with watched.watching() as deadlines:
+        await trio.sleep(10)
+        watched.limits = replace(watched.limits, idle_timeout_ms=3000)
+        deadlines.reconsider()
     assert watched.expired == [(IDLE, 10.0, 0)]  # idle for 10 s already: over 3 s
 
 

@@ -26,19 +26,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import skip_unless_shared_lanes, unique_name
 
-from .fault_scenarios import run
+from .fault_scenarios import run_in_ci
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(autouse=True)
-def _needs_lanes() -> None:
-    skip_unless_shared_lanes("handling clients that vanish")
 
 
 def test_clients_vanish_mid_request_mid_coalesced_request_and_mid_hold(
     tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    run("disconnects", tmp_path, lambda p: unique_name(p, request)).assert_ok()
+    run_in_ci("disconnects", tmp_path, request)

@@ -20,17 +20,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import skip_unless_shared_lanes, unique_name
 
-from .fault_scenarios import run
+from .fault_scenarios import run_in_ci
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(autouse=True)
-def _needs_lanes() -> None:
-    skip_unless_shared_lanes("the lanes' answer timeout")
-
-
 def test_latency_spike_then_stall(tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    run("latency", tmp_path, lambda p: unique_name(p, request)).assert_ok()
+    run_in_ci("latency", tmp_path, request)

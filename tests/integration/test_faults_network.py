@@ -1,8 +1,8 @@
 """Network loss between kipside and the broker: cut (resets, refused connections) and blackhole
 (silence), then restored, during produce, transactions and consumer-group rebalances.
 
-Each test runs real clients through kipside -> FaultRelay -> Tansu (fault_scenarios.py, on
-fault_kit.py), fails the path mid-traffic, restores it, and then reads the topic from the broker
+Each test runs real clients through kipside -> FaultRelay -> Tansu (fault_scenarios/, on
+fault_kit/), fails the path mid-traffic, restores it, and then reads the topic from the broker
 itself: every acknowledged message in the log exactly once, in order per producer and
 partition; committed offsets where the clients left them.
 
@@ -14,16 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import skip_unless_shared_lanes, unique_name
 
-from .fault_scenarios import run
+from .fault_scenarios import run_in_ci
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(autouse=True)
-def _needs_lanes() -> None:
-    skip_unless_shared_lanes("the shared lanes' fault handling")
 
 
 def test_cut_then_blackhole_during_produce(tmp_path: Path, request: pytest.FixtureRequest) -> None:
@@ -34,7 +28,7 @@ def test_cut_then_blackhole_during_produce(tmp_path: Path, request: pytest.Fixtu
     than --upstream-request-timeout 1) closes them with the clients that had a batch on them.
     Each time the clients resend once the path is back: nothing acknowledged is lost, nothing
     duplicated, nothing reordered."""
-    run("network-produce", tmp_path, lambda p: unique_name(p, request)).assert_ok()
+    run_in_ci("network-produce", tmp_path, request)
 
 
 def test_cut_and_restore_during_transactions(
@@ -46,7 +40,7 @@ def test_cut_and_restore_during_transactions(
     transaction the fault broke is aborted and done again by the application: the committed
     log holds every committed transaction's messages exactly once, in order, nothing of an
     aborted one, and the group's committed offset is each producer's number of commits."""
-    run("network-transactions", tmp_path, lambda p: unique_name(p, request)).assert_ok()
+    run_in_ci("network-transactions", tmp_path, request)
 
 
 @pytest.mark.slow
@@ -58,4 +52,4 @@ def test_cut_during_a_consumer_group_rebalance(
     JoinGroup seen by kipside) the path to the broker is reset and refused for 1 s. Afterwards
     every record was processed (some twice at most: the ones whose commit the fault lost), each
     member read its partitions in order, and the group's committed offsets are the ends."""
-    run("network-rebalance", tmp_path, lambda p: unique_name(p, request)).assert_ok()
+    run_in_ci("network-rebalance", tmp_path, request)

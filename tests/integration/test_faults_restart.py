@@ -12,21 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import DIRECT, unique_name
 
-from .fault_scenarios import run
+from .fault_scenarios import run_in_ci
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(autouse=True)
-def _needs_kipside() -> None:
-    if DIRECT:
-        pytest.skip("KIPSIDE_TEST_DIRECT=1: restarting kipside needs kipside")
 
 
 def test_sigterm_then_sigkill_mid_traffic(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """kipside is stopped with SIGTERM (it answers what it read, then exits 0), started again
     on the same ports after 0.5 s, then killed with SIGKILL (whatever was in flight is lost with
     the process; the clients resend it) and started again."""
-    run("restarts", tmp_path, lambda p: unique_name(p, request)).assert_ok()
+    run_in_ci("restarts", tmp_path, request)

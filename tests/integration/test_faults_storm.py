@@ -20,19 +20,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import DIRECT, unique_name
 
-from .fault_scenarios import run
+from .fault_scenarios import run_in_ci
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(autouse=True)
-def _needs_kipside() -> None:
-    if DIRECT:
-        pytest.skip("KIPSIDE_TEST_DIRECT=1: the storm measures kipside itself")
-
-
 @pytest.mark.slow
 def test_connection_storm_and_slow_readers(tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    run("storm", tmp_path, lambda p: unique_name(p, request)).assert_ok()
+    run_in_ci("storm", tmp_path, request)

@@ -1,0 +1,166 @@
+"""A connection storm with slow readers, beside a probe producer."""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import confluent_kafka as ck
+import psutil
+from conftest import create_topics, start_kipside
+from testkit import procs
+from testkit.broker import start_tansu
+from testkit.metrics import scrape
+from testkit.ports import free_port
+
+from ..fault_kit.audit import audit, p99
+from ..fault_kit.loads import SequencedProducer, idempotent_conf, run_producers, wait_until
+from .outcome import Namer, Outcome, producers_told
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class StormScale:
+    connections: int = 2000
+    slow_readers: int = 8
+    fetches_per_reader: int = 64
+    fetch_bytes: int = 1 * MIB
+    fill_bytes: int = 2 * MIB  # in the topic the slow readers fetch
+    per_client_in_flight: int = 2 * MIB  # limits.max_in_flight_bytes_per_client
+    held_s: float = 2.0
+    per_connection_budget: int = 48 * 1024  # kipside's own cost of one idle connection, at most
+    slack: int = 48 * MIB  # allocator and interpreter noise
+    burst_p99_bound_s: float = 1.0  # the probe's p99 while kipside accepts the burst
+
+
+STORM_CLIENT = Path(__file__).parent.parent / "storm_client.py"
+
+
+def raise_fd_limit(needed: int) -> None:
+    """Children inherit it: the storm's process and kipside."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < needed:
+        assert hard == resource.RLIM_INFINITY or hard >= needed, (
+            f"the hard limit on open files is {hard}; the storm needs {needed}: raise it "
+            "(ulimit -Hn) to run this"
+        )
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+
+
+def storm(work: Path, name: Namer, s: StormScale) -> Outcome:
+    """A connection storm from its own process (each connection sends ApiVersions and Metadata;
+    slow readers pipeline Fetches and never read) beside a confluent-kafka probe producer;
+    kipside straight on a fresh Tansu (a storm is no network fault, and a relay in Python would
+    be the bottleneck)."""
+    out = Outcome(
+        "a probe idempotent confluent-kafka producer, 100 msg/s",
+        f"{s.connections} connections at once (ApiVersions + Metadata each) + {s.slow_readers} slow"
+        f" readers ({s.fetches_per_reader} x {s.fetch_bytes // MIB} MiB Fetches, never read), "
+        f"held {s.held_s:g} s; limits.max_in_flight_bytes_per_client "
+        f"{s.per_client_in_flight // MIB} MiB",
+    )
+    raise_fd_limit(2 * (s.connections + s.slow_readers) + 1000)
+    rules = work / "rules.yaml"
+    rules.write_text(f"limits:\n  max_in_flight_bytes_per_client: {s.per_client_in_flight}\n")
+    admin = free_port()
+    with start_tansu() as tansu:
+        kipside = start_kipside(tansu, work / "kipside", rules, extra_args=["--admin", str(admin)])
+
+        def gauge(metric: str) -> float:
+            return scrape(admin).value(metric)
+
+        process = psutil.Process(kipside.pid)
+        crowd: subprocess.Popen[str] | None = None
+        try:
+            topic, big = name("storm"), name("big")
+            create_topics(kipside.bootstrap, [topic, big], 2)
+            filler = ck.Producer(idempotent_conf(kipside.bootstrap, "filler"))
+            for i in range(s.fill_bytes // 1024):
+                filler.produce(big, bytes([i % 251]) * 1024, partition=0)
+            assert filler.flush(30) == 0
+            del filler
+            probe = SequencedProducer("probe", kipside.bootstrap, topic, 2, 100.0)
+            probe.run_timeout = 120 + s.held_s
+            probe.start()
+            probe_at = time.monotonic()
+            time.sleep(1.5)
+            rss_before = process.memory_info().rss
+            storm_at = time.monotonic()
+            args = [
+                kipside.bootstrap,
+                s.connections,
+                s.slow_readers,
+                big,
+                s.fetches_per_reader,
+                s.fetch_bytes,
+            ]
+            crowd = procs.track(
+                subprocess.Popen(
+                    [sys.executable, str(STORM_CLIENT), *map(str, args)],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+            )
+            assert crowd.stdout is not None
+            line = crowd.stdout.readline()
+            assert line.startswith("STORMED"), f"the storm failed: {line!r} ({crowd.poll()})"
+            wanted = s.connections + s.slow_readers
+            wait_until(
+                lambda: gauge("kipside_client_connections") >= wanted, 120, "the storm accepted"
+            )
+            accepted_at = time.monotonic()
+            peak_rss, peak_fds = 0, 0
+            while time.monotonic() < accepted_at + s.held_s:
+                peak_rss = max(peak_rss, process.memory_info().rss)
+                peak_fds = max(peak_fds, process.num_fds())
+                time.sleep(0.1)
+            held_until = time.monotonic()
+            in_flight = gauge("kipside_in_flight_bytes")
+            assert crowd.stdin is not None
+            crowd.stdin.close()
+            crowd.wait(60)
+            run_producers([probe], timeout=120)
+
+            def gone() -> bool:
+                return gauge("kipside_client_connections") == gauge("kipside_in_flight_bytes") == 0
+
+            wait_until(gone, 30, "the storm gone")
+            rss_after = process.memory_info().rss
+            result = audit(tansu.bootstrap, topic, 2, probe.delivered.acked)
+        finally:
+            if crowd is not None and crowd.poll() is None:
+                crowd.kill()
+            code = kipside.stop()
+    before = p99([t for at, t in probe.latencies if probe_at + 0.5 < at < storm_at])
+    burst = p99([t for at, t in probe.latencies if storm_at < at < accepted_at])
+    held = p99([t for at, t in probe.latencies if accepted_at + 0.5 < at < held_until])
+    bound = (
+        s.connections * s.per_connection_budget
+        + s.slow_readers * (s.per_client_in_flight + s.fetch_bytes)
+        + s.slack
+    )
+    out.result = (
+        f"{result.line()}; accepted in {accepted_at - storm_at:.1f} s; kipside RSS "
+        f"{rss_before / MIB:.0f} MiB before, {peak_rss / MIB:.0f} MiB peak (bound "
+        f"{(rss_before + bound) / MIB:.0f}), {rss_after / MIB:.0f} MiB after; fds peak {peak_fds};"
+        f" in flight {in_flight / MIB:.1f} MiB; probe p99 {before * 1000:.0f} ms before, "
+        f"{burst * 1000:.0f} ms while the burst was accepted, {held * 1000:.0f} ms while held"
+    )
+    out.check("kipside exited 0", code == 0, code)
+    producers_told(out, [probe])
+    out.check("every acknowledged probe message once, in order", result.clean, result.line())
+    out.check("the storm reached kipside", peak_fds >= s.connections, peak_fds)
+    out.check("RSS growth within the budget", peak_rss - rss_before <= bound, peak_rss - rss_before)
+    out.check(
+        "the probe's p99 kept while the storm is held", held <= 2 * before + 0.02, (before, held)
+    )
+    out.check(
+        "the probe's p99 bounded while the burst is accepted", burst <= s.burst_p99_bound_s, burst
+    )
+    return out
