@@ -110,6 +110,22 @@ def python_client_common(bootstrap: str, client: str, **extra: Any) -> dict[str,
     }
 
 
+# librdkafka's names of the security settings (confluent-kafka, kcat), and kafka-python's for
+# the same (aiokafka's too, but for the CA, which aiokafka takes as an ssl_context).
+PYTHON_CLIENT_NAMES = {
+    "security.protocol": "security_protocol",
+    "ssl.ca.location": "ssl_cafile",
+    "sasl.mechanism": "sasl_mechanism",
+    "sasl.username": "sasl_plain_username",
+    "sasl.password": "sasl_plain_password",
+}
+
+
+def python_client_names(conf: dict[str, Any]) -> dict[str, Any]:
+    """librdkafka's security settings in kafka-python's and aiokafka's names."""
+    return {PYTHON_CLIENT_NAMES[name]: value for name, value in conf.items()}
+
+
 def assigned_conf(common: dict[str, Any], isolation: str) -> dict[str, Any]:
     """kafka-python's and aiokafka's settings for a consumer of assigned partitions."""
     return {
@@ -343,6 +359,27 @@ def aio_common(bootstrap: str) -> dict[str, Any]:
     return python_client_common(bootstrap, "aiokafka", retry_backoff_ms=50)
 
 
+def aio_group_member(bootstrap: str, group: str, *topics: str, **conf: Any) -> Any:
+    """An aiokafka consumer in `group` (not started) that commits by hand and starts from the
+    earliest offsets, with a 6 s session and a 0.5 s heartbeat so a rebalance takes seconds.
+    `conf`: more settings, or other values, in aiokafka's names."""
+    from aiokafka import AIOKafkaConsumer
+
+    return AIOKafkaConsumer(
+        *topics,
+        **{
+            **aio_common(bootstrap),
+            "group_id": group,
+            "enable_auto_commit": False,
+            "auto_offset_reset": "earliest",
+            "session_timeout_ms": 6000,
+            "heartbeat_interval_ms": 500,
+            "fetch_max_wait_ms": 100,
+            **conf,
+        },
+    )
+
+
 def run_async(coro: Any, timeout: float = 60.0) -> Any:
     """Run an asyncio coroutine (aiokafka) from a sync test with a hard deadline."""
 
@@ -391,6 +428,29 @@ async def aio_consume_assigned(
         return polled.got, {tp.partition: (lows[tp], c.highwater(tp)) for tp in tps}
     finally:
         await c.stop()
+
+
+def produce_and_read_back(
+    client: str,
+    bootstrap: str,
+    topic: str,
+    msgs: Sequence[Msg],
+    partitions: int,
+    conf: dict[str, Any],
+) -> tuple[list[Msg], Watermarks]:
+    """`client` (confluent-kafka, kafka-python or aiokafka) produces `msgs`, then reads the
+    topic's `partitions` back by assignment until all arrived (consume_assigned); `conf`: more
+    settings (TLS, SASL) for both, in the client's own names."""
+    if client == "aiokafka":
+        run_async(aio_produce(bootstrap, topic, msgs, **conf))
+        read = aio_consume_assigned(bootstrap, topic, partitions, len(msgs), **conf)
+        found: tuple[list[Msg], Watermarks] = run_async(read)
+        return found
+    if client == "kafka-python":
+        kp_produce(bootstrap, topic, msgs, **conf)
+    else:
+        ck_produce(bootstrap, topic, msgs, conf=conf)
+    return consume_assigned(bootstrap, topic, partitions, len(msgs), client=client, conf=conf)
 
 
 def call_with_deadline(fn: Any, timeout: float, what: str) -> Any:

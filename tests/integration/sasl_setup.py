@@ -16,6 +16,8 @@ from conftest import Kipside, start_kipside
 from relaykit.sasl import SaslRelay
 from relaykit.tansu import tansu_behind
 
+from .clients import python_client_names
+
 # Who clients are (to the relay in passthrough, to kipside in termination).
 CLIENT_PASSWORDS = {
     "alice": "alice-pw-Zq81",
@@ -121,9 +123,4 @@ def ck_sasl(mechanism: str, user: str, password: str | None = None) -> dict[str,
 
 def py_sasl(mechanism: str, user: str, password: str | None = None) -> dict[str, Any]:
     """kafka-python's and aiokafka's names for the same settings."""
-    return {
-        "security_protocol": "SASL_PLAINTEXT",
-        "sasl_mechanism": mechanism,
-        "sasl_plain_username": user,
-        "sasl_plain_password": CLIENT_PASSWORDS[user] if password is None else password,
-    }
+    return python_client_names(ck_sasl(mechanism, user, password))

@@ -36,6 +36,8 @@ from testkit.ports import free_port
 from kipside.protocol import api_name
 from kipside.proxy import cli
 
+from .clients import python_client_names
+
 NODES = (1, 2, 3)
 MECHANISM = "SCRAM-SHA-512"
 # Who clients are to kipside (its credentials file) ...
@@ -159,13 +161,7 @@ def ck_settings(files: DeploymentFiles, user: str) -> dict[str, Any]:
 
 def kp_settings(files: DeploymentFiles, user: str) -> dict[str, Any]:
     """kafka-python's names for the same settings."""
-    return {
-        "security_protocol": "SASL_SSL",
-        "ssl_cafile": str(files.kipside_ca),
-        "sasl_mechanism": MECHANISM,
-        "sasl_plain_username": user,
-        "sasl_plain_password": CLIENT_PASSWORDS[user],
-    }
+    return python_client_names(ck_settings(files, user))
 
 
 @dataclass

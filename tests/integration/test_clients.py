@@ -42,8 +42,8 @@ from testkit.broker import TANSU_0_6_0
 from .clients import (
     CODECS,
     Msg,
-    aio_common,
     aio_consume_assigned,
+    aio_group_member,
     aio_produce,
     assert_exactly_once_in_order,
     call_with_deadline,
@@ -419,15 +419,8 @@ def test_aiokafka_group_rebalance(bootstrap: str, new_topic: NewTopicFactory) ->
             pass
 
     async def start_member(name: str) -> AIOKafkaConsumer:
-        c = AIOKafkaConsumer(
-            **{**aio_common(bootstrap), "client_id": name},
-            group_id=group,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            session_timeout_ms=6000,
-            heartbeat_interval_ms=500,
-            rebalance_timeout_ms=10000,
-            fetch_max_wait_ms=100,
+        c: AIOKafkaConsumer = aio_group_member(
+            bootstrap, group, client_id=name, rebalance_timeout_ms=10000
         )
         try:
             await c.start()

@@ -33,7 +33,7 @@ from kipside.protocol import ApiKey
 from .clients import (
     CONSUME_TIMEOUT,
     Msg,
-    aio_common,
+    aio_group_member,
     assert_exactly_once_in_order,
     ck_consumer,
     ck_msg,
@@ -43,7 +43,12 @@ from .clients import (
 )
 from .cluster_kit import PARTITIONS, ClusterStack, Mover, cluster_stack, refusals, served
 
-pytestmark = pytest.mark.integration
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        DIRECT, reason="KIPSIDE_TEST_DIRECT=1: these tests are about kipside in front of a cluster"
+    ),
+]
 
 RECORDS = 600
 GROUP_CLIENTS = ["confluent-kafka", "aiokafka"]
@@ -53,8 +58,6 @@ COMMIT_ATTEMPTS = 20  # a commit during a coordinator move is retried, as an app
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterStack]:
-    if DIRECT:
-        pytest.skip("KIPSIDE_TEST_DIRECT=1: these tests are about kipside in front of a cluster")
     with cluster_stack(tmp_path_factory.mktemp("cluster-groups")) as s:
         yield s
 
@@ -123,19 +126,9 @@ def _retry(commit: Callable[[], Any], what: str) -> None:
 
 
 async def _aio_group(bootstrap: str, topic: str, group: str, consumed: Consumed) -> None:
-    from aiokafka import AIOKafkaConsumer
     from aiokafka.errors import KafkaError
 
-    c = AIOKafkaConsumer(
-        topic,
-        **aio_common(bootstrap),
-        group_id=group,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        fetch_max_wait_ms=100,
-        session_timeout_ms=6000,
-        heartbeat_interval_ms=500,
-    )
+    c = aio_group_member(bootstrap, group, topic)
     await c.start()
     try:
         extra_until = None

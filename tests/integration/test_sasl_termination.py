@@ -19,8 +19,6 @@ import pytest
 from conftest import fresh_topic
 
 from .clients import (
-    aio_consume_assigned,
-    aio_produce,
     assert_exactly_once_in_order,
     ck_config,
     ck_produce,
@@ -29,7 +27,7 @@ from .clients import (
     kp_producer,
     kp_send,
     make_messages,
-    run_async,
+    produce_and_read_back,
 )
 from .sasl_setup import SECRETS, SaslSetup, ck_sasl, py_sasl, sasl_kipside
 
@@ -82,26 +80,9 @@ def test_clients_authenticate_to_kipside(
     conf = ck_sasl(mechanism, "alice")
     topic = fresh_topic(setup.bootstrap, "term", PARTITIONS, conf=conf)
     msgs = make_messages(30, PARTITIONS, tag=client)
-    if client == "confluent-kafka":
-        ck_produce(setup.bootstrap, topic, msgs, conf=conf)
-        got, marks = consume_assigned(setup.bootstrap, topic, PARTITIONS, len(msgs), conf=conf)
-    elif client == "kafka-python":
-        kp_produce(setup.bootstrap, topic, msgs, **py_sasl(mechanism, "alice"))
-        got, marks = consume_assigned(
-            setup.bootstrap,
-            topic,
-            PARTITIONS,
-            len(msgs),
-            client="kafka-python",
-            conf=py_sasl(mechanism, "alice"),
-        )
-    else:
-        run_async(aio_produce(setup.bootstrap, topic, msgs, **py_sasl(mechanism, "alice")))
-        got, marks = run_async(
-            aio_consume_assigned(
-                setup.bootstrap, topic, PARTITIONS, len(msgs), **py_sasl(mechanism, "alice")
-            )
-        )
+    if client != "confluent-kafka":
+        conf = py_sasl(mechanism, "alice")
+    got, marks = produce_and_read_back(client, setup.bootstrap, topic, msgs, PARTITIONS, conf)
     assert_exactly_once_in_order(msgs, got, marks)
     assert upstream_users(setup, topic) == {"alice-up"}
     assert [c.refused for c in setup.relay.carried() if c.refused] == []

@@ -62,7 +62,12 @@ from .secure_deployment import (
     secure_deployment,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        DIRECT, reason="KIPSIDE_TEST_DIRECT=1: these tests are about kipside's TLS and SASL"
+    ),
+]
 
 PARTITIONS = 9  # three per node: partition P on node P % 3 + 1
 # client id -> (the user it logs in to kipside as, the partitions it writes: one per node);
@@ -82,8 +87,6 @@ UPSTREAM_OWNER = {"alice-up": "alice", "bob-up": "bob", "kipside": None}
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    if DIRECT:
-        pytest.skip("KIPSIDE_TEST_DIRECT=1: these tests are about kipside's TLS and SASL")
     with secure_deployment(tmp_path_factory.mktemp("secure-cluster")) as d:
         yield d
 

@@ -39,15 +39,12 @@ from kipside.protocol import ApiKey, build_frame, encode_request_header
 
 from .clients import (
     Msg,
-    aio_consume_assigned,
-    aio_produce,
     assert_exactly_once_in_order,
     ck_config,
     ck_produce,
     consume_assigned,
-    kp_produce,
     make_messages,
-    run_async,
+    produce_and_read_back,
 )
 
 pytestmark = [
@@ -176,16 +173,8 @@ def test_clients_produce_and_consume_over_tls(
     if client == "kcat":
         got = kcat_round_trip(bootstrap, topic, msgs, conf)
         assert_exactly_once_in_order(msgs, got)
-    elif client == "confluent-kafka":
-        ck_produce(bootstrap, topic, msgs, conf=conf)
-        assert_exactly_once_in_order(msgs, *consume_assigned(bootstrap, topic, 3, 40, conf=conf))
-    elif client == "kafka-python":
-        kp_produce(bootstrap, topic, msgs, **conf)
-        found = consume_assigned(bootstrap, topic, 3, 40, client=client, conf=conf)
-        assert_exactly_once_in_order(msgs, *found)
     else:
-        run_async(aio_produce(bootstrap, topic, msgs, **conf))
-        found = run_async(aio_consume_assigned(bootstrap, topic, 3, 40, **conf))
+        found = produce_and_read_back(client, bootstrap, topic, msgs, partitions, conf)
         assert_exactly_once_in_order(msgs, *found)
     assert_clean(tls_kipside)
 
