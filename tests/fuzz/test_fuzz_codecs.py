@@ -12,10 +12,11 @@ fuzzed in tests/test_fetch.py, the kio messages in test_fuzz_messages.py.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from hypothesis import given
 from hypothesis import strategies as st
+from testkit.produce_frames import HEAD, request_frame, response_frame
 
 from fuzz.hostile import corrupted, fuzz
 from fuzz.skeletons import encode, skeleton
@@ -39,13 +40,8 @@ from kipside.protocol.headers import (
 )
 from kipside.protocol.messages import response_class
 from kipside.protocol.produce import (
-    NodeEndpointData,
     PartitionBatch,
-    PartitionResult,
-    ProduceResponseData,
     count_produce_request,
-    encode_produce_request,
-    encode_produce_response,
     parse_produce_request,
     parse_produce_response,
     produce_request_acks,
@@ -63,13 +59,25 @@ from kipside.protocol.records import (
 
 OWN_ERRORS = (ProtocolError, RecordBatchError, SaslError)
 FRAME_CAP = 4096
-HEAD = b"\x00" * 8  # a frame's size and response header (or request head) before a body
+Reader = Callable[[bytes, int, int], object]  # (frame, body offset, version)
 
 
 @contextlib.contextmanager
 def only_own_errors() -> Iterator[None]:
     with contextlib.suppress(*OWN_ERRORS):
         yield
+
+
+def read_each(frame: bytes, version: int, *readers: Reader) -> None:
+    """Each reader on the frame (its body after HEAD): each must return or raise OWN_ERRORS."""
+    for read in readers:
+        with only_own_errors():
+            read(frame, len(HEAD), version)
+
+
+def hostile_body(frame: bytes, data: st.DataObject) -> bytes:
+    """The frame with its body corrupted (fuzz.hostile.corrupted)."""
+    return HEAD + data.draw(corrupted(frame[len(HEAD) :]), label="body")
 
 
 def batch(values: int = 2) -> bytes:
@@ -120,13 +128,7 @@ def produce_requests() -> list[tuple[int, bytes]]:
         PartitionBatch("orders", 1, None),
         PartitionBatch("payments", 7, memoryview(batch(1))),
     ]
-    out = []
-    for version in range(3, 13):
-        chunks = encode_produce_request(
-            version, acks=-1, timeout_ms=30_000, partitions=partitions, transactional_id="txn"
-        )
-        out.append((version, HEAD + b"".join(bytes(c) for c in chunks)))
-    return out
+    return [(version, request_frame(version, "txn", partitions)) for version in range(3, 13)]
 
 
 @fuzz(500)
@@ -135,24 +137,20 @@ def test_produce_requests_raise_only_own_errors(
     base: tuple[int, bytes], data: st.DataObject
 ) -> None:
     version, frame = base
-    hostile = HEAD + data.draw(corrupted(frame[len(HEAD) :]), label="body")
+    hostile = hostile_body(frame, data)
     with only_own_errors():
         request = parse_produce_request(hostile, len(HEAD), version)
         for p in request.partitions:  # records stay views inside the frame
             assert p.records is None or p.records.obj is not None
             assert p.records is None or len(p.records) <= len(hostile)
-    with only_own_errors():
-        count_produce_request(hostile, len(HEAD), version)
-    with only_own_errors():
-        produce_request_acks(hostile, len(HEAD), version)
+    read_each(hostile, version, count_produce_request, produce_request_acks)
 
 
 @fuzz(300)
 @given(version=st.integers(0, 13), body=st.binary(max_size=12))
 def test_produce_acks_reader_raises_only_decode_error(version: int, body: bytes) -> None:
     """What the session reads of every Produce it forwards (whether an answer is owed)."""
-    with only_own_errors():
-        produce_request_acks(HEAD + body, len(HEAD), version)
+    read_each(HEAD + body, version, produce_request_acks)
 
 
 def test_produce_acks_reader_agrees_with_the_full_reader() -> None:
@@ -162,22 +160,7 @@ def test_produce_acks_reader_agrees_with_the_full_reader() -> None:
 
 
 def produce_responses() -> list[tuple[int, bytes]]:
-    results = (
-        PartitionResult("orders", 0, 0, base_offset=41, log_start_offset=0),
-        PartitionResult(
-            "orders",
-            1,
-            6,
-            record_errors=((0, "bad record"), (3, None)),
-            error_message="not the leader",
-            current_leader=(2, 7),
-        ),
-    )
-    endpoints = (NodeEndpointData(2, "broker-2", 9092, "rack-a"),)
-    return [
-        (v, HEAD + encode_produce_response(v, ProduceResponseData(results, 5, endpoints)))
-        for v in range(3, 13)
-    ]
+    return [(version, response_frame(version)) for version in range(3, 13)]
 
 
 @fuzz(500)
@@ -186,13 +169,8 @@ def test_produce_responses_raise_only_decode_error(
     base: tuple[int, bytes], data: st.DataObject
 ) -> None:
     version, frame = base
-    hostile = HEAD + data.draw(corrupted(frame[len(HEAD) :]), label="body")
-    with only_own_errors():
-        parse_produce_response(hostile, len(HEAD), version)
-    with only_own_errors():
-        produce_response_error_codes(hostile, len(HEAD), version)
-    with only_own_errors():
-        produce_response_names_nodes(hostile, len(HEAD), version)
+    readers = (parse_produce_response, produce_response_error_codes, produce_response_names_nodes)
+    read_each(hostile_body(frame, data), version, *readers)
 
 
 def fetch_responses() -> list[tuple[int, bytes]]:
@@ -208,9 +186,7 @@ def test_fetch_node_endpoint_reader_raises_only_decode_error(
 ) -> None:
     version, frame = base
     assert fetch_response_names_nodes(frame, len(HEAD), version) is True
-    hostile = HEAD + data.draw(corrupted(frame[len(HEAD) :]), label="body")
-    with only_own_errors():
-        fetch_response_names_nodes(hostile, len(HEAD), version)
+    read_each(hostile_body(frame, data), version, fetch_response_names_nodes)
 
 
 # Record batches and records -----------------------------------------------------------------
