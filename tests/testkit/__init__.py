@@ -2,12 +2,15 @@
 
 - testkit.broker   start an in-memory Tansu (on top of kipside.proxy.devbroker, the product's
                    own way), read its version; `TANSU_0_6_0` marks tests of its known bugs.
-- testkit.ports    a free loopback port; wait until something listens on one.
+- testkit.ports    a free loopback port; wait until something listens on one; a connected
+                   loopback TCP pair with small kernel buffers.
 - testkit.cpu      CPU seconds of a process tree (psutil) and of this process.
 - testkit.http     the admin endpoint's HTTP: one h11 client exchange (sans-I/O), curl's answer.
 - testkit.metrics  scrape kipside's /metrics and parse it with prometheus_client.parser.
 - testkit.produce  confluent-kafka: produce known records, waiting out a full queue, and
                    collect every failed delivery.
+- testkit.produce_frames  valid ProduceRequest and ProduceResponse frames (kipside.protocol's
+                   writers), for the codec tests and the fuzz tests.
 - testkit.procs    every child process a harness started, so a watchdog can kill them all.
 - testkit.tools    external tools (kcat, chromium, haproxy, tshark, java): a skip or an error that
                    names the missing tool and how to install it.
