@@ -12,17 +12,20 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Final
 
 from .capture import CaptureError, CaptureFile, FileCounts
+from .connection import ConversationCounts
+from .counts import meanings, skipped_values
+from .frames import FrameCounts
 from .packets import BAD_HEADER, FRAGMENT, HEADERS_CUT, NOT_IP, NOT_TCP, UNKNOWN_LINK, Segment
 from .packets import tcp_segment as _tcp_segment
+from .reassembly import ReassemblyCounts
 from .summary import Summary, SummaryBuilder
-from .table import ConnectionTable
+from .table import ConnectionTable, TableCounts
 
-__all__ = ["NoKafkaError", "summarize"]
+__all__ = ["SKIPPED", "NoKafkaError", "summarize"]
 
 Progress = Callable[[int, int], None]
 _PROGRESS_EVERY: Final = 4096
@@ -82,28 +85,41 @@ def summarize(
     return summary
 
 
+_FILE_CUT: Final = "file ending inside a packet record (cut, or copied while being written)"
+# Packets that are no TCP segment, by the reasons (packets.SKIP_REASONS) counted together.
+_NOT_SEGMENTS: Final = {
+    "not_tcp_packets": ((NOT_IP, NOT_TCP), "packets that are not TCP over IP"),
+    "unknown_link_packets": ((UNKNOWN_LINK,), "packets of a link type the reader does not know"),
+    "ip_fragments": ((FRAGMENT,), "IP fragments (not reassembled)"),
+    "headers_cut_packets": ((HEADERS_CUT,), "packets whose headers the snap length cut"),
+    "malformed_header_packets": ((BAD_HEADER,), "packets with malformed IP or TCP headers"),
+}
+SKIPPED: Final = {
+    "file_cut": _FILE_CUT,
+    **{name: meaning for name, (_, meaning) in _NOT_SEGMENTS.items()},
+    **meanings(TableCounts),
+    **meanings(ReassemblyCounts),
+    **meanings(FrameCounts, "frames_"),
+    **meanings(ConversationCounts),
+}
+"""What each count of Summary.skipped means, in the words the report prints after it."""
+
+
 def skipped_counts(
     file: FileCounts, not_segments: Counter[str], table: ConnectionTable
 ) -> dict[str, int]:
-    """Every count of what was skipped or guessed, under the names report.SKIPPED explains."""
-    out = {
+    """Every count of what was skipped or guessed, under the names SKIPPED explains."""
+    return {
         "file_cut": file.cut_at_end,
-        "not_tcp_packets": not_segments[NOT_IP] + not_segments[NOT_TCP],
-        "unknown_link_packets": not_segments[UNKNOWN_LINK],
-        "ip_fragments": not_segments[FRAGMENT],
-        "headers_cut_packets": not_segments[HEADERS_CUT],
-        "malformed_header_packets": not_segments[BAD_HEADER],
-        "other_port_segments": table.counts.other_ports,
-        "segments_after_close": table.counts.after_close,
+        **{
+            name: sum(not_segments[reason] for reason in reasons)
+            for name, (reasons, _) in _NOT_SEGMENTS.items()
+        },
+        **skipped_values(table.counts),
+        **skipped_values(table.reassembly),
+        **skipped_values(table.frames, "frames_"),
+        **skipped_values(table.conversation),
     }
-    reassembly = asdict(table.reassembly)
-    del reassembly["segments"]
-    out.update({f"{name}": value for name, value in reassembly.items()})
-    frames = asdict(table.frames)
-    del frames["frames"]
-    out.update({f"frames_{name}": value for name, value in frames.items()})
-    out.update(asdict(table.conversation))
-    return out
 
 
 def _no_kafka(path: Path, ports: frozenset[int], file: FileCounts, table: ConnectionTable) -> str:

@@ -23,6 +23,7 @@ from typing import Final, Protocol
 
 from kipside.protocol import INT32, Buffer, sniff_foreign_protocol
 
+from .counts import skipped
 from .decode import (
     REQUEST_BODIES,
     RESPONSE_BODIES,
@@ -73,15 +74,13 @@ class Endpoint:
 class ConversationCounts:
     """What matching found, added up over every connection of a capture."""
 
-    unanswered: int = 0
-    """Requests expecting an answer that none in the capture gave."""
-    unmatched_responses: int = 0
-    """Responses to no request seen (sent before the capture began, or the request was lost)."""
-    unread_requests: int = 0
-    """Request bodies that were wanted but not read (bytes lost, or they did not decode)."""
-    unread_responses: int = 0
-    waiting_dropped: int = 0
-    """Requests given up because MAX_WAITING were already waiting on their connection."""
+    unanswered: int = skipped("requests whose answer is not in the capture")
+    unmatched_responses: int = skipped("responses to requests not in the capture")
+    """Sent before the capture began, or their request was lost."""
+    unread_requests: int = skipped("request bodies not read (bytes lost, or they did not decode)")
+    unread_responses: int = skipped("response bodies not read (bytes lost, or they did not decode)")
+    waiting_dropped: int = skipped("requests given up because too many waited on one connection")
+    """MAX_WAITING were already waiting on their connection."""
 
 
 class Listener(Protocol):

@@ -23,6 +23,8 @@ from typing import Final, Protocol
 
 from kipside.protocol import DEFAULT_MAX_FRAME_BYTES, INT32, Buffer, sniff_kafka_request
 
+from .counts import skipped
+
 __all__ = [
     "HEAD",
     "Frame",
@@ -89,16 +91,12 @@ class FrameCounts:
     """What splitting found, added up over every direction of a capture."""
 
     frames: int = 0
-    damaged: int = 0
-    """Frames the capture lost bytes of (counted by their header, body not read)."""
-    resyncs: int = 0
-    """Times a direction lost its place among frames and searched for the next one."""
-    skipped_bytes: int = 0
-    """Bytes passed over while searching, and bytes of frames cut short by the capture's end."""
-    cut_at_end: int = 0
-    """Frames the capture ended inside of."""
-    bad_sizes: int = 0
-    """Size prefixes outside what Kafka allows (which lost the place)."""
+    damaged: int = skipped("frames that lost bytes in the capture (counted, body not read)")
+    resyncs: int = skipped("times a stream lost its place and searched for the next frame")
+    skipped_bytes: int = skipped("bytes passed over while searching, or in frames cut by the end")
+    cut_at_end: int = skipped("frames the capture ended inside of")
+    bad_sizes: int = skipped("frame sizes Kafka does not allow")
+    """Size prefixes outside what Kafka allows, each of which lost the place."""
 
 
 class FrameSplitter:

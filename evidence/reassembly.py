@@ -18,10 +18,12 @@ Every one of these is counted in ReassemblyCounts. Nothing here knows what the b
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Final, Protocol
 
 from kipside.protocol import Buffer
+
+from .counts import skipped
 
 __all__ = ["UNKNOWN_LOSS", "ReassemblyCounts", "StreamSink", "TcpDirection"]
 
@@ -50,24 +52,17 @@ class ReassemblyCounts:
 
     segments: int = 0
     """Segments that carried data."""
-    retransmitted: int = 0
-    """Segments whose bytes had all been received already (dropped)."""
-    overlapping: int = 0
-    """Segments partly received already (trimmed to their new bytes)."""
-    out_of_order: int = 0
-    """Segments that arrived ahead of a missing predecessor (held until it came, or given up)."""
-    gaps: int = 0
-    """Holes in a stream the capture never filled."""
-    gap_bytes: int = 0
-    snap_cut: int = 0
-    """Segments the capture's snap length cut short."""
-    snap_bytes: int = 0
-    midstream: int = 0
-    """Directions whose first bytes were not captured (no SYN)."""
-
-    def add(self, other: ReassemblyCounts) -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+    retransmitted: int = skipped("retransmitted segments (dropped: already received)")
+    overlapping: int = skipped("overlapping segments (trimmed to their new bytes)")
+    out_of_order: int = skipped("segments captured ahead of a predecessor (held until it came)")
+    """Or until it was given up: then a gap."""
+    gaps: int = skipped("holes in a stream that the capture never filled")
+    gap_bytes: int = skipped("bytes in those holes")
+    snap_cut: int = skipped(
+        "segments cut short (by the snap length: capture with -s 0; or by the file's end)"
+    )
+    snap_bytes: int = skipped("bytes those segments lacked")
+    midstream: int = skipped("directions captured from the middle (no SYN)")
 
 
 def _signed(value: int) -> int:

@@ -1,48 +1,20 @@
 """Summaries and comparisons as text for a terminal: aligned tables and one line per figure.
 
 The words are Kafka's (API names such as AddPartitionsToTxn, error names such as
-CONCURRENT_TRANSACTIONS). SKIPPED says, for each count of what a capture made the summary skip,
-what it means; only counts above zero are printed, and "nothing skipped" when all are zero.
+CONCURRENT_TRANSACTIONS). Of what a capture made the summary skip, each count above zero is
+printed with what it means (analyse.SKIPPED, from where each count is declared), and "nothing"
+when all are zero.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
 
+from .analyse import SKIPPED
 from .compare import Comparison
 from .summary import Summary
 
 __all__ = ["SKIPPED", "format_comparison", "format_summary"]
-
-SKIPPED: Final = {
-    "file_cut": "file ending inside a packet record (cut, or copied while being written)",
-    "not_tcp_packets": "packets that are not TCP over IP",
-    "unknown_link_packets": "packets of a link type the reader does not know",
-    "ip_fragments": "IP fragments (not reassembled)",
-    "headers_cut_packets": "packets whose headers the snap length cut",
-    "malformed_header_packets": "packets with malformed IP or TCP headers",
-    "other_port_segments": "TCP segments on other ports than --port",
-    "segments_after_close": "segments of connections already closed (late retransmissions)",
-    "retransmitted": "retransmitted segments (dropped: already received)",
-    "overlapping": "overlapping segments (trimmed to their new bytes)",
-    "out_of_order": "segments captured ahead of a predecessor (held until it came)",
-    "gaps": "holes in a stream that the capture never filled",
-    "gap_bytes": "bytes in those holes",
-    "snap_cut": "segments cut short (by the snap length: capture with -s 0; or by the file's end)",
-    "snap_bytes": "bytes those segments lacked",
-    "midstream": "directions captured from the middle (no SYN)",
-    "frames_damaged": "frames that lost bytes in the capture (counted, body not read)",
-    "frames_resyncs": "times a stream lost its place and searched for the next frame",
-    "frames_skipped_bytes": "bytes passed over while searching, or in frames cut by the end",
-    "frames_cut_at_end": "frames the capture ended inside of",
-    "frames_bad_sizes": "frame sizes Kafka does not allow",
-    "unanswered": "requests whose answer is not in the capture",
-    "unmatched_responses": "responses to requests not in the capture",
-    "unread_requests": "request bodies not read (bytes lost, or they did not decode)",
-    "unread_responses": "response bodies not read (bytes lost, or they did not decode)",
-    "waiting_dropped": "requests given up because too many waited on one connection",
-}
 
 
 def _n(value: int) -> str:

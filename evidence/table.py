@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from .connection import Connection, ConversationCounts, Endpoint, Listener
+from .counts import skipped
 from .frames import FrameCounts
 from .packets import ACK, FIN, RST, SYN, Segment
 from .reassembly import ReassemblyCounts
@@ -29,10 +30,10 @@ _Key = tuple[bytes, int, bytes, int]
 
 @dataclass
 class TableCounts:
-    other_ports: int = 0
-    """TCP segments on none of the --port ports."""
-    after_close: int = 0
-    """Segments with data for a connection already closed (late retransmissions)."""
+    other_port_segments: int = skipped("TCP segments on other ports than --port")
+    segments_after_close: int = skipped(
+        "segments of connections already closed (late retransmissions)"
+    )
 
 
 class ConnectionTable:
@@ -101,13 +102,13 @@ class ConnectionTable:
         src, dst = Endpoint(seg.src, seg.sport), Endpoint(seg.dst, seg.dport)
         ports = self.ports
         if ports and seg.sport not in ports and seg.dport not in ports:
-            self.counts.other_ports += 1
+            self.counts.other_port_segments += 1
             return None
         syn = bool(flags & SYN)
         if not syn and not (seg.payload or seg.missing):
             return None  # a bare ACK, FIN or RST of a connection not seen
         if not syn and key in self._closed:
-            self.counts.after_close += 1
+            self.counts.segments_after_close += 1
             return None
         if syn:
             from_client = not flags & ACK
