@@ -81,7 +81,7 @@ class Summary:
     connections: dict[str, int]
     """Kafka connections per broker (the server side of the capture: a broker, or kipside)."""
     skipped: dict[str, int]
-    """Everything the capture made the summary skip or guess, by reason (see report.SKIPPED)."""
+    """Everything the capture made the summary skip or guess, by reason (see analyse.SKIPPED)."""
     other_connections: dict[str, int] = field(default_factory=dict)
     """Connections that were not Kafka: TLS, not Kafka."""
 
