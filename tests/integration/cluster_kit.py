@@ -247,12 +247,9 @@ def produce_concurrently(
         run_async(_aio_all(bootstrap, topic, sends, pause), timeout=FLUSH_TIMEOUT + 30)
         return
     one = _ck_one if client == "confluent-kafka" else _kp_one
-    errors: list[str] = []
-    start = threading.Barrier(len(sends), timeout=30)
+    paced = _Paced(pause, threading.Barrier(len(sends), timeout=30))
     threads = [
-        threading.Thread(
-            target=one, args=(bootstrap, topic, msgs, pause, errors, start), daemon=True
-        )
+        threading.Thread(target=one, args=(bootstrap, topic, msgs, paced), daemon=True)
         for msgs in sends.values()
     ]
     for t in threads:
@@ -260,6 +257,7 @@ def produce_concurrently(
     for t in threads:
         t.join(FLUSH_TIMEOUT + 30)
     assert not any(t.is_alive() for t in threads), "a producer did not finish"
+    errors = paced.errors
     assert not errors, f"{len(errors)} delivery errors, first: {errors[:3]}"
 
 
@@ -268,68 +266,72 @@ def _chunks(msgs: list[Msg]) -> Iterator[list[Msg]]:
         yield msgs[i : i + CHUNK]
 
 
-def _ck_one(
-    bootstrap: str,
-    topic: str,
-    msgs: list[Msg],
-    pause: float,
-    errors: list[str],
-    start: threading.Barrier,
-) -> None:
+@dataclass
+class _Paced:
+    """What the producer threads of produce_concurrently share: the pause after each chunk, the
+    barrier where every producer's first chunk, delivered, waits for the others', the errors."""
+
+    pause: float
+    start: threading.Barrier
+    errors: list[str] = field(default_factory=list)
+
+    def chunks(self, msgs: list[Msg], flush: Callable[[], object]) -> Iterator[list[Msg]]:
+        """`msgs` in chunks of CHUNK for the caller to send; the first is flushed and waits at
+        the barrier before the rest go."""
+        for n, chunk in enumerate(_chunks(msgs)):
+            yield chunk
+            if n == 0:
+                flush()
+                self.start.wait()
+            time.sleep(self.pause)
+
+    def failed(self, exc: Exception) -> None:
+        """The producer gave up: its error, and the barrier broken so no other waits for it."""
+        self.errors.append(repr(exc))
+        self.start.abort()
+
+
+def _ck_one(bootstrap: str, topic: str, msgs: list[Msg], paced: _Paced) -> None:
     def delivered(err: Any, _msg: Any) -> None:
         if err is not None:
-            errors.append(str(err))
+            paced.errors.append(str(err))
 
     conf = {"enable.idempotence": True, "acks": "all", "linger.ms": 5}
     p = ck.Producer(ck_config(bootstrap, **conf, **{"message.timeout.ms": 20000}))
     try:
-        for n, chunk in enumerate(_chunks(msgs)):
+        for chunk in paced.chunks(msgs, lambda: p.flush(FLUSH_TIMEOUT)):
             for m in chunk:
                 p.produce(
-                    topic, m.value, m.key, partition=m.partition, headers=list(m.headers),
+                    topic,
+                    m.value,
+                    m.key,
+                    partition=m.partition,
+                    headers=list(m.headers),
                     on_delivery=delivered,
-                )  # fmt: skip
-            if n == 0:
-                p.flush(FLUSH_TIMEOUT)
-                start.wait()
+                )
             p.poll(0)
-            time.sleep(pause)
         left = p.flush(FLUSH_TIMEOUT)
         if left:
-            errors.append(f"{left} messages undelivered after {FLUSH_TIMEOUT} s")
+            paced.errors.append(f"{left} messages undelivered after {FLUSH_TIMEOUT} s")
     except Exception as exc:
-        errors.append(repr(exc))
-        start.abort()
+        paced.failed(exc)
 
 
-def _kp_one(
-    bootstrap: str,
-    topic: str,
-    msgs: list[Msg],
-    pause: float,
-    errors: list[str],
-    start: threading.Barrier,
-) -> None:
+def _kp_one(bootstrap: str, topic: str, msgs: list[Msg], paced: _Paced) -> None:
     try:
         producer = kp_producer(bootstrap, enable_idempotence=True, retries=100)
     except Exception as exc:
-        errors.append(repr(exc))
-        start.abort()
+        paced.failed(exc)
         return
     try:
         futures = []
-        for n, chunk in enumerate(_chunks(msgs)):
+        for chunk in paced.chunks(msgs, lambda: producer.flush(timeout=FLUSH_TIMEOUT)):
             futures += kp_send(producer, topic, chunk)
-            if n == 0:
-                producer.flush(timeout=FLUSH_TIMEOUT)
-                start.wait()
-            time.sleep(pause)
         producer.flush(timeout=FLUSH_TIMEOUT)
         for f in futures:
             f.get(timeout=1)
     except Exception as exc:
-        errors.append(repr(exc))
-        start.abort()
+        paced.failed(exc)
     finally:
         producer.close(timeout=5)
 
