@@ -92,7 +92,15 @@ class UVarIntField(FieldLenField):
         return len(self.addfield(pkt, b"", x))
 
 
-class KafkaTaggedField(Packet):
+class _Item(Packet):
+    """An item of a Kafka array: the bytes after it belong to the next item (scapy would make
+    them this item's payload)."""
+
+    def extract_padding(self, s: bytes) -> tuple[bytes, bytes]:
+        return b"", s
+
+
+class KafkaTaggedField(_Item):
     """One field of a tagged-field section: tag, size, bytes."""
 
     name = "Kafka tagged field"
@@ -101,9 +109,6 @@ class KafkaTaggedField(Packet):
         UVarIntField("size", None, length_of="data"),
         StrLenField("data", b"", length_from=lambda p: p.size),
     ]
-
-    def extract_padding(self, s: bytes) -> tuple[bytes, bytes]:
-        return b"", s
 
 
 def _tag_fields(condition: Any) -> list[AnyField]:
@@ -208,7 +213,7 @@ def _array(count: str, name: str, item: type[Packet]) -> list[AnyField]:
     ]
 
 
-class ProducePartition(Packet):
+class ProducePartition(_Item):
     """One partition of a ProduceRequest v3-v8: index, records (int32 length, -1 for null)."""
 
     name = "Produce partition"
@@ -218,11 +223,8 @@ class ProducePartition(Packet):
         StrLenField("records", b"", length_from=lambda p: max(p.records_length, 0)),
     ]
 
-    def extract_padding(self, s: bytes) -> tuple[bytes, bytes]:
-        return b"", s
 
-
-class ProduceTopic(Packet):
+class ProduceTopic(_Item):
     """One topic of a ProduceRequest v3-v8: name (int16 length), partitions (int32 count)."""
 
     name = "Produce topic"
@@ -231,9 +233,6 @@ class ProduceTopic(Packet):
         StrLenField("topic", b"", length_from=lambda p: max(p.name_length, 0)),
         *_array("partition_count", "partitions", ProducePartition),
     ]
-
-    def extract_padding(self, s: bytes) -> tuple[bytes, bytes]:
-        return b"", s
 
 
 class ProduceRequestBody(Packet):
