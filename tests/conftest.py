@@ -377,6 +377,12 @@ def skip_unless_shared_lanes(feature: str) -> None:
         pytest.skip(f"kipside runs with --one-to-one: no shared lanes, no {feature}")
 
 
+def needs_kipside(why: str) -> pytest.MarkDecorator:
+    """The mark of a test module about kipside itself: KIPSIDE_TEST_DIRECT=1 skips it, saying
+    why."""
+    return pytest.mark.skipif(DIRECT, reason=f"KIPSIDE_TEST_DIRECT=1: {why}")
+
+
 def unique_name(prefix: str, request: pytest.FixtureRequest | None = None) -> str:
     """A Kafka-legal name unique to this test run (test name + counter + random suffix)."""
     base = request.node.name if request is not None else "x"

@@ -24,7 +24,7 @@ from typing import Any
 
 import confluent_kafka as ck
 import pytest
-from conftest import DIRECT, fresh_topic, unique_name
+from conftest import fresh_topic, needs_kipside, unique_name
 from relaykit.cluster import SimulatedCluster
 from relaykit.kafka_answers import FENCED_LEADER_EPOCH, GROUP, NOT_COORDINATOR, NOT_LEADER
 
@@ -45,9 +45,7 @@ from .cluster_kit import PARTITIONS, ClusterStack, Mover, cluster_stack, refusal
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(
-        DIRECT, reason="KIPSIDE_TEST_DIRECT=1: these tests are about kipside in front of a cluster"
-    ),
+    needs_kipside("these tests are about kipside in front of a cluster"),
 ]
 
 RECORDS = 600

@@ -40,7 +40,7 @@ from typing import Any
 
 import confluent_kafka as ck
 import pytest
-from conftest import DIRECT, ONE_TO_ONE, create_topics, fresh_topic
+from conftest import ONE_TO_ONE, create_topics, fresh_topic, needs_kipside
 from relaykit.sasl import Carried
 from testkit.metrics import scrape
 
@@ -64,9 +64,7 @@ from .secure_deployment import (
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(
-        DIRECT, reason="KIPSIDE_TEST_DIRECT=1: these tests are about kipside's TLS and SASL"
-    ),
+    needs_kipside("these tests are about kipside's TLS and SASL"),
 ]
 
 PARTITIONS = 9  # three per node: partition P on node P % 3 + 1

@@ -27,7 +27,7 @@ from typing import Any
 import confluent_kafka as ck
 import pytest
 from aiokafka.helpers import create_ssl_context
-from conftest import DIRECT, KIPSIDE_BIN, Kipside, fresh_topic, start_kipside
+from conftest import KIPSIDE_BIN, Kipside, fresh_topic, needs_kipside, start_kipside
 from relaykit.base import LOOPBACK
 from relaykit.tansu import tansu_behind
 from relaykit.tls import CertFiles, TestCA, TlsTerminatingRelay
@@ -49,7 +49,7 @@ from .clients import (
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(DIRECT, reason="KIPSIDE_TEST_DIRECT=1: TLS is kipside's; no kipside here"),
+    needs_kipside("TLS is kipside's; no kipside here"),
 ]
 
 LOG_TIMEOUT = 10.0
