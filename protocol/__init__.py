@@ -6,7 +6,7 @@ modules behind them are free to change. The pieces:
 
 - ``Address`` (HOST:PORT, a plain value);
 - framing: ``FrameDecoder`` (size-prefixed frames, foreign-protocol sniffing, a size cap);
-- headers: request and response headers, correlation ids, ``build_frame``;
+- headers: request and response headers, correlation ids, ``build_frame``, ``response_frame``;
 - ``ApiKey`` and ``api_name``; ``Message`` and the kio adapter (``decode_response`` ...);
 - Produce (v3-12) and Fetch (v4-12), hand-written with zero-copy record sets;
 - record batches (``RecordBatchView``, re-stamping), small batches (``encode_batch``),
@@ -72,6 +72,7 @@ from kipside.protocol.headers import (
     request_body_offset,
     request_correlation_id,
     response_correlation_id,
+    response_frame,
     with_request_correlation_id,
     with_response_correlation_id,
 )
@@ -254,6 +255,7 @@ __all__ = [
     "request_header_version",
     "response_class",
     "response_correlation_id",
+    "response_frame",
     "response_header_version",
     "restamp",
     "scram_credential",

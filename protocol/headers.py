@@ -134,3 +134,10 @@ def encode_response_header(api_key: int, api_version: int, correlation_id: int) 
 
 def build_frame(header: bytes, body: Buffer) -> bytes:
     return INT32.pack(len(header) + len(body)) + header + bytes(body)
+
+
+def response_frame(request: RequestHeader, body: Buffer) -> bytes:
+    """A response frame answering `request`: its correlation id, in the response header version
+    its API version calls for, around `body` (an encoded response message)."""
+    head = encode_response_header(request.api_key, request.api_version, request.correlation_id)
+    return build_frame(head, body)

@@ -52,12 +52,12 @@ from kipside.protocol import (
     encode_message,
     encode_produce_request,
     encode_produce_response,
-    encode_response_header,
     field_entity,
     parse_produce_request,
     parse_produce_response,
     parse_response_header,
     response_class,
+    response_frame,
 )
 from kipside.proxy.features.transactions import add_offsets_answer, add_partitions_answer
 from kipside.proxy.network.hooks import Narrowed, RoutedClient
@@ -183,8 +183,10 @@ def _produce_verdict(
         narrowed = _produce_frame(frame, header, produce.acks, produce.timeout_ms, tid, kept)
         return Narrowed(narrowed, close=_acks0_close(refused, code))
     if not kept:
-        results = tuple(PartitionResult(b.topic, b.partition, code) for b in sent)
-        return _frame_bytes(header, encode_produce_response(version, ProduceResponseData(results)))
+        answer = ProduceResponseData(
+            tuple(PartitionResult(b.topic, b.partition, code) for b in sent)
+        )
+        return response_frame(header, encode_produce_response(version, answer))
     merge = functools.partial(_merged_produce_answer, version, sent, refused)
     narrowed = _produce_frame(frame, header, produce.acks, produce.timeout_ms, tid, kept)
     return Narrowed(narrowed, merge)
@@ -311,12 +313,7 @@ def _transactional_id(request: Message) -> str | None:
 
 
 def _frame(header: RequestHeader, message: Message) -> bytes:
-    return _frame_bytes(header, encode_message(message))
-
-
-def _frame_bytes(header: RequestHeader, body: bytes) -> bytes:
-    head = encode_response_header(header.api_key, header.api_version, header.correlation_id)
-    return build_frame(head, body)
+    return response_frame(header, encode_message(message))
 
 
 def _refused_topic(key: int, topic_cls: Any, partition_cls: Any, topic: Any, error: int) -> Any:

@@ -43,12 +43,11 @@ from kipside.protocol.errors import ProtocolError
 from kipside.protocol.framing import FrameDecoder
 from kipside.protocol.headers import (
     RequestHeader,
-    build_frame,
-    encode_response_header,
     parse_request_header,
     request_correlation_id,
     response_correlation_id,
 )
+from kipside.protocol.headers import response_frame as response_frame  # for the filters
 
 LOOPBACK: Final = "127.0.0.1"
 CONNECT_TIMEOUT: Final = 5.0
@@ -106,13 +105,6 @@ FORWARD: Final = Forward()
 DROP: Final = Drop()
 CLOSE: Final = Close()
 Decision = Forward | Answer | Drop | Close
-
-
-def response_frame(request: RequestHeader, body: bytes) -> bytes:
-    """A response frame answering `request`: its correlation id, in the response header version
-    its API version calls for, around `body` (an encoded response message)."""
-    head = encode_response_header(request.api_key, request.api_version, request.correlation_id)
-    return build_frame(head, body)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,10 +22,10 @@ from kipside.protocol import (
     decode_response,
     encode_message,
     encode_request_header,
-    encode_response_header,
     parse_response_header,
     request_class,
     response_class,
+    response_frame,
 )
 
 SASL_APIS = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
@@ -42,7 +42,7 @@ def handshake_mechanism(frame: bytes, header: RequestHeader) -> str:
 def handshake_answer(header: RequestHeader, error: ErrorCode, mechanisms: tuple[str, ...]) -> bytes:
     cls = response_class(ApiKey.SASL_HANDSHAKE, header.api_version)
     body = encode_message(cls(error_code=error, mechanisms=mechanisms))
-    return _answer(header, body)
+    return response_frame(header, body)
 
 
 def handshake_accepted(frame: bytes) -> bool:
@@ -70,12 +70,7 @@ def authenticate_answer(
     fields: dict[str, object] = {"error_code": error, "error_message": message, "auth_bytes": token}
     if header.api_version >= 1:
         fields["session_lifetime"] = datetime.timedelta(0)  # no re-authentication required
-    return _answer(header, encode_message(cls(**fields)))
-
-
-def _answer(header: RequestHeader, body: bytes) -> bytes:
-    head = encode_response_header(header.api_key, header.api_version, header.correlation_id)
-    return build_frame(head, body)
+    return response_frame(header, encode_message(cls(**fields)))
 
 
 def raw_frame(token: bytes) -> bytes:
