@@ -144,28 +144,18 @@ def expected_request(version: int, partitions: list[FetchPartition], knobs: Fetc
 @given(
     version=st.sampled_from(VERSIONS),
     partitions=st.lists(st.builds(FetchPartition, names, int32, int64, int32), max_size=6),
-    max_wait_ms=st.integers(0, 2**31 - 1),
-    min_bytes=int32,
-    max_bytes=int32,
-    isolation_level=st.sampled_from([READ_UNCOMMITTED, READ_COMMITTED]),
-    rack_id=names | st.just(""),
+    knobs=st.builds(
+        FetchSettings,
+        max_wait_ms=st.integers(0, 2**31 - 1),
+        min_bytes=int32,
+        max_bytes=int32,
+        isolation_level=st.sampled_from([READ_UNCOMMITTED, READ_COMMITTED]),
+        rack_id=names | st.just(""),
+    ),
 )
 def test_request_round_trip(
-    version: int,
-    partitions: list[FetchPartition],
-    max_wait_ms: int,
-    min_bytes: int,
-    max_bytes: int,
-    isolation_level: int,
-    rack_id: str,
+    version: int, partitions: list[FetchPartition], knobs: FetchSettings
 ) -> None:
-    knobs = FetchSettings(
-        max_wait_ms=max_wait_ms,
-        min_bytes=min_bytes,
-        max_bytes=max_bytes,
-        isolation_level=isolation_level,
-        rack_id=rack_id,
-    )
     body = encode_fetch_request(version, partitions, **knobs)
     assert decode(version, body) == expected_request(version, partitions, knobs)
 
