@@ -75,6 +75,13 @@ def read_each(frame: bytes, version: int, *readers: Reader) -> None:
             read(frame, len(HEAD), version)
 
 
+def step_each(step: Callable[[bytes], object], tokens: list[bytes]) -> None:
+    """The tokens to one side of a SASL exchange in turn, until it returns or raises OWN_ERRORS."""
+    with only_own_errors():
+        for token in tokens:
+            step(token)
+
+
 def hostile_body(frame: bytes, data: st.DataObject) -> bytes:
     """The frame with its body corrupted (fuzz.hostile.corrupted)."""
     return HEAD + data.draw(corrupted(frame[len(HEAD) :]), label="body")
@@ -233,9 +240,7 @@ CREDENTIAL = scram_credential("SCRAM-SHA-256", "secret", salt=b"salt", iteration
 )
 def test_sasl_servers_raise_only_sasl_error(mechanism: str, tokens: list[bytes]) -> None:
     server = new_server(mechanism, lambda user, m: CREDENTIAL if m == "SCRAM-SHA-256" else None)
-    with only_own_errors():
-        for token in tokens:
-            server.step(token)
+    step_each(server.step, tokens)
 
 
 @fuzz(200)
@@ -243,9 +248,7 @@ def test_sasl_servers_raise_only_sasl_error(mechanism: str, tokens: list[bytes])
 def test_scram_client_raises_only_sasl_error(tokens: list[bytes]) -> None:
     client = new_client("SCRAM-SHA-256", "alice", "secret")
     client.first()
-    with only_own_errors():
-        for token in tokens:
-            client.step(token)
+    step_each(client.step, tokens)
 
 
 @fuzz(300)
