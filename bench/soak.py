@@ -30,6 +30,7 @@ from _chart import Lines
 from _harness import REPO, HarnessError, KipsideCode, at_ref, open_stack, snapshot
 from _measure import WORKLOAD, run_json, sampling
 from _report import DOC, Report, Table, Target, facts, parse_args
+from integration.fault_kit.stack import transaction_rules
 from testkit import procs
 from testkit.metrics import scrape
 from testkit.ports import free_port
@@ -62,15 +63,6 @@ class Sample:
     cpu_s: float
 
 
-def rules(txn_glob: str, txn_topic: str, txn_group: str) -> str:
-    return (
-        "transactions:\n"
-        f"  - transactional_id: {txn_glob!r}\n"
-        f"    outputs: [{{topic: {txn_topic}}}]\n"
-        f"    consumer_group: {txn_group}\n"
-    )
-
-
 def slope_per_hour(xs: list[float], ys: list[float]) -> float:
     """Least-squares slope of ys over xs (minutes), per hour."""
     n = len(xs)
@@ -91,7 +83,8 @@ def soak(args: Any, logdir: Path, code: KipsideCode) -> tuple[list[Sample], dict
         "txn_id": "soak-writer",
     }
     rule_file = logdir / "rules.yaml"
-    rule_file.write_text(rules("soak-*", names["txn_topic"], names["txn_group"]))
+    rule = ("soak-*", names["txn_topic"], names["txn_group"])
+    rule_file.write_text(transaction_rules(rule, hold_max_ms=None))
     admin = free_port()
     kipside_args = ["--rules", str(rule_file), "--admin", f"127.0.0.1:{admin}"]
     samples: list[Sample] = []

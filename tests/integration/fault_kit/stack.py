@@ -7,9 +7,10 @@ import contextlib
 import dataclasses
 import signal
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from conftest import Kipside, start_kipside
 from relaykit.faults import FaultRelay
@@ -17,6 +18,8 @@ from relaykit.tansu import tansu_behind
 from testkit.broker import TANSU_NODE_ID, Broker
 from testkit.metrics import Metrics, scrape
 from testkit.ports import free_port
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -44,6 +47,18 @@ class FaultStack:
 
     def metrics(self) -> Metrics:
         return scrape(self.admin_port)
+
+    def lane_failures(self) -> float:
+        """Upstream lanes kipside has lost so far (kipside_lane_failures_total)."""
+        return self.metrics().value("kipside_lane_failures_total")
+
+    def inject(self, fault: Callable[[], T], seconds: float, lift: Callable[[], object]) -> T:
+        """Start a relay fault (relay.cut, blackhole, stall, spike), keep it `seconds`, then
+        lift it (relay.restore, resume, calm); returns what starting it returned."""
+        started = fault()
+        time.sleep(seconds)
+        lift()
+        return started
 
     def restart(self, how: signal.Signals, down_for: float = 0.0) -> int:
         """Stop kipside with `how` (SIGTERM: graceful, must exit 0; SIGKILL), wait `down_for`
@@ -102,13 +117,13 @@ def fault_stack(
                 stack._kipside.proc.kill()
 
 
-def transaction_rules(*rules: tuple[str, str, str], hold_max_ms: int = 3000) -> str:
+def transaction_rules(*rules: tuple[str, str, str], hold_max_ms: int | None = 3000) -> str:
     """A rule file pre-registering, per (transactional id glob, output topic, group), that
-    output and group."""
+    output and group; the begin hold at most `hold_max_ms` (None: the rules' default)."""
+    hold = "" if hold_max_ms is None else f"    hold_begin: {{max_ms: {hold_max_ms}}}\n"
     return "transactions:\n" + "".join(
         f"  - transactional_id: {glob!r}\n"
         f"    outputs: [{{topic: {output}}}]\n"
-        f"    consumer_group: {group}\n"
-        f"    hold_begin: {{max_ms: {hold_max_ms}}}\n"
+        f"    consumer_group: {group}\n{hold}"
         for glob, output, group in rules
     )

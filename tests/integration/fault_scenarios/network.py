@@ -49,19 +49,15 @@ def cut_then_blackhole_during_produce(work: Path, name: Namer, s: NetworkScale) 
             p.run_timeout = 60 + 3 * s.settle_s + s.cut_s + s.blackhole_s
             p.start()
         time.sleep(s.settle_s)
-        reset = stack.relay.cut()
-        time.sleep(s.cut_s)
-        stack.relay.restore()
+        reset = stack.inject(stack.relay.cut, s.cut_s, stack.relay.restore)
         time.sleep(s.settle_s)
-        after_cut = stack.metrics().value("kipside_lane_failures_total")
+        after_cut = stack.lane_failures()
         mark = stack.kipside.log_mark()
-        stack.relay.blackhole()
-        time.sleep(s.blackhole_s)
-        stack.relay.restore()
+        stack.inject(stack.relay.blackhole, s.blackhole_s, stack.relay.restore)
         time.sleep(s.settle_s * 1.5)
         run_producers(producers, timeout=120)
         stack.kipside.assert_alive()
-        failures = stack.metrics().value("kipside_lane_failures_total")
+        failures = stack.lane_failures()
         log = stack.kipside.log_since(mark)
         result = audit(stack.broker.bootstrap, topic, s.partitions, acked_of(producers))
     swallowed = stack.relay.swallowed()
@@ -118,9 +114,7 @@ def cut_during_transactions(work: Path, name: Namer, s: TransactionScale) -> Out
             loop.run_timeout = 60 + s.before_s + s.cut_s + s.after_s
             loop.start()
         time.sleep(s.before_s)
-        reset = stack.relay.cut()
-        time.sleep(s.cut_s)
-        stack.relay.restore()
+        reset = stack.inject(stack.relay.cut, s.cut_s, stack.relay.restore)
         time.sleep(s.after_s)
         for loop in loops:
             loop.stop()
@@ -177,9 +171,7 @@ def cut_during_a_rebalance(work: Path, name: Namer, s: GroupScale) -> Outcome:
 
         wait_until(joined, 30, "the second member's JoinGroup")
         during = first.assignments == 1 and second.assignments == 0
-        reset = stack.relay.cut()
-        time.sleep(s.cut_s)
-        stack.relay.restore()
+        reset = stack.inject(stack.relay.cut, s.cut_s, stack.relay.restore)
         members = [first, second]
 
         def done() -> bool:
