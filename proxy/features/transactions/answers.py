@@ -18,21 +18,15 @@ from kipside.protocol import (
     ErrorCode,
     Message,
     RequestHeader,
-    build_frame,
     encode_message,
-    encode_response_header,
     response_class,
+    response_frame,
 )
 from kipside.proxy.features.transactions.messages import field_class
 from kipside.proxy.features.transactions.state import TopicPartition
 
 NONE: Final = 0
 _ZERO = datetime.timedelta(0)
-
-
-def _response_frame(api_key: int, header: RequestHeader, message: Message) -> bytes:
-    response_header = encode_response_header(api_key, header.api_version, header.correlation_id)
-    return build_frame(response_header, encode_message(message))
 
 
 def add_partitions_answer(
@@ -59,11 +53,11 @@ def add_partitions_answer(
             for topic in request.v3_and_below_topics
         ),
     )
-    return _response_frame(ApiKey.ADD_PARTITIONS_TO_TXN, header, message)
+    return response_frame(header, encode_message(message))
 
 
 def add_offsets_answer(header: RequestHeader, code: int) -> bytes:
     """An AddOffsetsToTxn response frame answering the request sent with `header`."""
     cls = response_class(ApiKey.ADD_OFFSETS_TO_TXN, header.api_version)
     message = cls(throttle_time=i32Timedelta.parse(_ZERO), error_code=ErrorCode(code))
-    return _response_frame(ApiKey.ADD_OFFSETS_TO_TXN, header, message)
+    return response_frame(header, encode_message(message))
