@@ -334,6 +334,16 @@ class Compared:
     retries: int = 1
     budget: float = 200.0
     tools: Sequence[str] = ()
+    grouped: bool = False
+    """Cases are named "GROUP ROW": a table titled "GROUP ..." shows its group's rows, each
+    against its group's `base`; the chart shows the first table's."""
+
+    def rows(self, med: dict[str, dict[str, float] | None]) -> list[dict[str, Any]]:
+        """Each table's rows: every case, or (grouped) the cases of the table's group."""
+        if not self.grouped:
+            return [med for _ in self.tables]
+        heads = [title.split()[0] + " " for title in self.tables]
+        return [{c.removeprefix(h): m for c, m in med.items() if c.startswith(h)} for h in heads]
 
     def run(
         self, args: argparse.Namespace, cases: Mapping[str, Body]
@@ -343,7 +353,8 @@ class Compared:
             cases, args.repeats, noisy=self.noisy, retries=self.retries, budget=self.budget
         )
         med = {c: medians(runs, c) for c in cases}
-        relative(med, self.base, self.vs)
+        for rows in self.rows(med) if self.grouped else [med]:
+            relative(rows, self.base, self.vs)
         return runs, med
 
     def report(
@@ -354,21 +365,24 @@ class Compared:
         *more: str,
         notes: Sequence[str] = (),
         code: Mapping[str, str] = {},
+        targets: Sequence[Target] = (),
     ) -> Report:
-        """The section: `more` facts, the kipside `code` each path ran, `notes` on the run."""
-        reps, cases = args.repeats, list(med)
+        """The section: `more` facts, the kipside `code` each path ran, `notes` on the run, and
+        `targets` judged by the benchmark itself after the declared ones."""
+        reps, rows = args.repeats, self.rows(med)
         found = [
-            table(title.format(reps=reps), cases, med, columns, self.first)
-            for title, columns in self.tables.items()
+            table(title.format(reps=reps), list(cases), cases, columns, self.first)
+            for (title, columns), cases in zip(self.tables.items(), rows, strict=True)
+            if cases
         ]
         shown = f"Repetitions: {reps}, the cases interleaved (order rotated); median reported."
-        chart = (self.chart.format(reps=reps), [b.panel(med, cases) for b in self.bars])
+        chart = (self.chart.format(reps=reps), [b.panel(rows[0], list(rows[0])) for b in self.bars])
         return Report(
             self.section,
             self.title,
             facts(shown, *more, tools=self.tools, code=code),
             found,
-            [t.judge(runs, med) for t in self.targets],
+            [*(t.judge(runs, med) for t in self.targets), *targets],
             [*notes, *run_notes(runs, self.noisy)],
             chart if self.bars else None,
         )

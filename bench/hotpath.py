@@ -26,19 +26,8 @@ from typing import Any
 
 from _chart import Bars
 from _harness import INSTALLED, HarnessError, at_ref, open_stack, snapshot
-from _measure import Run, fleet, measure, medians, repeat, worker
-from _report import (
-    Compare,
-    Report,
-    Table,
-    Target,
-    facts,
-    listed,
-    parse_args,
-    relative,
-    run_notes,
-    table,
-)
+from _measure import Run, fleet, measure, worker
+from _report import Compare, Compared, Report, Table, Target, facts, listed, parse_args
 
 A_PATHS = ["direct", "relay", "haproxy", "tansu-proxy", "kipside", "kipside-before"]
 B_PATHS = ("direct", "kipside", "kipside-before")
@@ -75,8 +64,8 @@ B_COLUMNS = [
 ]
 B_RULES = "coalescing:\n  enabled: true\n  linger_ms: 0\n"
 CHECKS = ("duplicates", "missing", "out_of_order")
-NOISY, RATE_HZ = 0.1, 100
-TARGETS = [
+RATE_HZ = 100
+LIMITS = [
     ("A: kipside proxy CPU per request <= tansu-proxy's", "A proxy_cpu_per_m", "tansu-proxy", 1.0),
     ("A (stretch): kipside proxy CPU per request <= 1.3x relay", "A proxy_cpu_per_m", "relay", 1.3),
     ("A: kipside requests/s >= 0.9x the relay's", "A msgs_per_s", "relay", -0.9),
@@ -86,10 +75,29 @@ TARGETS = [
 ]
 """(name, "workload metric", other path, limit): kipside / other at most the limit, or at least
 minus the limit when it is negative."""
+ADDED = "A: kipside added p50 <= 0.2 ms vs direct"
+TARGETS = [Compare(ADDED, "p50_ms", "A direct", 0.2, False, True, "A kipside")]
+TARGETS += [
+    Compare(name, what[2:], f"{what[0]} {other}", abs(limit), limit < 0, case=f"{what[0]} kipside")
+    for name, what, other, limit in LIMITS
+]
 CHART = [
     Bars("A: proxy CPU us per request", "proxy_cpu_per_m", "{:.1f}", "tansu-proxy", 1, 0, "tansu"),
     Bars("A: requests/s (one in flight)", "msgs_per_s", "{:,.0f}", "relay", 0.9, 0, "0.9x relay"),
 ]
+BENCH = Compared(
+    "hotpath",
+    "Hot path (issue 11): cost per request, kipside vs a bare relay, haproxy, tansu proxy",
+    {"A (median of {reps})": A_COLUMNS, "B (median of {reps})": B_COLUMNS},
+    "direct",
+    ["p50_ms", "msgs_per_s"],
+    TARGETS,
+    CHART,
+    "kipside hot path, workload A (median of {reps}, loopback)",
+    retries=0,
+    tools=["haproxy", "trio"],
+    grouped=True,
+)
 
 
 def workload(
@@ -183,51 +191,25 @@ def profile(args: argparse.Namespace, path: str) -> None:
     Report(f"hotpath-profile-{label}", title, fx, found).publish(args)
 
 
-def report(args: argparse.Namespace, runs: list[Run]) -> Report:
-    tables, med = [], {}
-    for w, columns in (("A", A_COLUMNS), ("B", B_COLUMNS)):
-        paths = [p for p in args.paths if f"{w} {p}" in {r.case for r in runs}]
-        found = {p: medians(runs, f"{w} {p}") for p in paths}
-        relative(found, "direct", ["p50_ms", "msgs_per_s"])
-        for p, m in found.items():
-            med[f"{w} {p}"] = m
-            if m is not None and w == "B":
-                sums = [
-                    sum(r.metrics[c] for r in runs if r.ok and r.case == f"B {p}") for c in CHECKS
-                ]
-                m["checks"] = ", ".join(f"{c:.0f}" for c in sums)  # type: ignore[assignment]
-        if paths:
-            tables.append(table(f"{w} (median of {args.repeats})", paths, found, columns))
-    added = "A: kipside added p50 <= 0.2 ms vs direct"
-    compared = [Compare(added, "p50_ms", "A direct", 0.2, False, True, "A kipside")]
-    for name, what, other, limit in TARGETS:
-        w, key = what.split()
-        kipside = f"{w} kipside"
-        compared.append(Compare(name, key, f"{w} {other}", abs(limit), limit < 0, case=kipside))
-    targets = [t.judge(runs, med) for t in compared]
-    k = med.get("B kipside")
+def report(args: argparse.Namespace, runs: list[Run], med: dict[str, Any]) -> Report:
+    """The section, with B's checks summed over all repetitions, and the targets on them."""
+    checks = {
+        case: [sum(r.metrics[c] for r in runs if r.ok and r.case == case) for c in CHECKS]
+        for case in med
+        if case.startswith("B ")
+    }
+    for case, sums in checks.items():
+        if med[case] is not None:
+            med[case]["checks"] = ", ".join(f"{n:.0f}" for n in sums)
+    k, bad = med.get("B kipside"), sum(checks.get("B kipside", []))
     fewer = "B: kipside sends >= 8x fewer upstream Produce requests than its clients"
-    targets.append(
-        Target(fewer, k["ratio"] >= 8, f"{k['ratio']:.2f}x") if k else Target(fewer, None, "-")
-    )
-    bad = sum(r.metrics[c] for r in runs if r.ok and r.case == "B kipside" for c in CHECKS)
     once = "B: through kipside every acknowledged record exactly once, in order"
-    targets.append(
-        Target(once, not bad if k else None, f"{bad:.0f} duplicated, missing or reordered")
-    )
-    more = f"Repetitions: {args.repeats}, paths interleaved (order rotated); median reported."
+    targets = [
+        Target(fewer, k["ratio"] >= 8, f"{k['ratio']:.2f}x") if k else Target(fewer, None, "-"),
+        Target(once, not bad if k else None, f"{bad:.0f} duplicated, missing or reordered"),
+    ]
     code = {p: c.label for p, c in args.codes.items()}
-    a_med = {p: med.get(f"A {p}") for p in args.paths}
-    chart = f"kipside hot path, workload A (median of {args.repeats}, loopback)"
-    return Report(
-        "hotpath",
-        "Hot path (issue 11): cost per request, kipside vs a bare relay, haproxy, tansu proxy",
-        facts(more, tools=["haproxy", "trio"], code=code),
-        tables,
-        targets,
-        run_notes(runs, NOISY),
-        (chart, [b.panel(a_med, args.paths) for b in CHART]),
-    )
+    return BENCH.report(args, runs, med, code=code, targets=targets)
 
 
 def main() -> int:
@@ -246,8 +228,8 @@ def main() -> int:
             for p in args.paths
             if w == "A" or p in B_PATHS
         }
-        runs = repeat(cases, args.repeats, noisy=9.0, retries=0)
-        report(args, runs).publish(args)
+        runs, med = BENCH.run(args, cases)
+        report(args, runs, med).publish(args)
         if args.profile and args.profile_path in args.codes:
             profile(args, args.profile_path)
     return 0
