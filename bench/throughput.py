@@ -43,13 +43,8 @@ def workloads(
     options in `options`): their numbers."""
     with open_stack(path, logdir, kipside_args=extra, **options) as stack:
         load, parts = {"client_prefix": "bench-throughput"}, args.partitions
-        seconds = args.probe_messages / args.probe_rate
-        paced = {
-            "topic": "bench-probe",
-            "mode": "paced",
-            "rate": args.probe_rate,
-            "seconds": seconds,
-        }
+        paced = {"topic": "bench-probe", "mode": "paced", "rate": args.probe_rate}
+        paced["seconds"] = args.probe_messages / args.probe_rate
         probe, _ = fleet(stack, {**load, **paced}, [1], partitions=parts)
         flood = {"topic": "bench-throughput", "mode": "flood", "messages": args.messages}
         flood |= {"seconds": args.seconds, "linger_ms": 5}
