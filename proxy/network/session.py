@@ -351,9 +351,9 @@ class Session:
         size, self._unowed = self._unowed, 0
         return size
 
-    def queue(self, item: Slot | Marker) -> None:
-        """Owe the client this answer (or act on this marker) after those owed before it."""
-        self._slots.append(item)
+    def queue(self, slot: Slot) -> None:
+        """Owe the client this answer after those owed before it."""
+        self._slots.append(slot)
 
     def refuse(self, reason: str, level: int) -> None:
         """Log the reason, stop reading, and close once the answers owed so far are written."""

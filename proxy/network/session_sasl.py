@@ -16,7 +16,7 @@ import time
 from typing import Protocol
 
 from kipside.protocol import ApiKey, RequestHeader
-from kipside.proxy.network.answers import Marker, Slot
+from kipside.proxy.network.answers import Slot
 from kipside.proxy.network.identity import Principal
 from kipside.proxy.network.sasl import ClientSasl, SaslStep
 from kipside.proxy.network.sasl.kafka import SASL_APIS
@@ -36,8 +36,8 @@ class SaslSession(Protocol):
 
     def describe(self) -> str: ...
 
-    def queue(self, item: Slot | Marker) -> None:
-        """Owe the client this answer (or act on this marker) after those owed before it."""
+    def queue(self, slot: Slot) -> None:
+        """Owe the client this answer after those owed before it."""
 
     def flush(self) -> None:
         """Write every answer ready at the head of the queue."""
