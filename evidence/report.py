@@ -25,6 +25,10 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def _size(size: int) -> str:
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if size >= scale:
@@ -53,10 +57,9 @@ def _connections(summary: Summary) -> str:
 
 def _produce(summary: Summary) -> str:
     p = summary.produce
-    per = p.batches_per_request
     line = (
         f"{_n(p.requests)} requests, {_n(p.partitions)} partitions, {_n(p.batches)} batches"
-        f" ({'-' if per is None else f'{per:.2f}'} per request), {_n(p.records)} records,"
+        f" ({_ratio(p.batches_per_request)} per request), {_n(p.records)} records,"
         f" {_size(p.batch_bytes)} of record batches"
     )
     extra = [f"{_n(p.acks0)} with acks=0"] if p.acks0 else []
@@ -67,10 +70,9 @@ def _produce(summary: Summary) -> str:
 
 def _transactions(summary: Summary) -> str:
     t = summary.transactions
-    per = t.round_trips_per_transaction
     line = (
         f"{_n(t.ended)} ended ({_n(t.committed)} committed, {_n(t.aborted)} aborted), "
-        f"{'-' if per is None else f'{per:.2f}'} coordinator round trips per transaction "
+        f"{_ratio(t.round_trips_per_transaction)} coordinator round trips per transaction "
         f"({_n(t.round_trips)} in all)"
     )
     if t.open:
@@ -138,11 +140,8 @@ def format_comparison(comparison: Comparison) -> str:
         return [label, _n(client), _n(broker), _saved(client, broker)]
 
     def ratio(label: str, client: float | None, broker: float | None) -> list[str]:
-        def text(v: float | None) -> str:
-            return "-" if v is None else f"{v:.2f}"
-
         saved = "" if client is None or broker is None else _saved(client, broker)
-        return [label, text(client), text(broker), saved]
+        return [label, _ratio(client), _ratio(broker), saved]
 
     rows = [row("requests", c.requests, b.requests)]
     busiest = sorted({*c.apis, *b.apis}, key=lambda n: (-c.api(n).requests - b.api(n).requests, n))
