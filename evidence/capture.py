@@ -84,47 +84,37 @@ class CaptureFile:
         counts = self.counts
         link_types = counts.link_types
         read = reader._read_packet  # the reader's own iterator cuts packets at 65535 bytes
+        pcapng = self._pcapng
+        # pcap: one link type and timestamp unit for the file, and record sizes that add up to
+        # the file's size unless it was cut; pcapng: both per packet (interface), no such sum.
+        linktype = 0 if pcapng else reader.linktype
+        scale = 1e-9 if not pcapng and reader.nano else 1e-6
+        records_end = _PCAP_HEADER  # where a pcap file would end after each record
         scapy_log = logging.getLogger("scapy.runtime")
         level = scapy_log.level
         scapy_log.setLevel(logging.CRITICAL)  # a cut packet is counted, not warned of
         try:
-            if self._pcapng:
-                yield from self._pcapng_packets(read, counts, link_types)
-            else:
-                linktype = reader.linktype
-                scale = 1e-9 if reader.nano else 1e-6
-                records_end = _PCAP_HEADER  # where the file would end after each record
-                while True:
-                    try:
-                        data, meta = read(_MAX_PACKET)
-                    except EOFError:
-                        break
-                    counts.packets += 1
-                    counts.captured_bytes += len(data)
+            while True:
+                try:
+                    data, meta = read(_MAX_PACKET)
+                except EOFError:
+                    break
+                if pcapng:
+                    linktype = meta.linktype
+                    ts = ((meta.tshigh << 32) | meta.tslow) / meta.tsresol
+                else:
+                    ts = meta.sec + meta.usec * scale
                     records_end += _PCAP_RECORD_HEADER + meta.caplen
-                    link_types[linktype] = link_types.get(linktype, 0) + 1
-                    yield meta.sec + meta.usec * scale, linktype, data, meta.wirelen
-                if not self._gzipped and self.size != records_end:
-                    counts.cut_at_end = 1
+                counts.packets += 1
+                counts.captured_bytes += len(data)
+                link_types[linktype] = link_types.get(linktype, 0) + 1
+                yield ts, linktype, data, meta.wirelen
         finally:
             scapy_log.setLevel(level)
-        if self._pcapng:
+        if pcapng:
             self._count_trailing_bytes()
-
-    @staticmethod
-    def _pcapng_packets(
-        read: Any, counts: FileCounts, link_types: dict[int, int]
-    ) -> Iterator[tuple[float, int, bytes, int]]:
-        while True:
-            try:
-                data, meta = read(_MAX_PACKET)
-            except EOFError:
-                return
-            counts.packets += 1
-            counts.captured_bytes += len(data)
-            link_types[meta.linktype] = link_types.get(meta.linktype, 0) + 1
-            ts = ((meta.tshigh << 32) | meta.tslow) / meta.tsresol
-            yield ts, meta.linktype, data, meta.wirelen
+        elif not self._gzipped and self.size != records_end:
+            counts.cut_at_end = 1
 
     def _count_trailing_bytes(self) -> None:
         """Whether bytes follow the last whole pcapng block: a file cut inside one."""
