@@ -24,10 +24,10 @@ from .primitives import (
     has_tagged_field,
     iter_tagged_fields,
     read_array_length,
+    read_bytes_length,
     read_int16,
     read_int32,
     read_string,
-    read_uvarint,
     skip_tagged_fields,
     write_array_length,
     write_string,
@@ -197,11 +197,7 @@ def _read_partition(
     aborted, offset = _read_aborted(view, offset, flexible)
     if version >= 11:
         _preferred_read_replica, offset = read_int32(view, offset)
-    if flexible:
-        size, offset = read_uvarint(view, offset)
-        size -= 1
-    else:
-        size, offset = read_int32(view, offset)
+    size, offset = read_bytes_length(view, offset, flexible)
     if size > len(view) - offset:
         raise DecodeError(f"records of {topic}-{partition} run past the end of the response")
     records = view[offset : offset + max(size, 0)]

@@ -135,6 +135,11 @@ def read_array_length(buf: Buffer, offset: int, flexible: bool) -> tuple[int, in
     return read_int32(buf, offset)
 
 
+read_bytes_length = read_array_length
+"""A nullable byte string's length (-1 for null), such as a partition's records: Kafka writes it
+exactly as it writes an array's."""
+
+
 def write_array_length(length: int, flexible: bool) -> bytes:
     """An array's length: compact in a flexible version, int32 otherwise."""
     return write_uvarint(length + 1) if flexible else INT32.pack(length)

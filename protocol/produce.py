@@ -25,6 +25,7 @@ from .primitives import (
     has_tagged_field,
     iter_tagged_fields,
     read_array_length,
+    read_bytes_length,
     read_compact_nullable_string,
     read_int16,
     read_int32,
@@ -122,11 +123,7 @@ def parse_produce_request(
             raise _too_many("partitions", len(batches) + count, cap)
         for _ in range(max(count, 0)):
             partition, offset = read_int32(view, offset)
-            if flexible:
-                size, offset = read_uvarint(view, offset)
-                size -= 1
-            else:
-                size, offset = read_int32(view, offset)
+            size, offset = read_bytes_length(view, offset, flexible)
             records = None
             if size >= 0:
                 if offset + size > len(view):
@@ -201,11 +198,7 @@ def count_produce_request(frame: Buffer, body_offset: int, version: int) -> Prod
         offset = _skip_topic_name(view, offset, flexible)
         count, offset = read_array_length(view, offset, flexible)
         for _ in range(max(count, 0)):
-            if flexible:
-                size, offset = read_uvarint(view, offset + 4)  # after the partition index
-                size -= 1
-            else:
-                size, offset = read_int32(view, offset + 4)
+            size, offset = read_bytes_length(view, offset + 4, flexible)  # after the index
             partitions += 1
             if size >= 0:
                 stop = offset + size
