@@ -49,6 +49,7 @@ _TLS_RECORD: Final = re.compile(rb"[\x14-\x17]\x03[\x00-\x04]")
 _TLS_MAX_RECORD: Final = (1 << 14) + 2048
 
 
+@dataclass(slots=True, eq=False)
 class Frame:
     """One Kafka frame as captured.
 
@@ -57,14 +58,11 @@ class Frame:
     of the packet that completed it.
     """
 
-    __slots__ = ("complete", "damaged", "data", "size", "ts")
-
-    def __init__(self, data: bytes, size: int, complete: bool, damaged: bool, ts: float) -> None:
-        self.data = data
-        self.size = size
-        self.complete = complete
-        self.damaged = damaged
-        self.ts = ts
+    data: bytes
+    size: int
+    complete: bool
+    damaged: bool
+    ts: float
 
 
 class Reader(Protocol):

@@ -10,6 +10,7 @@ at the bytes a segment carries (reassembly.py and frames.py do).
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 from typing import Final
 
 __all__ = ["LINK_TYPES", "SKIP_REASONS", "Segment", "tcp_segment"]
@@ -64,6 +65,7 @@ RST: Final = 0x04
 ACK: Final = 0x10
 
 
+@dataclass(slots=True, eq=False)
 class Segment:
     """One TCP segment: addresses, sequence number, flags and the payload the capture holds.
 
@@ -71,29 +73,15 @@ class Segment:
     kept (a snap length shorter than the packet).
     """
 
-    __slots__ = ("ack", "dport", "dst", "flags", "missing", "payload", "seq", "sport", "src")
-
-    def __init__(
-        self,
-        src: bytes,
-        sport: int,
-        dst: bytes,
-        dport: int,
-        seq: int,
-        ack: int,
-        flags: int,
-        payload: memoryview,
-        missing: int,
-    ) -> None:
-        self.src = src
-        self.sport = sport
-        self.dst = dst
-        self.dport = dport
-        self.seq = seq
-        self.ack = ack
-        self.flags = flags
-        self.payload = payload
-        self.missing = missing
+    src: bytes
+    sport: int
+    dst: bytes
+    dport: int
+    seq: int
+    ack: int
+    flags: int
+    payload: memoryview
+    missing: int
 
 
 def _ip_offset(linktype: int, data: bytes) -> int | str:
