@@ -2,7 +2,8 @@
 their sections of docs/performance.md, each between `<!-- bench:NAME:start -->` and
 `<!-- bench:NAME:end -->`: `write_section()` replaces only that block (appending it when
 missing). The block holds what a run found; how a benchmark measures is prose written once in
-the document, after its block.
+the document, after its block. `Compared` is a same-run comparison declared as a table: its
+cases run in the same repetitions, and its section is written from their medians.
 """
 
 from __future__ import annotations
