@@ -30,6 +30,17 @@ from .apis import api_name
 from .errors import DecodeError
 from .lengths import check_lengths
 
+KIO_DECODE_ERRORS = (
+    SerialError,
+    KeyError,
+    ValueError,
+    IndexError,
+    TypeError,
+    struct.error,
+    UnicodeDecodeError,
+)
+"""What kio's readers raise for malformed input; `decode` folds each into DecodeError."""
+
 # kio's entities are generated dataclasses without a common nominal base that mypy can use
 # for attribute access, so they are typed as Any at this boundary only.
 Message = Any
@@ -71,15 +82,7 @@ def _decode(
         raise DecodeError(f"cannot decode {what}: {exc}") from None
     try:
         message, size = entity_reader(cls)(buf, offset)
-    except (
-        SerialError,
-        KeyError,
-        ValueError,
-        IndexError,
-        TypeError,
-        struct.error,
-        UnicodeDecodeError,
-    ) as exc:
+    except KIO_DECODE_ERRORS as exc:
         raise DecodeError(
             f"cannot decode {api_name(api_key)} v{api_version} {kind.name}: {exc!r}"
         ) from exc

@@ -24,7 +24,6 @@ import os
 import resource
 import select
 import signal
-import struct
 import sys
 import time
 from collections import Counter, defaultdict
@@ -37,23 +36,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kio.schema.index import api_key_map
 from kio.serial import entity_reader
-from kio.serial.errors import SerialError
 
 from fuzz.skeletons import Body, bodies, mutants
 from kipside.protocol import DecodeError, decode_request, decode_response
+from kipside.protocol.messages import KIO_DECODE_ERRORS
 
 HANG_SECONDS = 20.0
 RSS_REPORT_KIB = 64 * 1024
-# What kio raises for malformed input (protocol.messages folds these into DecodeError).
-KIO_ERRORS = (
-    SerialError,
-    KeyError,
-    ValueError,
-    IndexError,
-    TypeError,
-    struct.error,
-    UnicodeDecodeError,
-)
 
 Case = tuple[Body, str, int, bytes]
 Decode = Callable[[Body, bytes], object]
@@ -82,7 +71,7 @@ def run_child(all_cases: Sequence[Case], start: int, decode: Decode, out: TextIO
     """Decode from case `start` on; before each case "S index", after it
     "E index outcome rss-growth-KiB seconds [detail]"."""
     expected: tuple[type[BaseException], ...] = (
-        KIO_ERRORS if decode is through_kio else (DecodeError,)
+        KIO_DECODE_ERRORS if decode is through_kio else (DecodeError,)
     )
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     for index in range(start, len(all_cases)):
