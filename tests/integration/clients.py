@@ -174,6 +174,21 @@ def ck_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
     return conf
 
 
+class Deliveries:
+    """What a confluent-kafka producer's delivery reports said: how many were acknowledged,
+    and the errors of the others. Pass `on_delivery` to produce()."""
+
+    def __init__(self) -> None:
+        self.acked = 0
+        self.errors: list[str] = []
+
+    def on_delivery(self, err: Any, _msg: Any) -> None:
+        if err is None:
+            self.acked += 1
+        else:
+            self.errors.append(str(err))
+
+
 def ck_produce(
     bootstrap: str,
     topic: str,

@@ -41,6 +41,7 @@ from testkit.broker import TANSU_0_6_0
 
 from .clients import (
     CODECS,
+    Deliveries,
     Msg,
     aio_consume_assigned,
     aio_group_member,
@@ -973,22 +974,15 @@ class BackgroundProducer(threading.Thread):
         self.producer = ck.Producer(ck_config(bootstrap, **{"linger.ms": 2}))
         self.stop_event = threading.Event()
         self.sent: list[Msg] = []
-        self.delivered = 0
-        self.errors: list[str] = []
+        self.reports = Deliveries()
         self.undelivered = -1
-
-    def on_delivery(self, err: Any, _msg: Any) -> None:
-        if err is None:
-            self.delivered += 1
-        else:
-            self.errors.append(str(err))
 
     def run(self) -> None:
         i = 0
         while not self.stop_event.is_set():
             m = Msg(i % self.partitions, None, f"bg-{i:06d}".encode())
             self.producer.produce(
-                self.topic, m.value, partition=m.partition, on_delivery=self.on_delivery
+                self.topic, m.value, partition=m.partition, on_delivery=self.reports.on_delivery
             )
             self.sent.append(m)
             self.producer.poll(0.002)
@@ -1009,8 +1003,8 @@ def test_not_kafka_bytes_are_rejected(
     bg.start()
     try:
         deadline = time.monotonic() + 15
-        while bg.delivered < 50:
-            assert time.monotonic() < deadline, f"background producer stuck: {bg.errors[:3]}"
+        while bg.reports.acked < 50:
+            assert time.monotonic() < deadline, f"producer stuck: {bg.reports.errors[:3]}"
             time.sleep(0.02)
         node_port = next(iter(kipside.node_ports.values()))
         for port in (kipside.port, node_port):
@@ -1027,15 +1021,15 @@ def test_not_kafka_bytes_are_rejected(
             )
             assert "Traceback" not in kipside.log_since(mark), kipside.log_since(mark)
         kipside.assert_alive()
-        before = bg.delivered
+        before = bg.reports.acked
         deadline = time.monotonic() + 10
-        while bg.delivered < before + 50:  # still producing after the rejected connections
-            assert time.monotonic() < deadline, f"producer stalled: {bg.errors[:3]}"
+        while bg.reports.acked < before + 50:  # still producing after the rejected connections
+            assert time.monotonic() < deadline, f"producer stalled: {bg.reports.errors[:3]}"
             time.sleep(0.02)
     finally:
         bg.stop_event.set()
         bg.join(30)
     assert not bg.is_alive(), "background producer did not finish flushing"
-    assert bg.undelivered == 0 and not bg.errors, (bg.undelivered, bg.errors[:3])
+    assert bg.undelivered == 0 and not bg.reports.errors, (bg.undelivered, bg.reports.errors[:3])
     got, marks = consume_assigned(bootstrap, bg.topic, 2, len(bg.sent))
     assert_exactly_once_in_order(bg.sent, got, marks)

@@ -30,7 +30,14 @@ from kipside.protocol.framing import FrameDecoder
 from kipside.protocol.headers import build_frame, encode_request_header
 from kipside.proxy.network.wire import READ_SIZE
 
-from .clients import Msg, assert_exactly_once_in_order, ck_config, consume_assigned, make_messages
+from .clients import (
+    Deliveries,
+    Msg,
+    assert_exactly_once_in_order,
+    ck_config,
+    consume_assigned,
+    make_messages,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -94,15 +101,14 @@ CLOSE_WAIT = 5.0  # seconds a hostile connection may take to be closed by kipsid
 
 class SteadyProducer(threading.Thread):
     """An idempotent confluent-kafka producer sending known records, about 1,000 a second,
-    until stopped; `delivered` counts its acknowledged records as they come."""
+    until stopped; `reports` counts its acknowledged records as they come."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
         super().__init__(name="steady-producer", daemon=True)
         self.topic = topic
         self.messages = make_messages(20_000, PARTITIONS, tag="steady", size=100)
         self.sent: list[Msg] = []
-        self.errors: list[str] = []
-        self.delivered = 0
+        self.reports = Deliveries()
         self.stop = threading.Event()
         self.producer = ck.Producer(
             ck_config(
@@ -110,12 +116,6 @@ class SteadyProducer(threading.Thread):
                 **{"enable.idempotence": True, "linger.ms": 5, "message.timeout.ms": 30000},
             )
         )
-
-    def _on_delivery(self, err: object, _msg: object) -> None:
-        if err is None:
-            self.delivered += 1
-        else:
-            self.errors.append(str(err))
 
     def run(self) -> None:
         began = time.monotonic()
@@ -132,7 +132,7 @@ class SteadyProducer(threading.Thread):
                     m.key,
                     partition=m.partition,
                     headers=list(m.headers),
-                    on_delivery=self._on_delivery,
+                    on_delivery=self.reports.on_delivery,
                 )
                 self.sent.append(m)
             self.producer.poll(0)
@@ -140,9 +140,9 @@ class SteadyProducer(threading.Thread):
 
     def progressing(self, within: float = 5.0) -> bool:
         """Whether more records are acknowledged within `within` seconds."""
-        before, deadline = self.delivered, time.monotonic() + within
+        before, deadline = self.reports.acked, time.monotonic() + within
         while time.monotonic() < deadline:
-            if self.delivered > before + 50:
+            if self.reports.acked > before + 50:
                 return True
             time.sleep(0.02)
         return False
@@ -310,12 +310,12 @@ def test_a_producer_loses_nothing_while_hostile_clients_reach_every_limit(
         producer.stop.set()
         producer.join(45)
     assert not producer.is_alive(), "the producer did not finish"
-    assert producer.errors == []
-    assert producer.delivered == len(producer.sent)
+    assert producer.reports.errors == []
+    assert producer.reports.acked == len(producer.sent)
     received, marks = consume_assigned(kipside.bootstrap, topic, PARTITIONS, len(producer.sent))
     counts = _limit_counts(kipside)
     print(  # the figures docs/reliability.md quotes (pytest -s shows them)
-        f"acknowledged {producer.delivered}, found {len(received)}, "
+        f"acknowledged {producer.reports.acked}, found {len(received)}, "
         f"duplicates {len(received) - len(set(received))}, "
         f"reordered {_reordered(producer.sent, received)}; in flight at most {peak} bytes "
         f"while a client read none of its answers (max_in_flight_bytes_per_client "
