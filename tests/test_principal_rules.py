@@ -169,69 +169,69 @@ def test_refused_acks0_produce_closes_after_forwarding_the_rest() -> None:
     assert {b.topic for b in kept.partitions} == {"orders.eu", "audit"}
 
 
-def test_mixed_fetch_merges_the_refused_topic_with_empty_records() -> None:
-    def topic(name: str, partitions: list[int]) -> dict[str, Any]:
-        parts = [
-            {"partition": p, "current_leader_epoch": -1, "fetch_offset": 0, "log_start_offset": -1,
-             "partition_max_bytes": 1024}
-            for p in partitions
-        ]  # fmt: skip
-        return {"topic": name, "partitions": parts}
+def _fetch_v12(topics: dict[str, list[int]]) -> bytes:
+    """A Fetch v12 request frame reading `topics` (name: partitions) from offset 0."""
 
+    def partition(p: int) -> dict[str, Any]:
+        offsets = {"fetch_offset": 0, "log_start_offset": -1, "current_leader_epoch": -1}
+        return {"partition": p, "partition_max_bytes": 1024, **offsets}
+
+    session = {"session_id": 0, "session_epoch": -1, "forgotten_topics_data": [], "rack_id": ""}
+    limits = {"max_wait": 100, "min_bytes": 1, "max_bytes": 1 << 20, "isolation_level": 0}
     fields = {
-        "replica_id": -1, "max_wait": 100, "min_bytes": 1, "max_bytes": 1 << 20,
-        "isolation_level": 0, "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [],
-        "rack_id": "",
-        "topics": [topic("payments", [0, 1]), topic("audit", [2]), topic("orders.eu", [0])],
-    }  # fmt: skip
-    frame = _frame(
-        ApiKey.FETCH, 12, messages.encode_message(messages.build_request(ApiKey.FETCH, 12, fields))
+        "replica_id": -1,
+        **limits,
+        **session,
+        "topics": [
+            {"topic": t, "partitions": [partition(p) for p in ps]} for t, ps in topics.items()
+        ],
+    }
+    body = messages.encode_message(messages.build_request(ApiKey.FETCH, 12, fields))
+    return _frame(ApiKey.FETCH, 12, body)
+
+
+def _fetch_v12_answer(topics: list[tuple[str, int]]) -> bytes:
+    """The broker's Fetch v12 answer: one batch for each (topic, partition)."""
+
+    def answered(name: str, p: int) -> dict[str, Any]:
+        marks = {"high_watermark": 5, "last_stable_offset": 5, "log_start_offset": 0}
+        partition = {"partition_index": p, "error_code": 0, **marks, "records": b"batch"}
+        partition |= {"aborted_transactions": None, "preferred_read_replica": -1}
+        return {"topic": name, "partitions": [partition]}
+
+    fields = {"throttle_time": 0, "error_code": 0, "session_id": 0}
+    responses = [answered(name, p) for name, p in topics]
+    reply = messages.build(
+        messages.response_class(ApiKey.FETCH, 12), fields | {"responses": responses}
     )
+    head = encode_response_header(ApiKey.FETCH, 12, 7)
+    return build_frame(head, messages.encode_message(reply))
+
+
+def test_mixed_fetch_merges_the_refused_topic_with_empty_records() -> None:
+    frame = _fetch_v12({"payments": [0, 1], "audit": [2], "orders.eu": [0]})
     header = parse_request_header(frame)
     verdict = CHECK.refusal(CLIENT, frame, header)
     assert isinstance(verdict, Narrowed) and verdict.frame is not None and verdict.merge
     sent = messages.decode_request(ApiKey.FETCH, 12, verdict.frame, header.body_offset)
     assert [t.topic for t in sent.topics] == ["audit", "orders.eu"]
 
-    def answered(name: str, p: int) -> dict[str, Any]:
-        return {
-            "topic": name,
-            "partitions": [
-                {"partition_index": p, "error_code": 0, "high_watermark": 5,
-                 "last_stable_offset": 5, "log_start_offset": 0, "aborted_transactions": None,
-                 "preferred_read_replica": -1, "records": b"batch"}
-            ],
-        }  # fmt: skip
-
-    reply = messages.build(
-        messages.response_class(ApiKey.FETCH, 12),
-        {"throttle_time": 0, "error_code": 0, "session_id": 0,
-         "responses": [answered("orders.eu", 0), answered("audit", 2)]},
-    )  # fmt: skip
-    head = encode_response_header(ApiKey.FETCH, 12, 7)
-    merged = verdict.merge(build_frame(head, messages.encode_message(reply)))
+    merged = verdict.merge(_fetch_v12_answer([("orders.eu", 0), ("audit", 2)]))
     offset = parse_response_header(merged, ApiKey.FETCH, 12).body_offset
     got = messages.decode_response(ApiKey.FETCH, 12, merged, offset)
-    assert [(t.topic, [(p.partition_index, p.error_code, p.records) for p in t.partitions])
-            for t in got.responses] == [
+    seen = [
+        (t.topic, [(p.partition_index, p.error_code, p.records) for p in t.partitions])
+        for t in got.responses
+    ]
+    assert seen == [
         ("payments", [(0, 29, b""), (1, 29, b"")]),
         ("audit", [(2, 0, b"batch")]),
         ("orders.eu", [(0, 0, b"batch")]),
-    ]  # fmt: skip
+    ]
 
 
 def test_fetch_of_refused_topics_only_is_answered_here() -> None:
-    fields = {
-        "replica_id": -1, "max_wait": 100, "min_bytes": 1, "max_bytes": 1 << 20,
-        "isolation_level": 0, "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [],
-        "rack_id": "",
-        "topics": [{"topic": "payments", "partitions": [
-            {"partition": 0, "current_leader_epoch": -1, "fetch_offset": 0,
-             "log_start_offset": -1, "partition_max_bytes": 1024}]}],
-    }  # fmt: skip
-    frame = _frame(
-        ApiKey.FETCH, 12, messages.encode_message(messages.build_request(ApiKey.FETCH, 12, fields))
-    )
+    frame = _fetch_v12({"payments": [0]})
     header = parse_request_header(frame)
     answer = CHECK.refusal(CLIENT, frame, header)
     assert isinstance(answer, bytes)

@@ -114,12 +114,14 @@ def produce_as(d: Deployment, client_id: str, topic: str, msgs: list[Msg], start
     errors: list[str] = []
     settings = {"client.id": client_id, "enable.idempotence": True, "linger.ms": 1}
     p = ck.Producer(ck_config(d.bootstrap, **ck_settings(d.files, user), **settings))
+
+    def report(err: Any, _msg: Any) -> None:
+        if err:
+            errors.append(str(err))
+
     for n, chunk in enumerate(rounds):
         for m in chunk:
-            p.produce(
-                topic, m.value, m.key, partition=m.partition, headers=list(m.headers),
-                on_delivery=lambda e, _m: errors.append(str(e)) if e else None,
-            )  # fmt: skip
+            p.produce(topic, m.value, m.key, m.partition, report, headers=list(m.headers))
         assert p.flush(FLUSH_TIMEOUT) == 0
         if n == 0:
             start.wait()
