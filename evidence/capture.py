@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import logging
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ __all__ = ["CaptureError", "CaptureFile", "FileCounts"]
 _MAX_PACKET: Final = 4 * 0xFFFF
 _PCAP_HEADER: Final = 24
 _PCAP_RECORD_HEADER: Final = 16
+_PCAPNG_MIN_BLOCK: Final = 12  # type, length, closing length
 _HOW_TO_CAPTURE: Final = (
     "capture with `tcpdump -i IFACE -s 0 -w FILE 'tcp port PORT'` (or `tshark -w FILE`): "
     "pcap and pcapng files are read, gzipped or not"
@@ -117,12 +119,30 @@ class CaptureFile:
             counts.cut_at_end = 1
 
     def _count_trailing_bytes(self) -> None:
-        """Whether bytes follow the last whole pcapng block: a file cut inside one."""
+        """Whether the pcapng file was cut inside a block. The reader gives up on a cut block
+        quietly, having read to the end of the file, so the file's last bytes are checked: a
+        whole pcapng file ends with a block whose closing length (its last 4 bytes) repeats its
+        opening one. Not checked for a gzipped file (no cheap seek)."""
         if self._gzipped:
             return
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            if self.size > self._reader.f.tell():
+        with contextlib.suppress(OSError, ValueError, AttributeError, struct.error):
+            if not _ends_on_a_block(self._reader.f, self.size, self._reader.endian):
                 self.counts.cut_at_end = 1
+
+
+def _ends_on_a_block(f: Any, size: int, endian: str) -> bool:
+    """Whether a pcapng file of `size` bytes ends where a whole block ends."""
+    length = struct.Struct(endian + "I")
+    if size < _PCAPNG_MIN_BLOCK:
+        return False
+    f.seek(size - 4)
+    (total,) = length.unpack(f.read(4))
+    start = size - total
+    if total < _PCAPNG_MIN_BLOCK or total % 4 or start < 0:
+        return False
+    f.seek(start + 4)
+    (opening,) = length.unpack(f.read(4))
+    return bool(opening == total)
 
 
 def _open_reader(path: Path) -> Any:

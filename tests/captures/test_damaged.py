@@ -172,3 +172,27 @@ def test_a_file_cut_inside_a_record_header_is_counted(tmp_path: Path, bytes_shor
     summary = summarize(path)
     assert summary.skipped["file_cut"] == 1
     assert summary.packets == len(records) - 1
+
+
+@pytest.mark.parametrize("bytes_short", [1, 4, 10, 60])
+def test_a_pcapng_file_cut_inside_its_last_block_is_counted(
+    tmp_path: Path, whole: Summary, bytes_short: int
+) -> None:
+    """pcapng has no record sizes to add up: the file's end must close a block (its last 4
+    bytes repeat the block's opening length). The golden capture as pcapng reads the same
+    whole, and cut anywhere inside its last block it reads one packet less and says cut."""
+    from scapy.utils import rdpcap, wrpcapng
+
+    whole_ng = tmp_path / "whole.pcapng"
+    wrpcapng(str(whole_ng), rdpcap(str(GOLDEN)))
+    as_ng = summarize(whole_ng)
+    assert (as_ng.packets, as_ng.requests, as_ng.skipped["file_cut"]) == (
+        whole.packets,
+        whole.requests,
+        0,
+    )
+    cut = tmp_path / "cut.pcapng"
+    cut.write_bytes(whole_ng.read_bytes()[:-bytes_short])
+    summary = summarize(cut)
+    assert summary.skipped["file_cut"] == 1
+    assert summary.packets == whole.packets - 1
