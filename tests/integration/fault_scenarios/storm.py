@@ -52,6 +52,43 @@ def raise_fd_limit(needed: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
 
 
+def fill(bootstrap: str, topic: str, size: int) -> None:
+    """Write `size` bytes of 1 KiB records to partition 0 of `topic`."""
+    filler = ck.Producer(idempotent_conf(bootstrap, "filler"))
+    for i in range(size // 1024):
+        filler.produce(topic, bytes([i % 251]) * 1024, partition=0)
+    assert filler.flush(30) == 0
+
+
+def start_crowd(bootstrap: str, big: str, s: StormScale) -> subprocess.Popen[str]:
+    """The storm's own process (storm_client.py), once it says all its connections are made;
+    closing its stdin ends it."""
+    args = [bootstrap, s.connections, s.slow_readers, big, s.fetches_per_reader, s.fetch_bytes]
+    crowd = procs.track(
+        subprocess.Popen(
+            [sys.executable, str(STORM_CLIENT), *map(str, args)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+    )
+    assert crowd.stdout is not None
+    line = crowd.stdout.readline()
+    assert line.startswith("STORMED"), f"the storm failed: {line!r} ({crowd.poll()})"
+    return crowd
+
+
+def peaks(process: psutil.Process, seconds: float) -> tuple[int, int]:
+    """The process's peak RSS and open file descriptors over `seconds`, sampled every 0.1 s."""
+    peak_rss, peak_fds = 0, 0
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        peak_rss = max(peak_rss, process.memory_info().rss)
+        peak_fds = max(peak_fds, process.num_fds())
+        time.sleep(0.1)
+    return peak_rss, peak_fds
+
+
 def storm(work: Path, name: Namer, s: StormScale) -> Outcome:
     """A connection storm from its own process (each connection sends ApiVersions and Metadata;
     slow readers pipeline Fetches and never read) beside a confluent-kafka probe producer;
@@ -79,11 +116,7 @@ def storm(work: Path, name: Namer, s: StormScale) -> Outcome:
         try:
             topic, big = name("storm"), name("big")
             create_topics(kipside.bootstrap, [topic, big], 2)
-            filler = ck.Producer(idempotent_conf(kipside.bootstrap, "filler"))
-            for i in range(s.fill_bytes // 1024):
-                filler.produce(big, bytes([i % 251]) * 1024, partition=0)
-            assert filler.flush(30) == 0
-            del filler
+            fill(kipside.bootstrap, big, s.fill_bytes)
             probe = SequencedProducer("probe", kipside.bootstrap, topic, 2, 100.0)
             probe.run_timeout = 120 + s.held_s
             probe.start()
@@ -91,35 +124,13 @@ def storm(work: Path, name: Namer, s: StormScale) -> Outcome:
             time.sleep(1.5)
             rss_before = process.memory_info().rss
             storm_at = time.monotonic()
-            args = [
-                kipside.bootstrap,
-                s.connections,
-                s.slow_readers,
-                big,
-                s.fetches_per_reader,
-                s.fetch_bytes,
-            ]
-            crowd = procs.track(
-                subprocess.Popen(
-                    [sys.executable, str(STORM_CLIENT), *map(str, args)],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    text=True,
-                )
-            )
-            assert crowd.stdout is not None
-            line = crowd.stdout.readline()
-            assert line.startswith("STORMED"), f"the storm failed: {line!r} ({crowd.poll()})"
+            crowd = start_crowd(kipside.bootstrap, big, s)
             wanted = s.connections + s.slow_readers
             wait_until(
                 lambda: gauge("kipside_client_connections") >= wanted, 120, "the storm accepted"
             )
             accepted_at = time.monotonic()
-            peak_rss, peak_fds = 0, 0
-            while time.monotonic() < accepted_at + s.held_s:
-                peak_rss = max(peak_rss, process.memory_info().rss)
-                peak_fds = max(peak_fds, process.num_fds())
-                time.sleep(0.1)
+            peak_rss, peak_fds = peaks(process, s.held_s)
             held_until = time.monotonic()
             in_flight = gauge("kipside_in_flight_bytes")
             assert crowd.stdin is not None
