@@ -332,6 +332,11 @@ class Server:
                 f"({'; '.join(problems)}); check --upstream and that the brokers are running"
             )
         bootstrap = _bind(self.config.listen.host, self.config.listen.port)
+        try:  # both bound before anything runs: a taken port is one error line, not a traceback
+            admin = None if config.admin is None else _bind(config.admin.host, config.admin.port)
+        except StartupError:
+            bootstrap.socket.close()
+            raise
         bootstrap_port = bootstrap.socket.getsockname()[1]
         self.bootstrap_address = Address(self.config.listen.host, bootstrap_port)
         if self.nodes.node_port_base is None:
@@ -350,7 +355,7 @@ class Server:
                 self.coalescer = Coalescer(context, self.nodes)
                 self.transactions = TransactionManager(context)
                 self.router = Router(context, self.coalescer, self.transactions)
-            await self._serve_sessions(bootstrap, found, task_status)
+            await self._serve_sessions(bootstrap, admin, found, task_status)
             service_nursery.cancel_scope.cancel()
         self.tracer.shutdown()
         self.metrics.shutdown()
@@ -364,6 +369,7 @@ class Server:
     async def _serve_sessions(
         self,
         bootstrap: trio.SocketListener,
+        admin: trio.SocketListener | None,
         found: list[tuple[int, str, int]],
         task_status: trio.TaskStatus[None],
     ) -> None:
@@ -376,8 +382,7 @@ class Server:
                 listener_nursery.start_soon(
                     self._serve_listener, bootstrap, self._bootstrap_session
                 )
-                if self.config.admin is not None:
-                    admin = _bind(self.config.admin.host, self.config.admin.port)
+                if admin is not None and self.config.admin is not None:
                     listener_nursery.start_soon(serve_admin, admin, AdminApp(self))
                     print(
                         f"kipside: admin listening on http://{self.config.admin.host}:"

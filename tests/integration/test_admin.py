@@ -37,7 +37,7 @@ from typing import Any
 import confluent_kafka as ck
 import psutil
 import pytest
-from conftest import DIRECT, ONE_TO_ONE, Kipside, fresh_topic, start_kipside
+from conftest import DIRECT, KIPSIDE_BIN, ONE_TO_ONE, Kipside, fresh_topic, start_kipside
 from testkit.broker import Broker
 from testkit.http import Answer, Exchange, Request, curl_answer, status_of
 from testkit.metrics import Metrics, parse
@@ -219,6 +219,27 @@ def test_every_path_on_the_real_process(admin_stack: AdminStack, client: str) ->
 
     assert admin_stack.metrics().value("kipside_rule_reloads_total") == 1
     admin_stack.kipside.assert_alive()
+
+
+def test_a_taken_admin_port_is_one_error_line(tansu: Broker) -> None:
+    """`kipside serve --admin PORT` with PORT taken: exit 2 with one line naming the port,
+    before any client could connect (it printed a traceback of trio's nurseries)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = ["serve", "--upstream", tansu.bootstrap, "--listen", "127.0.0.1:0"]
+        done = subprocess.run(
+            [str(KIPSIDE_BIN), *args, "--admin", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 2, done.stderr
+    assert f"kipside: error: cannot listen on 127.0.0.1:{port}: Address already in use" in (
+        done.stderr
+    )
+    assert "Traceback" not in done.stderr and "bootstrap listening" not in done.stdout
 
 
 def test_bare_admin_port_binds_loopback(tansu: Broker, tmp_path: Path) -> None:
