@@ -136,6 +136,9 @@ class LanePool:
 
     def _lane_closed(self, connection: UpstreamConnection, reason: str) -> None:
         self._stats.upstream_connections -= 1
+        if connection.shut_down:  # kipside is stopping: no failure, nothing to say
+            log.debug("%s", reason)
+            return
         self._stats.lane_failures += 1
         log.info("%s", reason)
 

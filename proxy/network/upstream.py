@@ -180,6 +180,8 @@ class UpstreamConnection:
         self._closed_event = trio.Event()
         self.close_reason: str | None = None
         """Why the connection closed; None while it is open."""
+        self.shut_down = False
+        """Whether it closed because kipside is shutting down (its reader was cancelled)."""
         self.requests_sent = 0
         self._decoder = FrameDecoder(max_frame_bytes=max_frame_bytes, min_frame_bytes=4)
         self._raw_in_flight = 0
@@ -366,6 +368,10 @@ class UpstreamConnection:
             self._frame_too_large(exc)
         except ProtocolError as exc:
             reason = f"{self.name}: broker sent bytes that are not Kafka: {exc}"
+        except trio.Cancelled:  # the server is shutting down
+            self.shut_down = True
+            reason = f"{self.name}: closed by kipside"
+            raise
         finally:
             self._close(reason)
 
