@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import trio
@@ -18,7 +19,7 @@ from testkit.ports import free_port
 from kipside.protocol import Address
 from kipside.proxy.server import Server, ServerConfig
 from kipside.proxy.telemetry.tracing import TraceConfig, Tracer
-from kipside.rules import parse_rules
+from kipside.rules import load_rules
 
 
 @dataclass
@@ -47,11 +48,14 @@ StartKipside = Callable[[str, str], InProcessKipside]
 
 
 @pytest.fixture
-def start_kipside_in_process() -> Iterator[StartKipside]:
+def start_kipside_in_process(tmp_path: Path) -> Iterator[StartKipside]:
     started: list[InProcessKipside] = []
 
     def start(upstream: str, rules_text: str) -> InProcessKipside:
-        rules = parse_rules(rules_text, "<test rules>")
+        # From a file, as `kipside serve --rules` reads it (its reloader watches the file).
+        rules_file = tmp_path / f"rules-{len(started)}.yaml"
+        rules_file.write_text(rules_text)
+        rules = load_rules(str(rules_file))
         exporter = InMemorySpanExporter()
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(exporter))
