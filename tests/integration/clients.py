@@ -35,6 +35,7 @@ REQUEST_TIMEOUT_MS = 10000
 FLUSH_TIMEOUT = 30.0
 CONSUME_TIMEOUT = 30.0
 EXTRA_POLL_MS = 300
+CLIENTS = ["confluent-kafka", "kafka-python", "aiokafka"]
 
 
 class Msg(NamedTuple):
@@ -237,6 +238,20 @@ def ck_consumer(bootstrap: str, group: str, **conf: Any) -> ck.Consumer:
 
 def ck_msg(m: Any) -> Msg:
     return Msg(m.partition(), m.key(), m.value(), _hdrs(m.headers()))
+
+
+def group_committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
+    """The offsets `group` has committed for `topic`, per partition, as an admin client reads
+    them (ListConsumerGroupOffsets)."""
+    from confluent_kafka import ConsumerGroupTopicPartitions
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(ck_config(bootstrap))
+    fut = admin.list_consumer_group_offsets(
+        [ConsumerGroupTopicPartitions(group)], request_timeout=10
+    )[group]
+    res = fut.result(timeout=15)
+    return {tp.partition: tp.offset for tp in res.topic_partitions if tp.topic == topic}
 
 
 def ck_read_to_end(

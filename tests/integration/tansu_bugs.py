@@ -4,8 +4,8 @@ depends on one is expected to fail, but only on that broker version and only the
 fails: strict, so the test reports the moment Tansu or kipside changes, and `raises=`, so a
 kipside regression on the same path fails instead of hiding as an expected failure.
 
-Each bug has a direct-probe test (tests/integration/test_clients.py, test_tansu_itself_*) that
-asks the broker itself, without kipside, and asserts it still fails: the premise of the xfail.
+Each bug has a direct-probe test (tests/integration/test_tansu_bugs.py, test_tansu_itself_*)
+that asks the broker itself, without kipside, and asserts it still fails: the premise of the xfail.
 """
 
 from __future__ import annotations
