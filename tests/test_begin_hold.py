@@ -4,7 +4,7 @@ The coordinator refuses every call with CONCURRENT_TRANSACTIONS until its window
 answers each call after a 1 ms round trip. The hold must keep one probe in flight at a time,
 never more of them than librdkafka's 20 ms backoff would have sent, let the other calls go
 once a probe is accepted, give up at the deadline, and learn a steady window.
-tests/integration/test_transactions.py compares it with librdkafka itself through the
+tests/integration/test_transactions_hold.py compares it with librdkafka itself through the
 marker-window relay.
 """
 

@@ -13,7 +13,7 @@ NOT_COORDINATOR, produce to a node that does not lead the partition NOT_LEADER_O
   coordinator of the moment). The log read back from Tansu itself holds each partition's
   records of the committed transactions behind commit markers and of the aborted ones behind
   abort markers, once each and in order (Tansu's read_committed returns aborted records, so
-  the log is resolved by hand, as test_transactions does); old leaders refused some batches
+  the log is resolved by hand with txn_log.py); old leaders refused some batches
   and old coordinators some transaction requests, so the producer found the new ones through
   kipside.
 
@@ -43,7 +43,7 @@ from .clients import (
     make_messages,
 )
 from .cluster_kit import PARTITIONS, ClusterStack, cluster_stack, move_next, refusals
-from .test_transactions import read_log, resolve
+from .txn_log import read_log, resolve
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ bench/soak.py's load share, one module a behaviour:
   what the broker acknowledged and what failed; an at-least-once kafka-python producer; a
   transactional consume-transform-produce writer; consumer-group members.
 - audit.py: reads the topic from the broker itself (not through kipside or the relay), record
-  batches and transaction markers included (test_transactions.read_log/resolve: read_committed
+  batches and transaction markers included (txn_log.read_log/resolve: read_committed
   as specified, since Tansu's Fetch carries no AbortedTransactions), and counts what a user
   cares about: every acknowledged message in the log exactly once, in order per producer and
   partition.

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import confluent_kafka as ck
 
-from ..test_transactions import read_log, resolve
+from ..txn_log import read_log, resolve
 from .loads import SequencedProducer, parse_value
 
 
