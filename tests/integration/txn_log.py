@@ -2,7 +2,8 @@
 read_committed is specified.
 
 Tansu 0.6.0 sends no AbortedTransactions in Fetch responses, so its read_committed consumers
-also return aborted records (a broker limitation, seen without kipside; test_clients.py). The
+also return aborted records (a broker limitation, seen without kipside;
+test_clients_transactions.py). The
 transaction tests therefore read every record with its producer id, and the commit/abort
 control markers, over a plain socket (read_uncommitted), and apply the markers themselves.
 Used by the transaction tests (test_transactions_*.py), test_cluster_transactions.py and
