@@ -3,9 +3,9 @@ read_committed is specified.
 
 Tansu 0.6.0 sends no AbortedTransactions in Fetch responses, so its read_committed consumers
 also return aborted records (a broker limitation, seen without kipside;
-test_clients_transactions.py). The
-transaction tests therefore read every record with its producer id, and the commit/abort
-control markers, over a plain socket (read_uncommitted), and apply the markers themselves.
+test_clients_transactions.py). The transaction tests therefore read every record with its
+producer id, and the commit/abort control markers, over a plain socket (read_uncommitted), and
+apply the markers themselves.
 Used by the transaction tests (test_transactions_*.py), test_cluster_transactions.py and
 fault_kit's audit. It never goes through kipside: pass it the broker's (or relay's) address.
 """
