@@ -245,67 +245,14 @@ def test_a_producer_loses_nothing_while_hostile_clients_reach_every_limit(
 ) -> None:
     caplog.set_level(logging.INFO, logger="kipside.limits")
     kipside = start_kipside_in_process(tansu.bootstrap, LIMITS)
-    stats, limits = kipside.server.stats, kipside.server.limits
     topic = fresh_topic(kipside.bootstrap, "limits", PARTITIONS)
     producer = SteadyProducer(kipside.bootstrap, topic)
     producer.start()
     try:
         assert producer.progressing(10), "the producer does not produce through kipside"
-        with _sockets() as hostile:
-            # A frame over limits.max_frame_bytes (1 MiB): closed at its size prefix.
-            sock = _connect(kipside)
-            hostile.append(sock)
-            sock.sendall((64 << 20).to_bytes(4, "big") + b"\x00\x12\x00\x00")
-            _closed_by_kipside(sock)
-            # Slowloris: the first 7 bytes of a request, then nothing.
-            sock = _connect(kipside)
-            hostile.append(sock)
-            sock.sendall(
-                build_frame(encode_request_header(ApiKey.API_VERSIONS, 0, 2, "x"), b"")[:7]
-            )
-            assert 0.9 < _closed_by_kipside(sock) < 2.5  # request_read_timeout_ms: 1000
-            # Idle: connected, sends nothing.
-            sock = _connect(kipside)
-            hostile.append(sock)
-            assert 1.4 < _closed_by_kipside(sock) < 3.5  # idle_timeout_ms: 1500
-            # A ProduceRequest of 11 partitions, over max_partitions_per_request (10).
-            sock = _connect(kipside)
-            hostile.append(sock)
-            sock.sendall(_too_many_partitions())
-            _closed_by_kipside(sock)
-            assert producer.progressing(), f"the producer stalled: {_limit_counts(kipside)}"
-        with _sockets() as storm:
-            # Connections past limits.max_connections (24) are closed at once; the rest stay.
-            for _ in range(30):
-                storm.append(_connect(kipside))
-            _wait_for(lambda: stats.client_connections >= 24, "24 open connections")
-            time.sleep(0.3)  # refusals are immediate; idle ones close after 1.5 s
-            refused = _closed_now(storm)
-            open_now = stats.client_connections
-        # Every storm connection past the limit was closed, and only those.
-        assert open_now == 24 and len(refused) >= 6, (open_now, len(refused))
-        assert stats.limit_reached["max_connections"] == len(refused)
-        _wait_for(lambda: stats.client_connections < 10, "the storm's connections to close")
-        assert producer.progressing(), f"the producer stalled: {_limit_counts(kipside)}"
-        with _sockets() as hostile:
-            # A client that sends requests without reading one answer: kipside stops reading it
-            # once it holds max_in_flight_bytes_per_client for it; the producer goes on.
-            sock = _connect(kipside)
-            hostile.append(sock)
-            peak_before = limits.peak_in_flight
-            pushed = _push_without_reading(sock, 1.5)
-            assert stats.paused_client_connections == 1
-            assert producer.progressing(), (
-                f"a client not reading its answers stalled the producer: {_limit_counts(kipside)}"
-            )
-            # TCP pushed back: what the client could send sits in the sockets, mostly unread.
-            read = stats.client_requests[ApiKey.API_VERSIONS] * len(API_VERSIONS_V0)
-            assert read < pushed / 4, (read, pushed)
-            # What kipside held: the limit, plus answers to requests it had already read (one
-            # read of a shared connection's answers) and the producer's few requests.
-            peak = limits.peak_in_flight  # the consumer's Fetch answers, later, are larger
-            assert peak <= PER_CLIENT + READ_SIZE + 64 * 1024, (peak_before, peak)
-        _wait_for(lambda: stats.paused_client_connections == 0, "the paused client to go")
+        _hostile_requests_are_closed(kipside, producer)
+        _a_connection_storm_is_refused_past_the_limit(kipside, producer)
+        peak, pushed = _a_client_not_reading_its_answers_is_not_read(kipside, producer)
     finally:
         producer.stop.set()
         producer.join(45)
@@ -323,6 +270,88 @@ def test_a_producer_loses_nothing_while_hostile_clients_reach_every_limit(
         f"limits reached {dict(sorted(counts.items()))}"
     )
     assert_exactly_once_in_order(producer.sent, received, marks)
+    _every_limit_was_counted_and_logged(counts, caplog)
+
+
+def _hostile_requests_are_closed(kipside: InProcessKipside, producer: SteadyProducer) -> None:
+    """An oversized frame, a stalled header, an idle connection and too many partitions: each
+    connection closed (the timeouts on time); the producer still progressing."""
+    with _sockets() as hostile:
+        # A frame over limits.max_frame_bytes (1 MiB): closed at its size prefix.
+        sock = _connect(kipside)
+        hostile.append(sock)
+        sock.sendall((64 << 20).to_bytes(4, "big") + b"\x00\x12\x00\x00")
+        _closed_by_kipside(sock)
+        # Slowloris: the first 7 bytes of a request, then nothing.
+        sock = _connect(kipside)
+        hostile.append(sock)
+        sock.sendall(build_frame(encode_request_header(ApiKey.API_VERSIONS, 0, 2, "x"), b"")[:7])
+        assert 0.9 < _closed_by_kipside(sock) < 2.5  # request_read_timeout_ms: 1000
+        # Idle: connected, sends nothing.
+        sock = _connect(kipside)
+        hostile.append(sock)
+        assert 1.4 < _closed_by_kipside(sock) < 3.5  # idle_timeout_ms: 1500
+        # A ProduceRequest of 11 partitions, over max_partitions_per_request (10).
+        sock = _connect(kipside)
+        hostile.append(sock)
+        sock.sendall(_too_many_partitions())
+        _closed_by_kipside(sock)
+        assert producer.progressing(), f"the producer stalled: {_limit_counts(kipside)}"
+
+
+def _a_connection_storm_is_refused_past_the_limit(
+    kipside: InProcessKipside, producer: SteadyProducer
+) -> None:
+    """30 connections against max_connections 24: those past the limit closed at once, only
+    those, each counted; the producer still progressing once the storm is gone."""
+    stats = kipside.server.stats
+    with _sockets() as storm:
+        # Connections past limits.max_connections (24) are closed at once; the rest stay.
+        for _ in range(30):
+            storm.append(_connect(kipside))
+        _wait_for(lambda: stats.client_connections >= 24, "24 open connections")
+        time.sleep(0.3)  # refusals are immediate; idle ones close after 1.5 s
+        refused = _closed_now(storm)
+        open_now = stats.client_connections
+    # Every storm connection past the limit was closed, and only those.
+    assert open_now == 24 and len(refused) >= 6, (open_now, len(refused))
+    assert stats.limit_reached["max_connections"] == len(refused)
+    _wait_for(lambda: stats.client_connections < 10, "the storm's connections to close")
+    assert producer.progressing(), f"the producer stalled: {_limit_counts(kipside)}"
+
+
+def _a_client_not_reading_its_answers_is_not_read(
+    kipside: InProcessKipside, producer: SteadyProducer
+) -> tuple[int, int]:
+    """A client sending requests without reading one answer is paused, the producer goes on,
+    and kipside holds about max_in_flight_bytes_per_client for it; returns the peak bytes in
+    flight and the bytes the client pushed."""
+    stats, limits = kipside.server.stats, kipside.server.limits
+    with _sockets() as hostile:
+        # A client that sends requests without reading one answer: kipside stops reading it
+        # once it holds max_in_flight_bytes_per_client for it; the producer goes on.
+        sock = _connect(kipside)
+        hostile.append(sock)
+        peak_before = limits.peak_in_flight
+        pushed = _push_without_reading(sock, 1.5)
+        assert stats.paused_client_connections == 1
+        assert producer.progressing(), (
+            f"a client not reading its answers stalled the producer: {_limit_counts(kipside)}"
+        )
+        # TCP pushed back: what the client could send sits in the sockets, mostly unread.
+        read = stats.client_requests[ApiKey.API_VERSIONS] * len(API_VERSIONS_V0)
+        assert read < pushed / 4, (read, pushed)
+        # What kipside held: the limit, plus answers to requests it had already read (one
+        # read of a shared connection's answers) and the producer's few requests.
+        peak = limits.peak_in_flight  # the consumer's Fetch answers, later, are larger
+        assert peak <= PER_CLIENT + READ_SIZE + 64 * 1024, (peak_before, peak)
+    _wait_for(lambda: stats.paused_client_connections == 0, "the paused client to go")
+    return peak, pushed
+
+
+def _every_limit_was_counted_and_logged(
+    counts: dict[str, float], caplog: pytest.LogCaptureFixture
+) -> None:
     for key in (
         "max_frame_bytes",
         "request_read_timeout_ms",
