@@ -317,6 +317,56 @@ def agreement(med: dict[str, dict[str, float] | None], big: str) -> str:
     return "requests per API differ (kipside vs tshark): " + "; ".join(differ)
 
 
+def pcap_targets(med: dict[str, dict[str, float] | None]) -> list[Target]:
+    """tshark's rate on the full capture; memory bounded as the capture grows 16 times."""
+    k, t = med.get(f"{KIPSIDE}, full"), med.get(f"{TSHARK}, full")
+    if not (k and t):
+        return [Target("at least tshark's rate on the same file", None, "a tool failed")]
+    ratio = k["mb_per_s"] / t["mb_per_s"]
+    per_cpu = k["mb_per_cpu_s"] / t["mb_per_cpu_s"]
+    targets = [
+        Target(
+            "at least tshark's rate on the same file",
+            ratio >= 1.0,
+            f"{ratio:.2f}x ({number(k['mb_per_s'])} vs {number(t['mb_per_s'])} MB/s)",
+        ),
+        Target(
+            "(no target) MB per CPU second, which other load on the machine disturbs less",
+            None,
+            f"{per_cpu:.2f}x ({number(k['mb_per_cpu_s'])} vs {number(t['mb_per_cpu_s'])})",
+        ),
+    ]
+    ks = med.get(f"{KIPSIDE}, 1/16")
+    if ks:
+        targets.append(
+            Target(
+                "bounded memory",
+                k["peak_rss_mb"] <= 1.25 * ks["peak_rss_mb"],
+                f"peak RSS {number(ks['peak_rss_mb'])} MB at 1/16 of the file, "
+                f"{number(k['peak_rss_mb'])} MB on all of it",
+            )
+        )
+    return targets
+
+
+def how_measured(
+    args: Any, code: KipsideCode, about: dict[str, Any], med: dict[str, dict[str, float] | None]
+) -> list[str]:
+    seed_mb = about["seed_bytes"] / 1e6
+    return [
+        f"kipside: {code.label}",
+        f"tshark: {output(['tshark', '--version'])}",
+        f"Capture: {about['bytes'] / 1e6:,.0f} MB, {about['packets']:,} packets, "
+        f"{about['copies']:,} renumbered copies of {about['seed_packets']:,} packets "
+        f"({seed_mb:.2f} MB) captured by tcpdump on loopback: "
+        + ", ".join(f"`{Path(s).name}`" for s in about["seed"]),
+        "Commands (FILE the capture): "
+        + "; ".join(f"`{' '.join(c).format(file='FILE')}`" for c in COMMANDS.values()),
+        f"Repetitions: {args.reps}, the tools' order alternating; median reported.",
+        f"Both tools' requests per API on the full capture: {agreement(med, 'full')}",
+    ]
+
+
 def main() -> int:
     args = parse_args(__doc__, OPTIONS, QUICK)
     tools.find("tshark", "the dissector kipside pcap is measured against")
@@ -332,57 +382,13 @@ def main() -> int:
         }
         runs = repeat(cases, args.reps, noisy=NOISY, retries=1, budget=600)
     med = {case: medians(runs, case) for case in cases}
-    k, t = med.get(f"{KIPSIDE}, full"), med.get(f"{TSHARK}, full")
-    targets = []
-    if k and t:
-        ratio = k["mb_per_s"] / t["mb_per_s"]
-        targets.append(
-            Target(
-                "at least tshark's rate on the same file",
-                ratio >= 1.0,
-                f"{ratio:.2f}x ({number(k['mb_per_s'])} vs {number(t['mb_per_s'])} MB/s)",
-            )
-        )
-        per_cpu = k["mb_per_cpu_s"] / t["mb_per_cpu_s"]
-        targets.append(
-            Target(
-                "(no target) MB per CPU second, which other load on the machine disturbs less",
-                None,
-                f"{per_cpu:.2f}x ({number(k['mb_per_cpu_s'])} vs {number(t['mb_per_cpu_s'])})",
-            )
-        )
-        ks = med.get(f"{KIPSIDE}, 1/16")
-        if ks:
-            targets.append(
-                Target(
-                    "bounded memory",
-                    k["peak_rss_mb"] <= 1.25 * ks["peak_rss_mb"],
-                    f"peak RSS {number(ks['peak_rss_mb'])} MB at 1/16 of the file, "
-                    f"{number(k['peak_rss_mb'])} MB on all of it",
-                )
-            )
-    else:
-        targets.append(Target("at least tshark's rate on the same file", None, "a tool failed"))
-    seed_mb = about["seed_bytes"] / 1e6
-    how = [
-        f"kipside: {code.label}",
-        f"tshark: {output(['tshark', '--version'])}",
-        f"Capture: {about['bytes'] / 1e6:,.0f} MB, {about['packets']:,} packets, "
-        f"{about['copies']:,} renumbered copies of {about['seed_packets']:,} packets "
-        f"({seed_mb:.2f} MB) captured by tcpdump on loopback: "
-        + ", ".join(f"`{Path(s).name}`" for s in about["seed"]),
-        "Commands (FILE the capture): "
-        + "; ".join(f"`{' '.join(c).format(file='FILE')}`" for c in COMMANDS.values()),
-        f"Repetitions: {args.reps}, the tools' order alternating; median reported.",
-        f"Both tools' requests per API on the full capture: {agreement(med, 'full')}",
-    ]
     found = table(f"Results (median of {args.reps})", list(cases), med, COLUMNS, first="")
     Report(
         "pcap",
         "Packet capture summary: kipside pcap vs tshark's Kafka dissector (issue 15)",
-        facts(*how),
+        facts(*how_measured(args, code, about, med)),
         [found],
-        targets,
+        pcap_targets(med),
         notes=run_notes(runs, NOISY),
     ).publish(args)
     return 0

@@ -21,13 +21,14 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 from _chart import Lines
-from _harness import REPO, HarnessError, KipsideCode, at_ref, open_stack, snapshot
+from _harness import REPO, HarnessError, KipsideCode, Stack, at_ref, open_stack, snapshot
 from _measure import WORKLOAD, run_json, sampling
 from _report import DOC, Report, Table, Target, facts, parse_args
 from integration.fault_kit.stack import transaction_rules
@@ -73,91 +74,116 @@ def slope_per_hour(xs: list[float], ys: list[float]) -> float:
     return 60 * sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var if var else 0.0
 
 
-def soak(args: Any, logdir: Path, code: KipsideCode) -> tuple[list[Sample], dict[str, Any]]:
-    names = {
-        "topic": "soak",
-        "txn_topic": "soak-txn",
-        "txn_input": "soak-in",
-        "group": "soak-group",
-        "txn_group": "soak-txn-group",
-        "txn_id": "soak-writer",
-    }
+# ---- the run: a fresh stack, the load in its own process, kipside sampled ---------------------
+
+# The load's topics, groups and transactional id; the transactions rule matches txn_topic.
+NAMES = {
+    "topic": "soak",
+    "txn_topic": "soak-txn",
+    "txn_input": "soak-in",
+    "group": "soak-group",
+    "txn_group": "soak-txn-group",
+    "txn_id": "soak-writer",
+}
+
+
+def kipside_args(logdir: Path, admin: int) -> list[str]:
+    """kipside's command line: the transactions rule (no hold limit) and the admin endpoint."""
     rule_file = logdir / "rules.yaml"
-    rule = ("soak-*", names["txn_topic"], names["txn_group"])
+    rule = ("soak-*", NAMES["txn_topic"], NAMES["txn_group"])
     rule_file.write_text(transaction_rules(rule, hold_max_ms=None))
+    return ["--rules", str(rule_file), "--admin", f"127.0.0.1:{admin}"]
+
+
+def create_topics(bootstrap: str, partitions: int) -> None:
+    common = {"bootstrap": bootstrap, "partitions": partitions}
+    topics = [NAMES["topic"], NAMES["txn_topic"]]
+    run_json(WORKLOAD, "create-topics", json.dumps({**common, "topics": topics}), timeout=60)
+    one = {**common, "topics": [NAMES["txn_input"]], "partitions": 1}
+    run_json(WORKLOAD, "create-topics", json.dumps(one), timeout=60)
+
+
+def start_load(args: Any, stack: Stack, logdir: Path) -> subprocess.Popen[str]:
+    """bench/_soak_load.py in its own process, returned once it says READY."""
+    load_args = {
+        **NAMES,
+        "bootstrap": stack.bootstrap,
+        "partitions": args.partitions,
+        "direct": f"127.0.0.1:{stack.broker_port}",
+        "seconds": args.minutes * 60,
+        "producers": args.producers,
+        "rate": args.rate,
+        "members": args.members,
+        "txn_pause": args.txn_pause,
+    }
+    load = procs.track(
+        subprocess.Popen(
+            [sys.executable, str(SOAK_LOAD), json.dumps(load_args)],
+            stdout=subprocess.PIPE,
+            stderr=(logdir / "load.log").open("wb"),
+            text=True,
+        )
+    )
+    assert load.stdout is not None
+    ready = load.stdout.readline().strip()
+    if ready != "READY":
+        raise HarnessError(f"the soak's load did not start: {ready!r}, see {logdir}/load.log")
+    return load
+
+
+def sampler(process: psutil.Process, admin: int, samples: list[Sample]) -> Callable[[], None]:
+    """What `sampling` calls every --sample seconds: one Sample of kipside appended."""
+    started = time.monotonic()
+    lock = threading.Lock()
+
+    def sample() -> None:
+        with process.oneshot():
+            cpu = process.cpu_times()
+            found = Sample(
+                (time.monotonic() - started) / 60,
+                process.memory_info().rss / MIB,
+                process.num_fds(),
+                scrape(admin).value("kipside_client_connections", float("nan")),
+                cpu.user + cpu.system,
+            )
+        with lock:
+            samples.append(found)
+
+    return sample
+
+
+def load_outcome(load: subprocess.Popen[str], logdir: Path) -> dict[str, Any]:
+    """The load's audit (its last JSON line), once it has stopped and exited cleanly."""
+    out, _ = load.communicate(timeout=900)
+    lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+    if load.returncode != 0 or not lines:
+        raise HarnessError(f"the soak's load failed ({load.returncode}), see {logdir}")
+    parsed: dict[str, Any] = json.loads(lines[-1])
+    return parsed
+
+
+def soak(args: Any, logdir: Path, code: KipsideCode) -> tuple[list[Sample], dict[str, Any]]:
     admin = free_port()
-    kipside_args = ["--rules", str(rule_file), "--admin", f"127.0.0.1:{admin}"]
+    command = kipside_args(logdir, admin)
     samples: list[Sample] = []
-    with open_stack("kipside", logdir, kipside_args=kipside_args, code=code) as stack:
+    with open_stack("kipside", logdir, kipside_args=command, code=code) as stack:
         assert stack.proxy is not None
         process = psutil.Process(stack.proxy.popen.pid)
-        topics = [names["topic"], names["txn_topic"]]
-        common = {"bootstrap": stack.bootstrap, "partitions": args.partitions}
-        run_json(WORKLOAD, "create-topics", json.dumps({**common, "topics": topics}), timeout=60)
-        one = {**common, "topics": [names["txn_input"]], "partitions": 1}
-        run_json(WORKLOAD, "create-topics", json.dumps(one), timeout=60)
-        load_args = {
-            **names,
-            **common,
-            "direct": f"127.0.0.1:{stack.broker_port}",
-            "seconds": args.minutes * 60,
-            "producers": args.producers,
-            "rate": args.rate,
-            "members": args.members,
-            "txn_pause": args.txn_pause,
-        }
-        load = procs.track(
-            subprocess.Popen(
-                [sys.executable, str(SOAK_LOAD), json.dumps(load_args)],
-                stdout=subprocess.PIPE,
-                stderr=(logdir / "load.log").open("wb"),
-                text=True,
-            )
-        )
+        create_topics(stack.bootstrap, args.partitions)
+        load = start_load(args, stack, logdir)
         assert load.stdout is not None
-        ready = load.stdout.readline().strip()
-        if ready != "READY":
-            raise HarnessError(f"the soak's load did not start: {ready!r}, see {logdir}/load.log")
-        started = time.monotonic()
-        lock = threading.Lock()
-
-        def sample() -> None:
-            with process.oneshot():
-                cpu = process.cpu_times()
-                found = Sample(
-                    (time.monotonic() - started) / 60,
-                    process.memory_info().rss / MIB,
-                    process.num_fds(),
-                    scrape(admin).value("kipside_client_connections", float("nan")),
-                    cpu.user + cpu.system,
-                )
-            with lock:
-                samples.append(found)
-
-        with sampling(args.sample, sample):
+        with sampling(args.sample, sampler(process, admin, samples)):
             stopping = load.stdout.readline().strip()  # after --minutes of steady load
         if stopping != "STOPPING":
             raise HarnessError(f"the soak's load ended early: {stopping!r}, see {logdir}/load.log")
-        out, _ = load.communicate(timeout=900)
-        lines = [ln for ln in out.splitlines() if ln.startswith("{")]
-        if load.returncode != 0 or not lines:
-            raise HarnessError(f"the soak's load failed ({load.returncode}), see {logdir}")
-        return samples, json.loads(lines[-1])
+        return samples, load_outcome(load, logdir)
 
 
-def main() -> int:
-    args = parse_args(__doc__, OPTIONS, QUICK)
-    if args.doc == DOC:
-        args.doc = RELIABILITY
-    logdir = Path(tempfile.mkdtemp(prefix="soak-"))
-    code = at_ref(args.ref, logdir / "code") if args.ref else snapshot(logdir / "code")
-    samples, outcome = soak(args, logdir, code)
-    warm = min(WARM_UP * args.minutes, 3.0)
-    judged = [s for s in samples if s.minute >= warm]
-    first, last = judged[0], judged[-1]
-    growth = last.rss_mib - first.rss_mib
-    rss_slope = slope_per_hour([s.minute for s in judged], [s.rss_mib for s in judged])
-    fd_values = [s.fds for s in judged]
+# ---- the report: samples, the load's audit, the targets -------------------------------------
+
+
+def sample_table(args: Any, samples: list[Sample]) -> Table:
+    """About a dozen rows of the samples; CPU % over each row's interval."""
     every = max(1, len(samples) // 12)
     rows = [
         [
@@ -170,12 +196,15 @@ def main() -> int:
         for i, (p, s) in enumerate(itertools.pairwise(samples), start=1)
         if i % every == 0 or i == len(samples) - 1
     ]
-    table = Table(
+    return Table(
         f"kipside every {args.sample * every:g} s (of {len(samples)} samples)",
         ["minute", "RSS MiB", "open fds", "client connections", "kipside CPU %"],
         rows,
     )
-    load = Table(
+
+
+def load_table(args: Any, outcome: dict[str, Any]) -> Table:
+    return Table(
         "What the load's clients were told, audited against the log",
         ["load", "result"],
         [
@@ -194,7 +223,15 @@ def main() -> int:
         ],
         align="ll",
     )
-    targets = [
+
+
+def soak_targets(judged: list[Sample], outcome: dict[str, Any]) -> list[Target]:
+    """RSS and descriptors flat after warm-up (`judged`); the load's clients audited clean."""
+    first, last = judged[0], judged[-1]
+    growth = last.rss_mib - first.rss_mib
+    rss_slope = slope_per_hour([s.minute for s in judged], [s.rss_mib for s in judged])
+    fd_values = [s.fds for s in judged]
+    return [
         Target(
             f"RSS flat (at most {RSS_GROWTH_MIB:g} MiB more at the end than after warm-up)",
             growth <= RSS_GROWTH_MIB,
@@ -218,23 +255,39 @@ def main() -> int:
             f"{outcome['produce']}; transactions {outcome['txn']}; errors {outcome['errors']}",
         ),
     ]
-    more = (
-        f"Load: {args.minutes:g} minutes; {args.producers} idempotent producers at "
-        f"{args.rate:g} records/s each, a transactional writer (a transaction every "
-        f"{args.txn_pause:g} s, 10 records), a consumer group of {args.members}; samples every "
-        f"{args.sample:g} s; minutes before {warm:.1f} are warm-up."
-    )
+
+
+def soak_chart(args: Any, samples: list[Sample]) -> tuple[str, list[Lines]]:
     minutes = [s.minute for s in samples]
-    chart = (
+    return (
         f"kipside over a {args.minutes:g}-minute soak",
         [
             Lines("RSS (MiB)", minutes, {"RSS": [s.rss_mib for s in samples]}, "minutes"),
             Lines("open file descriptors", minutes, {"fds": [s.fds for s in samples]}, "minutes"),
         ],
     )
-    notes = [f"Logs: {logdir}"]
+
+
+def main() -> int:
+    args = parse_args(__doc__, OPTIONS, QUICK)
+    if args.doc == DOC:
+        args.doc = RELIABILITY
+    logdir = Path(tempfile.mkdtemp(prefix="soak-"))
+    code = at_ref(args.ref, logdir / "code") if args.ref else snapshot(logdir / "code")
+    samples, outcome = soak(args, logdir, code)
+    warm = min(WARM_UP * args.minutes, 3.0)
+    targets = soak_targets([s for s in samples if s.minute >= warm], outcome)
+    more = (
+        f"Load: {args.minutes:g} minutes; {args.producers} idempotent producers at "
+        f"{args.rate:g} records/s each, a transactional writer (a transaction every "
+        f"{args.txn_pause:g} s, 10 records), a consumer group of {args.members}; samples every "
+        f"{args.sample:g} s; minutes before {warm:.1f} are warm-up."
+    )
     found = facts(more, code={"kipside code": code.label})
-    Report("soak", "Soak", found, [table, load], targets, notes, lines=chart).publish(args)
+    tables = [sample_table(args, samples), load_table(args, outcome)]
+    notes = [f"Logs: {logdir}"]
+    chart = soak_chart(args, samples)
+    Report("soak", "Soak", found, tables, targets, notes, lines=chart).publish(args)
     return 0 if all(t.ok for t in targets) else 1
 
 
