@@ -203,6 +203,34 @@ def start_kipside(
     workdir.mkdir(parents=True, exist_ok=True)
     listen = free_port() if listen_port is None else listen_port
     base = _node_port_base(nodes) if node_port_base is None else node_port_base
+    args = _serve_args(upstream, listen, base, rules, extra_args)
+    log_path = workdir / "kipside.stderr.log"
+    stdout_path = workdir / "kipside.stdout.log"
+    with log_path.open("wb") as err, stdout_path.open("wb") as out:
+        proc = procs.track(subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=err))
+    _LOGS.append(log_path)
+    out_text = _wait_until_ready(proc, args, stdout_path, log_path, timeout)
+    node_ports, bootstrap = _announced_listeners(out_text, upstream)
+    ks = Kipside(
+        proc=proc,
+        host="127.0.0.1",
+        port=listen,
+        node_ports=node_ports,
+        upstream=upstream.bootstrap,
+        log_path=log_path,
+        stdout_path=stdout_path,
+    )
+    problems = _announcement_problems(bootstrap, node_ports, listen, base, nodes)
+    if problems:
+        ks.stop()
+        raise KipsideError("; ".join(problems) + f"\nstdout:\n{out_text}")
+    return ks
+
+
+def _serve_args(
+    upstream: Upstream, listen: int, base: int, rules: Path | None, extra_args: Sequence[str]
+) -> list[str]:
+    """The `kipside serve` command line: ours, then KIPSIDE_TEST_SERVE_ARGS, then the test's."""
     args = [
         str(KIPSIDE_BIN),
         "serve",
@@ -217,17 +245,23 @@ def start_kipside(
         args += ["--rules", str(rules)]
     args += shlex.split(os.environ.get("KIPSIDE_TEST_SERVE_ARGS", ""))
     args += list(extra_args)
-    log_path = workdir / "kipside.stderr.log"
-    stdout_path = workdir / "kipside.stdout.log"
-    with log_path.open("wb") as err, stdout_path.open("wb") as out:
-        proc = procs.track(subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=err))
-    _LOGS.append(log_path)
+    return args
 
+
+def _wait_until_ready(
+    proc: subprocess.Popen[bytes],
+    args: Sequence[str],
+    stdout_path: Path,
+    log_path: Path,
+    timeout: float,
+) -> str:
+    """Wait for the `kipside: ready` line and return stdout so far; if kipside exits first or
+    takes longer than `timeout`, kill it and raise with both logs' tails."""
     deadline = time.monotonic() + timeout
     while True:
         out_text = stdout_path.read_text(errors="replace")
         if "kipside: ready" in out_text.splitlines():
-            break
+            return out_text
         if proc.poll() is not None or time.monotonic() > deadline:
             why = (
                 f"exited with code {proc.returncode}"
@@ -243,6 +277,12 @@ def start_kipside(
             )
         time.sleep(0.02)
 
+
+def _announced_listeners(
+    out_text: str, upstream: Upstream
+) -> tuple[dict[int, int], tuple[str, int] | None]:
+    """The node listeners (node id -> port) and the bootstrap address kipside's stdout names;
+    every node line must point at one of `upstream`'s addresses."""
     node_ports: dict[int, int] = {}
     bootstrap: tuple[str, int] | None = None
     for line in out_text.splitlines():
@@ -251,24 +291,23 @@ def start_kipside(
             assert f"{m.group(4)}:{m.group(5)}" in upstream.bootstrap.split(","), line
         elif m := _BOOTSTRAP_LINE.match(line):
             bootstrap = (m.group(1), int(m.group(2)))
-    ks = Kipside(
-        proc=proc,
-        host="127.0.0.1",
-        port=listen,
-        node_ports=node_ports,
-        upstream=upstream.bootstrap,
-        log_path=log_path,
-        stdout_path=stdout_path,
-    )
+    return node_ports, bootstrap
+
+
+def _announcement_problems(
+    bootstrap: tuple[str, int] | None,
+    node_ports: dict[int, int],
+    listen: int,
+    base: int,
+    nodes: Collection[int],
+) -> list[str]:
+    """How the announced listeners differ from the ports kipside was told to use."""
     problems = []
     if bootstrap != ("127.0.0.1", listen):
         problems.append(f"bootstrap line says {bootstrap}, expected 127.0.0.1:{listen}")
     if node_ports != (expected := {node_id: base + node_id for node_id in nodes}):
         problems.append(f"node lines say {node_ports}, expected {expected}")
-    if problems:
-        ks.stop()
-        raise KipsideError("; ".join(problems) + f"\nstdout:\n{out_text}")
-    return ks
+    return problems
 
 
 @pytest.fixture(scope="session")
