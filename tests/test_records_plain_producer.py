@@ -6,18 +6,9 @@ fresh CRC, the source view untouched; control batches refused.
 from __future__ import annotations
 
 import pytest
+import records_kit as kit
 from batches import assert_same_but_producer
 from kafka.record.default_records import DefaultRecordBatch
-from records_kit import (
-    CODECS,
-    GOLDEN,
-    PRODUCERS,
-    assemble,
-    assert_matches_kafka_python,
-    build,
-    read_back,
-    set_field,
-)
 
 from kipside.protocol.records import (
     HEADER_SIZE,
@@ -47,21 +38,21 @@ GOLDEN_PLAIN = bytes.fromhex(
 
 
 def test_golden_as_plain_producer() -> None:
-    assert as_plain_producer(RecordBatchView.from_buffer(GOLDEN)) == GOLDEN_PLAIN
+    assert as_plain_producer(RecordBatchView.from_buffer(kit.GOLDEN)) == GOLDEN_PLAIN
 
 
-@pytest.mark.parametrize("producer", list(PRODUCERS))
-@pytest.mark.parametrize("codec", CODECS, ids=lambda c: c.name)
+@pytest.mark.parametrize("producer", list(kit.PRODUCERS))
+@pytest.mark.parametrize("codec", kit.CODECS, ids=lambda c: c.name)
 def test_as_plain_producer(codec: Compression, producer: str) -> None:
-    original = build(codec, producer)
-    original = set_field(original, 0, ">q", 777, fix_crc=False)
+    original = kit.build(codec, producer)
+    original = kit.set_field(original, 0, ">q", 777, fix_crc=False)
     view = RecordBatchView.from_buffer(original)
     plain = as_plain_producer(view)
 
     assert isinstance(plain, bytes)
     assert len(plain) == len(original)
     out = RecordBatchView.from_buffer(plain)
-    assert_matches_kafka_python(out, plain)
+    kit.assert_matches_kafka_python(out, plain)
     assert (out.producer_id, out.producer_epoch, out.base_sequence) == (-1, -1, -1)
     assert not out.is_transactional
     assert out.compression is view.compression is codec
@@ -69,8 +60,8 @@ def test_as_plain_producer(codec: Compression, producer: str) -> None:
     assert_same_but_producer(out, view)
     assert plain[HEADER_SIZE:] == original[HEADER_SIZE:]
     assert out.crc_valid()
-    assert read_back(plain) == read_back(original)
-    assert read_back(plain)[2][2:4] == (b"key-2", b"value " * 50 + b"2")
+    assert kit.read_back(plain) == kit.read_back(original)
+    assert kit.read_back(plain)[2][2:4] == (b"key-2", b"value " * 50 + b"2")
     # The source batch is a view; re-heading must not have written through it.
     assert bytes(view.raw) == original
     assert view.crc_valid()
@@ -89,7 +80,7 @@ def test_as_plain_producer_keeps_other_attribute_bits() -> None:
         "base_sequence": 7,
         "records_count": 0,
     }
-    plain = as_plain_producer(RecordBatchView.from_buffer(assemble(h, b"")))
+    plain = as_plain_producer(RecordBatchView.from_buffer(kit.assemble(h, b"")))
     out = RecordBatchView.from_buffer(plain)
     assert out.attributes == 0x0048 | int(Compression.SNAPPY)
     assert out.has_delete_horizon
@@ -99,9 +90,9 @@ def test_as_plain_producer_keeps_other_attribute_bits() -> None:
 
 @pytest.mark.parametrize("producer", ["idempotent", "transactional"])
 def test_as_plain_producer_rejects_control_batch(producer: str) -> None:
-    batch = build(Compression.NONE, producer, count=1)
+    batch = kit.build(Compression.NONE, producer, count=1)
     attributes = DefaultRecordBatch(batch).attributes | 0x20
-    control = RecordBatchView.from_buffer(set_field(batch, 21, ">h", attributes, fix_crc=True))
+    control = RecordBatchView.from_buffer(kit.set_field(batch, 21, ">h", attributes, fix_crc=True))
     assert control.is_control
     assert control.crc_valid()
     with pytest.raises(RecordBatchError, match=r"^refusing to re-produce a control batch"):
