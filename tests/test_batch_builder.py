@@ -125,7 +125,7 @@ def test_no_records_is_refused() -> None:
 def test_records_follow_the_header() -> None:
     batch = encode_batch([Record(b"k", b"v")], base_timestamp=BASE)
     # length 8 (zigzag 0x10), attributes, timestampDelta 0, offsetDelta 0, key "k", value "v",
-    # no headers: the same record Kafka's own golden batch in test_records.py holds.
+    # no headers: the same record Kafka's own golden batch in records_kit.py (GOLDEN) holds.
     assert batch[HEADER_SIZE:] == bytes.fromhex("10000000026b027600")
 
 
