@@ -19,10 +19,10 @@ from kipside.protocol import (
     Message,
     RequestHeader,
     encode_message,
+    field_entity,
     response_class,
     response_frame,
 )
-from kipside.proxy.features.transactions.messages import field_class
 from kipside.proxy.features.transactions.state import TopicPartition
 
 NONE: Final = 0
@@ -35,8 +35,8 @@ def add_partitions_answer(
     """An AddPartitionsToTxn v0-3 response frame answering `request` (sent with `header`):
     exactly the requested partitions, in request order, with their error (0 if none)."""
     cls = response_class(ApiKey.ADD_PARTITIONS_TO_TXN, header.api_version)
-    topic_cls = field_class(cls, "results_by_topic_v3_and_below")
-    partition_cls = field_class(topic_cls, "results_by_partition")
+    topic_cls = field_entity(cls, "results_by_topic_v3_and_below")
+    partition_cls = field_entity(topic_cls, "results_by_partition")
     message = cls(
         throttle_time=i32Timedelta.parse(_ZERO),
         results_by_topic_v3_and_below=tuple(

@@ -7,7 +7,6 @@ kio's classes. Frames only: this module never touches a connection.
 
 from __future__ import annotations
 
-import typing
 from collections.abc import Iterable
 from typing import Final
 
@@ -22,6 +21,7 @@ from kipside.protocol import (
     decode_response,
     encode_message,
     encode_request_header,
+    field_entity,
     parse_response_header,
     request_class,
 )
@@ -47,15 +47,6 @@ def decode_answer(api_key: int, version: int, frame: bytes) -> Message:
     return decode_response(api_key, version, frame, header.body_offset)
 
 
-def field_class(cls: type, name: str) -> type:
-    """The element class of a (possibly nullable) tuple-of-entities field on a kio class."""
-    hint = typing.get_type_hints(cls)[name]
-    while typing.get_origin(hint) is not tuple:
-        hint = next(a for a in typing.get_args(hint) if a is not type(None))
-    element: type = typing.get_args(hint)[0]
-    return element
-
-
 def _frame(api_key: int, version: int, message: Message, client_id: str) -> bytes:
     return build_frame(
         encode_request_header(api_key, version, 0, client_id), encode_message(message)
@@ -73,7 +64,7 @@ def add_partitions_request(
     for topic, partition in sorted(partitions):
         by_topic.setdefault(topic, []).append(partition)
     cls = request_class(ApiKey.ADD_PARTITIONS_TO_TXN, version)
-    topic_cls = field_class(cls, "v3_and_below_topics")
+    topic_cls = field_entity(cls, "v3_and_below_topics")
     message = cls(
         v3_and_below_transactional_id=transactional_id,
         v3_and_below_producer_id=producer.id,
@@ -138,7 +129,7 @@ def abort_request(transactional_id: str, producer: Producer, client_id: str) -> 
 def metadata_request(topic: str) -> bytes:
     """Metadata for one topic, never creating it."""
     cls = request_class(ApiKey.METADATA, METADATA_VERSION)
-    topic_cls = field_class(cls, "topics")
+    topic_cls = field_entity(cls, "topics")
     message = cls(topics=(topic_cls(name=topic),), allow_auto_topic_creation=False)
     return _frame(ApiKey.METADATA, METADATA_VERSION, message, "kipside")
 
