@@ -48,6 +48,7 @@ from kipside.proxy.network.identity import ANONYMOUS, Principal
 from kipside.proxy.network.limits import ServerLimits
 from kipside.proxy.network.peek import produce_acks, produce_topics
 from kipside.proxy.network.sasl import ClientSasl
+from kipside.proxy.network.sasl.kafka import SASL_APIS
 from kipside.proxy.network.session_sasl import take_raw_token, take_request
 from kipside.proxy.network.upstream import (
     Pending,
@@ -266,7 +267,8 @@ class Session:
                 correlation_id=header.correlation_id,
             )
         self.current_span = span
-        if take_request(self, frame, header):
+        # Checked here, not in the call: it is the only SASL cost of every other request.
+        if (api_key in SASL_APIS or self.sasl.terminates) and take_request(self, frame, header):
             finish(span)
             return
         verdict = None if self.check is None else self.check(self, frame, header)

@@ -51,9 +51,8 @@ class SaslSession(Protocol):
 
 def take_request(session: SaslSession, frame: bytes, header: RequestHeader) -> bool:
     """Whether the client's SASL takes this request (answered, or refused); False: route it as
-    any other request."""
-    if header.api_key not in SASL_APIS and not session.sasl.terminates:
-        return False
+    any other request. The session asks only for SASL requests, and for every request while
+    kipside terminates SASL."""
     step = _step_for(session.sasl, frame, header)
     if step is None:
         return False
