@@ -25,7 +25,7 @@ import pytest
 
 from captures.checks import assert_broker_side, assert_client_side, assert_tshark_agrees
 from captures.scenarios import Run
-from kipside.evidence import Summary, summarize
+from kipside.evidence import summarize
 from kipside.proxy.cli import main
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -33,52 +33,38 @@ SCENARIOS = ["coalescing", "transactions"]
 SIDES = ["client", "broker"]
 
 
-def _summary(scenario: str, side: str, monkeypatch: pytest.MonkeyPatch) -> Summary:
-    monkeypatch.chdir(GOLDEN / scenario)  # the committed outputs name the files relatively
-    return summarize(f"{side}.pcap")
+@pytest.fixture(params=SCENARIOS)
+def golden(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A scenario's committed directory, made the working directory: the committed outputs
+    name the captures relatively."""
+    directory = GOLDEN / request.param
+    monkeypatch.chdir(directory)
+    return directory
 
 
 @pytest.mark.parametrize("side", SIDES)
-@pytest.mark.parametrize("scenario", SCENARIOS)
-def test_summary_is_the_committed_one(
-    scenario: str, side: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    expected = json.loads((GOLDEN / scenario / f"summary-{side}.json").read_text())
-    assert _summary(scenario, side, monkeypatch).as_dict() == expected
+def test_summary_is_the_committed_one(golden: Path, side: str) -> None:
+    expected = json.loads((golden / f"summary-{side}.json").read_text())
+    assert summarize(f"{side}.pcap").as_dict() == expected
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS)
 def test_compare_prints_the_committed_comparison(
-    scenario: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    golden: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.chdir(GOLDEN / scenario)
     assert main(["pcap", "compare", "client.pcap", "broker.pcap"]) == 0
-    assert capsys.readouterr().out == (GOLDEN / scenario / "compare.txt").read_text()
+    assert capsys.readouterr().out == (golden / "compare.txt").read_text()
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS)
-def test_broker_side_is_what_the_relay_counted(
-    scenario: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    run = Run.load(GOLDEN / scenario)
-    summary = _summary(scenario, "broker", monkeypatch)
-    assert_broker_side(summary, run)
+def test_broker_side_is_what_the_relay_counted(golden: Path) -> None:
+    assert_broker_side(summarize("broker.pcap"), Run.load(golden))
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS)
-def test_client_side_is_what_kipside_counted_and_carries_the_same_batches(
-    scenario: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    run = Run.load(GOLDEN / scenario)
-    client = _summary(scenario, "client", monkeypatch)
-    broker = summarize("broker.pcap")
-    assert_client_side(client, broker, run)
+def test_client_side_is_what_kipside_counted_and_carries_the_same_batches(golden: Path) -> None:
+    client, broker = summarize("client.pcap"), summarize("broker.pcap")
+    assert_client_side(client, broker, Run.load(golden))
 
 
 @pytest.mark.parametrize("side", SIDES)
-@pytest.mark.parametrize("scenario", SCENARIOS)
-def test_tshark_reads_the_same_requests_and_partitions(
-    scenario: str, side: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    summary = _summary(scenario, side, monkeypatch)
-    assert_tshark_agrees(Path(f"{side}.pcap"), summary, Run.load(GOLDEN / scenario), side)
+def test_tshark_reads_the_same_requests_and_partitions(golden: Path, side: str) -> None:
+    summary = summarize(f"{side}.pcap")
+    assert_tshark_agrees(Path(f"{side}.pcap"), summary, Run.load(golden), side)
