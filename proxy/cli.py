@@ -76,6 +76,16 @@ def _setup_logging(level: str) -> None:
 def _add_proxy_options(
     parser: argparse.ArgumentParser, *, listen_default: str | None, dev: bool = False
 ) -> None:
+    """The options `serve` and `dev` share, in the order `--help` lists them."""
+    _add_listener_options(parser, listen_default)
+    _add_operation_options(parser, dev)
+    _add_upstream_options(parser)
+    _add_tracing_options(parser)
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
+    _add_client_tls_options(parser)
+
+
+def _add_listener_options(parser: argparse.ArgumentParser, listen_default: str | None) -> None:
     parser.add_argument(
         "--listen",
         default=listen_default,
@@ -93,6 +103,9 @@ def _add_proxy_options(
         metavar="PORT",
         help="node N listens on PORT+N (default: the bootstrap port + 1)",
     )
+
+
+def _add_operation_options(parser: argparse.ArgumentParser, dev: bool) -> None:
     parser.add_argument("--rules", metavar="FILE", help="YAML rule file (see docs/rules.md)")
     parser.add_argument(
         "--admin",
@@ -109,6 +122,9 @@ def _add_proxy_options(
         metavar="SECONDS",
         help="on SIGTERM/SIGINT, how long in-flight requests may take to finish",
     )
+
+
+def _add_upstream_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--upstream-request-timeout",
         type=_positive_seconds,
@@ -123,6 +139,9 @@ def _add_proxy_options(
         action="store_true",
         help="give every client connection its own upstream connection (no lanes, no coalescing)",
     )
+
+
+def _add_tracing_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--otlp-endpoint",
         metavar="URL",
@@ -135,7 +154,9 @@ def _add_proxy_options(
         action="store_true",
         help="print one line per span to stdout",
     )
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
+
+
+def _add_client_tls_options(parser: argparse.ArgumentParser) -> None:
     tls = parser.add_argument_group("TLS toward clients (every listener; see docs/running.md)")
     tls.add_argument("--tls-cert", metavar="FILE", help="PEM certificate (chain) clients see")
     tls.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
