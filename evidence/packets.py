@@ -134,39 +134,14 @@ def tcp_segment(linktype: int, data: bytes, wirelen: int) -> Segment | str:
         return HEADERS_CUT
     version = data[ip] >> 4
     if version == 4:
-        ihl = (data[ip] & 0x0F) * 4
-        if ihl < 20:
-            return BAD_HEADER
-        if data[ip + 9] != IPPROTO_TCP:
-            return NOT_TCP
-        if _U16.unpack_from(data, ip + 6)[0] & 0x3FFF:  # more fragments, or a fragment offset
-            return FRAGMENT
-        total = _U16.unpack_from(data, ip + 2)[0]
-        src = data[ip + 12 : ip + 16]
-        dst = data[ip + 16 : ip + 20]
-        tcp = ip + ihl
-        # 0: a segment larger than 64 KiB handed over by TSO/GSO; its length is the packet's.
-        end = ip + total if total else wirelen
+        found = _ipv4(data, ip, wirelen)
     elif version == 6:
-        if size < ip + 40:
-            return HEADERS_CUT
-        payload_length = _U16.unpack_from(data, ip + 4)[0]
-        next_header = data[ip + 6]
-        src = data[ip + 8 : ip + 24]
-        dst = data[ip + 24 : ip + 40]
-        tcp = ip + 40
-        while next_header in _IPV6_EXTENSIONS:
-            if size < tcp + 8:
-                return HEADERS_CUT
-            next_header, tcp = data[tcp], tcp + 8 + data[tcp + 1] * 8
-        if next_header == _IPV6_FRAGMENT:
-            return FRAGMENT
-        if next_header != IPPROTO_TCP:
-            return NOT_TCP
-        # 0: a jumbogram (BIG TCP) whose length is the packet's.
-        end = ip + 40 + payload_length if payload_length else wirelen
+        found = _ipv6(data, ip, wirelen)
     else:
         return NOT_IP
+    if isinstance(found, str):
+        return found
+    src, dst, tcp, end = found
     if size < tcp + 20:
         return HEADERS_CUT
     sport, dport, seq, ack, offset_byte, flags = _TCP.unpack_from(data, tcp)
@@ -189,3 +164,42 @@ def tcp_segment(linktype: int, data: bytes, wirelen: int) -> Segment | str:
         memoryview(data)[start:captured_end],
         missing,
     )
+
+
+_IpPart = tuple[bytes, bytes, int, int]
+"""An IP header's source and destination addresses, where its TCP header starts, and where
+the IP packet ends (by its own length)."""
+
+
+def _ipv4(data: bytes, ip: int, wirelen: int) -> _IpPart | str:
+    ihl = (data[ip] & 0x0F) * 4
+    if ihl < 20:
+        return BAD_HEADER
+    if data[ip + 9] != IPPROTO_TCP:
+        return NOT_TCP
+    if _U16.unpack_from(data, ip + 6)[0] & 0x3FFF:  # more fragments, or a fragment offset
+        return FRAGMENT
+    total = _U16.unpack_from(data, ip + 2)[0]
+    # 0: a segment larger than 64 KiB handed over by TSO/GSO; its length is the packet's.
+    end = ip + total if total else wirelen
+    return data[ip + 12 : ip + 16], data[ip + 16 : ip + 20], ip + ihl, end
+
+
+def _ipv6(data: bytes, ip: int, wirelen: int) -> _IpPart | str:
+    size = len(data)
+    if size < ip + 40:
+        return HEADERS_CUT
+    payload_length = _U16.unpack_from(data, ip + 4)[0]
+    next_header = data[ip + 6]
+    tcp = ip + 40
+    while next_header in _IPV6_EXTENSIONS:
+        if size < tcp + 8:
+            return HEADERS_CUT
+        next_header, tcp = data[tcp], tcp + 8 + data[tcp + 1] * 8
+    if next_header == _IPV6_FRAGMENT:
+        return FRAGMENT
+    if next_header != IPPROTO_TCP:
+        return NOT_TCP
+    # 0: a jumbogram (BIG TCP) whose length is the packet's.
+    end = ip + 40 + payload_length if payload_length else wirelen
+    return data[ip + 8 : ip + 24], data[ip + 24 : ip + 40], tcp, end
