@@ -329,6 +329,15 @@ def parse_produce_response(frame: Buffer, body_offset: int, version: int) -> Pro
             )
         if flexible:
             offset = skip_tagged_fields(frame, offset)
+    throttle, endpoints = _response_tail(frame, offset, version, flexible)
+    return ProduceResponseData(tuple(results), throttle, endpoints)
+
+
+def _response_tail(
+    frame: Buffer, offset: int, version: int, flexible: bool
+) -> tuple[int, tuple[NodeEndpointData, ...]]:
+    """What follows a ProduceResponse's partitions: the throttle time and (v10+, top-level tag
+    0) the node endpoints; nothing may follow them."""
     throttle, offset = read_int32(frame, offset)
     endpoints: list[NodeEndpointData] = []
     if flexible:
@@ -337,9 +346,9 @@ def parse_produce_response(frame: Buffer, body_offset: int, version: int) -> Pro
             if tag == 0 and version >= 10:
                 endpoints.extend(_node_endpoints(frame, start, stop))
         offset = skip_tagged_fields(frame, tags_start)
-    if offset != end:
-        raise DecodeError(f"ProduceResponse v{version} has {end - offset} trailing bytes")
-    return ProduceResponseData(tuple(results), throttle, tuple(endpoints))
+    if offset != len(frame):
+        raise DecodeError(f"ProduceResponse v{version} has {len(frame) - offset} trailing bytes")
+    return throttle, tuple(endpoints)
 
 
 def _node_endpoints(frame: Buffer, start: int, stop: int) -> list[NodeEndpointData]:
