@@ -24,6 +24,8 @@ from kipside.pipeline.kafka.offsets import EARLIEST, LATEST, TopicPartition
 from kipside.pipeline.kafka.retry import RetryPolicy
 from kipside.protocol import Address
 
+from .option_names import CANONICAL, KNOWN, UNSUPPORTED
+
 __all__ = [
     "EARLIEST",
     "LATEST",
@@ -103,102 +105,7 @@ class SourceOptions:
         return self.fetch.fail_on_data_loss
 
 
-# Options of Spark's Kafka source that kipside does not take, and why (see docs/lake.md).
-_UNSUPPORTED: Final[dict[str, str]] = {
-    "maxrecordsperpartition": "use minPartitions to split big partitions",
-    "minoffsetspertrigger": "not implemented; micro-batches start as soon as data arrives",
-    "maxtriggerdelay": "not implemented (it only applies with minOffsetsPerTrigger)",
-    "groupidprefix": "kipside's reader joins no consumer group",
-    "kafkaconsumer.polltimeoutms": "use kafka.request.timeout.ms",
-    "fetchoffset.numretries": "use kafka.default.api.timeout.ms (retries run until it)",
-    "fetchoffset.retryintervalms": "use kafka.retry.backoff.ms",
-    "kafka.auto.offset.reset": "set startingOffsets to earliest or latest instead",
-    "kafka.key.deserializer": "keys are bytes; decode them with DataFrame operations",
-    "kafka.value.deserializer": "values are bytes; decode them with DataFrame operations",
-    "kafka.enable.auto.commit": "the query's checkpoint keeps its offsets",
-    "kafka.interceptor.classes": "there are no JVM interceptors here",
-    "kafka.security.protocol": "TLS and SASL are not supported by the pipeline yet",
-    "kafka.sasl.mechanism": "TLS and SASL are not supported by the pipeline yet",
-    "kafka.sasl.jaas.config": "TLS and SASL are not supported by the pipeline yet",
-}
-
-# Kafka client configs the reader honours, passed as kafka.<name> like Spark's source.
-_KAFKA_INT: Final = {
-    "kafka.request.timeout.ms",
-    "kafka.default.api.timeout.ms",
-    "kafka.retry.backoff.ms",
-    "kafka.retry.backoff.max.ms",
-    "kafka.socket.connection.setup.timeout.ms",
-    "kafka.max.partition.fetch.bytes",
-    "kafka.fetch.max.bytes",
-    "kafka.fetch.max.wait.ms",
-    "kafka.transaction.marker.timeout.ms",
-}
-# Accepted and ignored, as Spark's source ignores them for reading (documented).
-_KAFKA_IGNORED: Final = {"kafka.group.id", "kafka.session.timeout.ms", "kafka.client.rack"}
-
-_KNOWN: Final = (
-    {
-        "kafka.bootstrap.servers",
-        "kafka.client.id",
-        "kafka.isolation.level",
-        "subscribe",
-        "subscribepattern",
-        "assign",
-        "startingoffsets",
-        "endingoffsets",
-        "startingoffsetsbytimestamp",
-        "endingoffsetsbytimestamp",
-        "startingtimestamp",
-        "endingtimestamp",
-        "startingoffsetsbytimestampstrategy",
-        "maxoffsetspertrigger",
-        "maxbytespertrigger",
-        "minpartitions",
-        "failondataloss",
-        "includeheaders",
-        "rows",
-        "path",
-        "kipside.stopmarker",
-        "kipside.noticefile",
-        "kipside.role",
-    }
-    | _KAFKA_INT
-    | _KAFKA_IGNORED
-)
-
 _TOPIC_NAME: Final = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
-
-# Spark hands options to a Python data source lower-cased, so messages name them the way
-# Spark's documentation (and docs/lake.md) spells them.
-_CANONICAL: Final = {
-    name.lower(): name
-    for name in (
-        "subscribePattern",
-        "startingOffsets",
-        "endingOffsets",
-        "startingOffsetsByTimestamp",
-        "endingOffsetsByTimestamp",
-        "startingTimestamp",
-        "endingTimestamp",
-        "startingOffsetsByTimestampStrategy",
-        "maxOffsetsPerTrigger",
-        "maxBytesPerTrigger",
-        "minPartitions",
-        "failOnDataLoss",
-        "includeHeaders",
-        "maxRecordsPerPartition",
-        "minOffsetsPerTrigger",
-        "maxTriggerDelay",
-        "groupIdPrefix",
-        "kafkaConsumer.pollTimeoutMs",
-        "fetchOffset.numRetries",
-        "fetchOffset.retryIntervalMs",
-        "kipside.stopMarker",
-        "kipside.noticeFile",
-        "kipside.role",
-    )
-}
 
 
 class _Raw:
@@ -208,7 +115,7 @@ class _Raw:
         self.values = {key.lower(): str(value) for key, value in options.items()}
 
     def name(self, key: str) -> str:
-        return _CANONICAL.get(key, key)
+        return CANONICAL.get(key, key)
 
     def get(self, key: str) -> str | None:
         return self.values.get(key)
@@ -244,13 +151,13 @@ class _Raw:
 
 def _check_known(raw: _Raw) -> None:
     for key in raw.values:
-        if key in _UNSUPPORTED:
+        if key in UNSUPPORTED:
             raise OptionError(
                 f"option {raw.name(key)} of Spark's Kafka source is not supported by kipside: "
-                f"{_UNSUPPORTED[key]}"
+                f"{UNSUPPORTED[key]}"
             )
-        if key not in _KNOWN:
-            close = difflib.get_close_matches(key, sorted(_KNOWN), n=1)
+        if key not in KNOWN:
+            close = difflib.get_close_matches(key, sorted(KNOWN), n=1)
             hint = f"; did you mean {raw.name(close[0])}?" if close else ""
             raise OptionError(
                 f"unknown option {raw.name(key)}{hint} (the options are those of Spark's Kafka "
