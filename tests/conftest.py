@@ -2,8 +2,9 @@
 
 Fixtures:
   tansu       session: the in-memory Tansu broker (node id 111), killed at session end.
-  kipside     session: `kipside serve` in front of tansu, stopped with SIGTERM at session end
-              (it must exit 0 within 10 s). Skips the test when KIPSIDE_TEST_DIRECT=1.
+  kipside     session: `kipside serve` in front of tansu (testkit.kipside.start_kipside), stopped
+              with SIGTERM at session end (it must exit 0 within 10 s). Skips the test when
+              KIPSIDE_TEST_DIRECT=1.
   target      session: the endpoint clients dial: kipside by default, Tansu itself when
               KIPSIDE_TEST_DIRECT=1 (to tell a broker limitation from a proxy bug).
   bootstrap   function: target.bootstrap, after checking kipside is still running.
@@ -27,32 +28,24 @@ import os
 import re
 import shlex
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import pytest
 from testkit import procs, tools
-from testkit.broker import TANSU_NODE_ID, Broker, start_tansu
-from testkit.ports import free_port
+from testkit.broker import Broker, start_tansu
+from testkit.kipside import Kipside, start_kipside, started_logs, tail
 
-REPO = Path(__file__).resolve().parent.parent
-KIPSIDE_BIN = REPO / ".venv" / "bin" / "kipside"
-READY_TIMEOUT = 15.0
-STOP_TIMEOUT = 10.0
 HARD_LIMIT = float(os.environ.get("KIPSIDE_TEST_HARD_LIMIT", "180"))
 DIRECT = os.environ.get("KIPSIDE_TEST_DIRECT", "") not in ("", "0")
 ONE_TO_ONE = "--one-to-one" in shlex.split(os.environ.get("KIPSIDE_TEST_SERVE_ARGS", ""))
-
-_LOGS: list[Path] = []  # kipside stderr logs, shown by the watchdog
 
 # --------------------------------------------------------------------------- broker
 
@@ -70,245 +63,6 @@ def running_tansu() -> Iterator[Broker]:
 
 # --------------------------------------------------------------------------- kipside
 
-_NODE_LINE = re.compile(
-    r"^kipside: node (\d+) listening on ([\d.]+):(\d+) -> upstream ([\w.\-]+):(\d+)$"
-)
-_BOOTSTRAP_LINE = re.compile(r"^kipside: bootstrap listening on ([\d.]+):(\d+)$")
-
-
-class KipsideError(RuntimeError):
-    """kipside did not start or did not stop as its CLI contract says."""
-
-
-@dataclass
-class Kipside:
-    """A running `kipside serve` process."""
-
-    proc: subprocess.Popen[bytes]
-    host: str
-    port: int
-    node_ports: dict[int, int]
-    upstream: str
-    log_path: Path
-    stdout_path: Path
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    @property
-    def bootstrap(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    @property
-    def ports(self) -> set[int]:
-        """Every port kipside listens on (bootstrap and per-node)."""
-        return {self.port, *self.node_ports.values()}
-
-    def log(self) -> str:
-        """Everything kipside wrote to stderr so far."""
-        return self.log_path.read_text(errors="replace")
-
-    def log_mark(self) -> int:
-        """A position in the log; pass it to log_since() to see only what came after."""
-        return self.log_path.stat().st_size
-
-    def log_since(self, mark: int) -> str:
-        with self.log_path.open("rb") as f:
-            f.seek(mark)
-            return f.read().decode(errors="replace")
-
-    def wait_for_log(
-        self, predicate: Callable[[str], object], mark: int = 0, timeout: float = 5.0
-    ) -> list[str]:
-        """Wait until some log line after `mark` satisfies predicate; return those lines."""
-        deadline = time.monotonic() + timeout
-        while True:
-            lines = [ln for ln in self.log_since(mark).splitlines() if predicate(ln)]
-            if lines:
-                return lines
-            if time.monotonic() > deadline:
-                return []
-            time.sleep(0.05)
-
-    def assert_alive(self) -> None:
-        if self.proc.poll() is not None:
-            raise KipsideError(
-                f"kipside exited with code {self.proc.returncode}; log tail:\n" + _tail(self.log())
-            )
-
-    def stop(self, timeout: float = STOP_TIMEOUT) -> int:
-        """SIGTERM, wait up to `timeout` s; return the exit code (kills it if it hangs)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired as exc:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-                raise KipsideError(
-                    f"kipside did not exit within {timeout} s of SIGTERM; log tail:\n"
-                    + _tail(self.log())
-                ) from exc
-        return self.proc.returncode
-
-
-def _tail(text: str, lines: int = 40) -> str:
-    return "\n".join(text.splitlines()[-lines:])
-
-
-class Upstream(Protocol):
-    """What kipside is put in front of: a Broker, or a relaykit.cluster.SimulatedCluster."""
-
-    @property
-    def bootstrap(self) -> str:
-        """Its bootstrap address(es), comma-separated: kipside's --upstream."""
-
-
-def _node_port_base(nodes: Collection[int]) -> int:
-    """A --node-port-base whose ports for `nodes`, and for one more node id above them (a
-    node joining), are all free now."""
-    ids = range(min(nodes), max(nodes) + 2)
-    for _ in range(50):
-        base = free_port() - min(nodes)
-        try:
-            for node_id in ids[1:]:
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", base + node_id))
-        except OSError:
-            continue
-        return base
-    raise KipsideError(f"found no free run of ports for nodes {sorted(nodes)}")
-
-
-def start_kipside(
-    upstream: Upstream,
-    workdir: Path,
-    rules: Path | None = None,
-    timeout: float = READY_TIMEOUT,
-    extra_args: Sequence[str] = (),
-    nodes: Collection[int] = (TANSU_NODE_ID,),
-    listen_port: int | None = None,
-    node_port_base: int | None = None,
-) -> Kipside:
-    """Start `kipside serve` in front of `upstream` and wait for its `kipside: ready` line.
-
-    extra_args go to `kipside serve` after those from KIPSIDE_TEST_SERVE_ARGS. `nodes` are the
-    upstream node ids kipside must announce a listener for (Tansu alone is node 111).
-    `listen_port` and `node_port_base` (free ones by default) let a test start kipside again
-    on the ports an earlier one had (a restart).
-    """
-    if not KIPSIDE_BIN.exists():
-        raise KipsideError(f"{KIPSIDE_BIN} is missing: pip install -e . in the venv")
-    workdir.mkdir(parents=True, exist_ok=True)
-    listen = free_port() if listen_port is None else listen_port
-    base = _node_port_base(nodes) if node_port_base is None else node_port_base
-    args = _serve_args(upstream, listen, base, rules, extra_args)
-    log_path = workdir / "kipside.stderr.log"
-    stdout_path = workdir / "kipside.stdout.log"
-    with log_path.open("wb") as err, stdout_path.open("wb") as out:
-        proc = procs.track(subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=err))
-    _LOGS.append(log_path)
-    out_text = _wait_until_ready(proc, args, stdout_path, log_path, timeout)
-    node_ports, bootstrap = _announced_listeners(out_text, upstream)
-    ks = Kipside(
-        proc=proc,
-        host="127.0.0.1",
-        port=listen,
-        node_ports=node_ports,
-        upstream=upstream.bootstrap,
-        log_path=log_path,
-        stdout_path=stdout_path,
-    )
-    problems = _announcement_problems(bootstrap, node_ports, listen, base, nodes)
-    if problems:
-        ks.stop()
-        raise KipsideError("; ".join(problems) + f"\nstdout:\n{out_text}")
-    return ks
-
-
-def _serve_args(
-    upstream: Upstream, listen: int, base: int, rules: Path | None, extra_args: Sequence[str]
-) -> list[str]:
-    """The `kipside serve` command line: ours, then KIPSIDE_TEST_SERVE_ARGS, then the test's."""
-    args = [
-        str(KIPSIDE_BIN),
-        "serve",
-        "--upstream",
-        upstream.bootstrap,
-        "--listen",
-        f"127.0.0.1:{listen}",
-        "--node-port-base",
-        str(base),
-    ]
-    if rules is not None:
-        args += ["--rules", str(rules)]
-    args += shlex.split(os.environ.get("KIPSIDE_TEST_SERVE_ARGS", ""))
-    args += list(extra_args)
-    return args
-
-
-def _wait_until_ready(
-    proc: subprocess.Popen[bytes],
-    args: Sequence[str],
-    stdout_path: Path,
-    log_path: Path,
-    timeout: float,
-) -> str:
-    """Wait for the `kipside: ready` line and return stdout so far; if kipside exits first or
-    takes longer than `timeout`, kill it and raise with both logs' tails."""
-    deadline = time.monotonic() + timeout
-    while True:
-        out_text = stdout_path.read_text(errors="replace")
-        if "kipside: ready" in out_text.splitlines():
-            return out_text
-        if proc.poll() is not None or time.monotonic() > deadline:
-            why = (
-                f"exited with code {proc.returncode}"
-                if proc.poll() is not None
-                else f"not ready after {timeout} s"
-            )
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=5)
-            raise KipsideError(
-                f"kipside {why}: {' '.join(args)}\nstdout:\n{_tail(out_text)}\n"
-                f"stderr:\n{_tail(log_path.read_text(errors='replace'))}"
-            )
-        time.sleep(0.02)
-
-
-def _announced_listeners(
-    out_text: str, upstream: Upstream
-) -> tuple[dict[int, int], tuple[str, int] | None]:
-    """The node listeners (node id -> port) and the bootstrap address kipside's stdout names;
-    every node line must point at one of `upstream`'s addresses."""
-    node_ports: dict[int, int] = {}
-    bootstrap: tuple[str, int] | None = None
-    for line in out_text.splitlines():
-        if m := _NODE_LINE.match(line):
-            node_ports[int(m.group(1))] = int(m.group(3))
-            assert f"{m.group(4)}:{m.group(5)}" in upstream.bootstrap.split(","), line
-        elif m := _BOOTSTRAP_LINE.match(line):
-            bootstrap = (m.group(1), int(m.group(2)))
-    return node_ports, bootstrap
-
-
-def _announcement_problems(
-    bootstrap: tuple[str, int] | None,
-    node_ports: dict[int, int],
-    listen: int,
-    base: int,
-    nodes: Collection[int],
-) -> list[str]:
-    """How the announced listeners differ from the ports kipside was told to use."""
-    problems = []
-    if bootstrap != ("127.0.0.1", listen):
-        problems.append(f"bootstrap line says {bootstrap}, expected 127.0.0.1:{listen}")
-    if node_ports != (expected := {node_id: base + node_id for node_id in nodes}):
-        problems.append(f"node lines say {node_ports}, expected {expected}")
-    return problems
-
 
 @pytest.fixture(scope="session")
 def kipside(tansu: Broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kipside]:
@@ -322,7 +76,7 @@ def kipside(tansu: Broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         keep = os.environ.get("KIPSIDE_TEST_KEEP_LOG")
         if keep:
             shutil.copy(ks.log_path, keep)
-        assert code == 0, f"kipside exited with {code} after SIGTERM; log tail:\n{_tail(ks.log())}"
+        assert code == 0, f"kipside exited with {code} after SIGTERM; log tail:\n{tail(ks.log())}"
 
 
 # --------------------------------------------------------------------------- what clients dial
@@ -382,7 +136,7 @@ class DirectProbe:
                 timeout=30,
                 check=False,
             )
-            return proc.returncode == 0, _tail(proc.stderr, 1)
+            return proc.returncode == 0, tail(proc.stderr, 1)
         proc = subprocess.run(
             [sys.executable, str(PROBE_SCRIPT), check, self.broker.bootstrap],
             capture_output=True,
@@ -392,7 +146,7 @@ class DirectProbe:
         )
         lines = proc.stdout.strip().splitlines()
         if proc.returncode != 0 or not lines:
-            raise RuntimeError(f"probe {check} crashed: {_tail(proc.stderr)}")
+            raise RuntimeError(f"probe {check} crashed: {tail(proc.stderr)}")
         result = json.loads(lines[-1])
         return bool(result["ok"]), str(result["detail"])
 
@@ -514,8 +268,8 @@ def _watchdog_fire(nodeid: str) -> None:
     )
     err.flush()
     faulthandler.dump_traceback(file=err, all_threads=True)
-    for path in _LOGS:
-        err.write(f"\n--- tail of {path} ---\n{_tail(path.read_text(errors='replace'))}\n")
+    for path in started_logs():
+        err.write(f"\n--- tail of {path} ---\n{tail(path.read_text(errors='replace'))}\n")
     err.flush()
     procs.kill_all()
     os._exit(3)

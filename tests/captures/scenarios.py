@@ -28,11 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import confluent_kafka as ck
-from conftest import Kipside, create_topics, start_kipside
+from conftest import create_topics
 from relaykit.tansu import tansu_behind
 from relays import CountingRelay
 from testkit.broker import Broker
 from testkit.capture import Tcpdump
+from testkit.kipside import Kipside, start_kipside
 from testkit.metrics import scrape
 from testkit.ports import free_port
 from txn_relay import ADD_OFFSETS, ADD_PARTITIONS, END_TXN, MarkerWindowRelay

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import Kipside, start_kipside
 from testkit.broker import Broker
 from testkit.http import Answer, Exchange, Request, curl_answer
+from testkit.kipside import Kipside, start_kipside
 from testkit.metrics import Metrics, parse
 
 from kipside.proxy.devbroker import free_port

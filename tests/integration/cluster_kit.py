@@ -23,8 +23,8 @@ from typing import Any
 
 import confluent_kafka as ck
 import psutil
-from conftest import Kipside, start_kipside
 from relaykit.cluster import NodeRecord, SimulatedCluster, simulated_cluster
+from testkit.kipside import Kipside, start_kipside
 from testkit.metrics import scrape
 from testkit.ports import free_port
 

@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Kipside, skip_unless_shared_lanes, start_kipside, unique_name
+from conftest import skip_unless_shared_lanes, unique_name
 from relaykit.tansu import tansu_behind
 from relays import BatchSeen, CountingRelay
 from testkit.broker import Broker
+from testkit.kipside import Kipside, start_kipside
 from testkit.metrics import Metrics, scrape
 from testkit.ports import free_port
 

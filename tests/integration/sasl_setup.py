@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conftest import Kipside, start_kipside
 from relaykit.sasl import SaslRelay
 from relaykit.tansu import tansu_behind
+from testkit.kipside import Kipside, start_kipside
 
 from .clients import python_client_names
 
@@ -75,7 +75,7 @@ def credentials_file(folder: Path) -> Path:
     """The --sasl-credentials file, written by `kipside credentials add` as a user would."""
     import subprocess
 
-    from conftest import KIPSIDE_BIN
+    from testkit.kipside import KIPSIDE_BIN
 
     path = folder / "credentials.yaml"
     for user, password in CLIENT_PASSWORDS.items():

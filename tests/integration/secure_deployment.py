@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from conftest import KIPSIDE_BIN, Kipside, create_topics, start_kipside
+from conftest import create_topics
 from relaykit.secure import SecureCluster, secure_simulated_cluster
 from relaykit.tls import CertFiles, TestCA
+from testkit.kipside import KIPSIDE_BIN, Kipside, start_kipside
 from testkit.ports import free_port
 
 from kipside.protocol import api_name

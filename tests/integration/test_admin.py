@@ -25,9 +25,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import DIRECT, KIPSIDE_BIN, start_kipside
+from conftest import DIRECT
 from testkit.broker import Broker
 from testkit.http import status_of
+from testkit.kipside import KIPSIDE_BIN, start_kipside
 from testkit.metrics import parse
 
 from kipside.proxy.devbroker import free_port

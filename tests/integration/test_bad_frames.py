@@ -28,11 +28,12 @@ from typing import Final
 
 import confluent_kafka as ck
 import pytest
-from conftest import Kipside, fresh_topic, start_kipside
+from conftest import fresh_topic
 from inprocess import StartKipside
 from relaykit.base import Conn, Relay, Request
 from relaykit.tansu import tansu_behind
 from testkit.broker import Broker
+from testkit.kipside import Kipside, start_kipside
 
 from kipside.evidence.craft import (
     MALFORMED,

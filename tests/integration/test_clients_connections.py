@@ -14,7 +14,8 @@ from pathlib import Path
 import confluent_kafka as ck
 import psutil
 import pytest
-from conftest import Kipside, NewTopicFactory, unique_name
+from conftest import NewTopicFactory, unique_name
+from testkit.kipside import Kipside
 
 from .clients import (
     CLIENTS,

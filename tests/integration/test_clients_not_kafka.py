@@ -13,7 +13,8 @@ import time
 
 import confluent_kafka as ck
 import pytest
-from conftest import Kipside, NewTopicFactory
+from conftest import NewTopicFactory
+from testkit.kipside import Kipside
 
 from .clients import Deliveries, Msg, assert_exactly_once_in_order, ck_config, consume_assigned
 

@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from conftest import Kipside, create_topics, start_kipside
+from conftest import create_topics
 from relaykit.base import Conn, Decision, Relay, Request
 from relaykit.tansu import tansu_behind
+from testkit.kipside import Kipside, start_kipside
 from testkit.metrics import scrape
 from testkit.ports import free_port
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import create_topics, skip_unless_shared_lanes, start_kipside, unique_name
+from conftest import create_topics, skip_unless_shared_lanes, unique_name
 from testkit.broker import Broker
+from testkit.kipside import start_kipside
 
 from .clients import ck_produce, make_messages
 

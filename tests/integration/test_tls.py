@@ -27,12 +27,13 @@ from typing import Any
 import confluent_kafka as ck
 import pytest
 from aiokafka.helpers import create_ssl_context
-from conftest import KIPSIDE_BIN, Kipside, fresh_topic, needs_kipside, start_kipside
+from conftest import fresh_topic, needs_kipside
 from relaykit.base import LOOPBACK
 from relaykit.tansu import tansu_behind
 from relaykit.tls import CertFiles, TestCA, TlsTerminatingRelay
 from testkit import procs, tools
 from testkit.broker import Broker
+from testkit.kipside import KIPSIDE_BIN, Kipside, start_kipside
 from testkit.ports import free_port
 
 from kipside.protocol import ApiKey, build_frame, encode_request_header

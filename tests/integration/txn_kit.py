@@ -32,9 +32,10 @@ from typing import Any, NamedTuple
 
 import confluent_kafka as ck
 import pytest
-from conftest import Kipside, skip_unless_shared_lanes, start_kipside
+from conftest import skip_unless_shared_lanes
 from relaykit.tansu import tansu_behind
 from testkit.broker import Broker
+from testkit.kipside import Kipside, start_kipside
 from testkit.metrics import Metrics, scrape
 from testkit.ports import free_port
 from txn_relay import CONCURRENT_TRANSACTIONS, MarkerWindowRelay

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from conftest import Kipside, start_kipside
 from relaykit.faults import FaultRelay
 from relaykit.tansu import tansu_behind
 from testkit.broker import TANSU_NODE_ID, Broker
+from testkit.kipside import Kipside, start_kipside
 from testkit.metrics import Metrics, scrape
 from testkit.ports import free_port
 

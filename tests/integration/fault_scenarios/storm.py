@@ -11,9 +11,10 @@ from pathlib import Path
 
 import confluent_kafka as ck
 import psutil
-from conftest import create_topics, start_kipside
+from conftest import create_topics
 from testkit import procs
 from testkit.broker import start_tansu
+from testkit.kipside import start_kipside
 from testkit.metrics import scrape
 from testkit.ports import free_port
 
