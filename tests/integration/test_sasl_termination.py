@@ -19,6 +19,7 @@ import pytest
 from conftest import fresh_topic
 
 from .clients import (
+    Msg,
     assert_exactly_once_in_order,
     ck_config,
     ck_produce,
@@ -237,24 +238,12 @@ def test_principal_rules_refuse_what_dave_may_not_use(terminating: SaslSetup) ->
     assert any("dave-1" in c.transactional_ids for c in carried)
 
 
-def test_mixed_requests_serve_the_allowed_part(terminating: SaslSetup) -> None:
-    """Requests naming a topic dave may use and one he may not, as Apache Kafka answers them:
-    the refused topic's partitions get TOPIC_AUTHORIZATION_FAILED and the allowed ones are
-    served in the same request. kafka-python puts every partition bound for a broker in one
-    ProduceRequest (librdkafka sends one per partition, so confluent-kafka never mixes topics
-    in a ProduceRequest); a confluent-kafka consumer assigned both topics fetches them in one
-    FetchRequest. dave's records are read back once and in order, each refused record's
-    delivery fails with TopicAuthorizationFailedError, the consumer reads every allowed record
-    and reports the refused topic only; the relay never saw the refused topic from dave-up."""
+def produce_mixed(setup: SaslSetup, mine: str, other: str, msgs: list[Msg]) -> None:
+    """dave's kafka-python producer sends each message to `mine` and to `other` (refused), so
+    that the two topics' batches ride in one ProduceRequest: every delivery to `mine` succeeds,
+    every one to `other` fails with TopicAuthorizationFailedError."""
     from kafka.errors import TopicAuthorizationFailedError
 
-    setup = terminating
-    dave, alice = ck_sasl("PLAIN", "dave"), ck_sasl("PLAIN", "alice")
-    mine = fresh_topic(setup.bootstrap, "dave.mixed", PARTITIONS, conf=dave)
-    other = fresh_topic(setup.bootstrap, "mixed-other", PARTITIONS, conf=alice)
-    ck_produce(setup.bootstrap, other, make_messages(4, PARTITIONS, tag="alice"), conf=alice)
-    mark = setup.kipside.log_mark()
-    msgs = make_messages(20, PARTITIONS, tag="dave")
     producer = kp_producer(setup.bootstrap, linger_ms=50, **py_sasl("PLAIN", "dave"))
     try:
         allowed, refused = [], []
@@ -269,13 +258,16 @@ def test_mixed_requests_serve_the_allowed_part(terminating: SaslSetup) -> None:
                 future.get(timeout=1)
     finally:
         producer.close(timeout=5)
-    part = "refused in part (the allowed partitions go on) by the principals rule for User:dave"
-    assert setup.kipside.wait_for_log(lambda line: "Produce v" in line and part in line, mark)
-    got, marks = consume_assigned(setup.bootstrap, mine, PARTITIONS, len(msgs), conf=dave)
-    assert_exactly_once_in_order(msgs, got, marks)
 
+
+def fetch_mixed(
+    setup: SaslSetup, conf: dict[str, object], mine: str, other: str, count: int
+) -> tuple[list[tuple[str | None, bytes | None]], set[tuple[str | None, int]]]:
+    """A confluent-kafka consumer (`conf`: dave's login) assigned both topics' partitions
+    fetches them in one FetchRequest; returns what it read (at least `count` records) and the
+    errors it reported (at least one)."""
     consumer = ck.Consumer(
-        {**ck_config(setup.bootstrap), **dave, "group.id": f"g-{mine}", "fetch.wait.max.ms": 50}
+        {**ck_config(setup.bootstrap), **conf, "group.id": f"g-{mine}", "fetch.wait.max.ms": 50}
     )
     try:
         # Offset 0, not OFFSET_BEGINNING: librdkafka would look the beginning up with a
@@ -284,7 +276,7 @@ def test_mixed_requests_serve_the_allowed_part(terminating: SaslSetup) -> None:
         read: list[tuple[str | None, bytes | None]] = []
         errors: set[tuple[str | None, int]] = set()
         deadline = time.monotonic() + 20
-        while len(read) < len(msgs) or not errors:
+        while len(read) < count or not errors:
             assert time.monotonic() < deadline, (len(read), errors)
             message = consumer.poll(0.2)
             if message is None:
@@ -295,6 +287,32 @@ def test_mixed_requests_serve_the_allowed_part(terminating: SaslSetup) -> None:
                 read.append((message.topic(), message.value()))
     finally:
         consumer.close()
+    return read, errors
+
+
+def test_mixed_requests_serve_the_allowed_part(terminating: SaslSetup) -> None:
+    """Requests naming a topic dave may use and one he may not, as Apache Kafka answers them:
+    the refused topic's partitions get TOPIC_AUTHORIZATION_FAILED and the allowed ones are
+    served in the same request. kafka-python puts every partition bound for a broker in one
+    ProduceRequest (librdkafka sends one per partition, so confluent-kafka never mixes topics
+    in a ProduceRequest); a confluent-kafka consumer assigned both topics fetches them in one
+    FetchRequest. dave's records are read back once and in order, each refused record's
+    delivery fails with TopicAuthorizationFailedError, the consumer reads every allowed record
+    and reports the refused topic only; the relay never saw the refused topic from dave-up."""
+    setup = terminating
+    dave, alice = ck_sasl("PLAIN", "dave"), ck_sasl("PLAIN", "alice")
+    mine = fresh_topic(setup.bootstrap, "dave.mixed", PARTITIONS, conf=dave)
+    other = fresh_topic(setup.bootstrap, "mixed-other", PARTITIONS, conf=alice)
+    ck_produce(setup.bootstrap, other, make_messages(4, PARTITIONS, tag="alice"), conf=alice)
+    mark = setup.kipside.log_mark()
+    msgs = make_messages(20, PARTITIONS, tag="dave")
+    produce_mixed(setup, mine, other, msgs)
+    part = "refused in part (the allowed partitions go on) by the principals rule for User:dave"
+    assert setup.kipside.wait_for_log(lambda line: "Produce v" in line and part in line, mark)
+    got, marks = consume_assigned(setup.bootstrap, mine, PARTITIONS, len(msgs), conf=dave)
+    assert_exactly_once_in_order(msgs, got, marks)
+
+    read, errors = fetch_mixed(setup, dave, mine, other, len(msgs))
     assert sorted(read) == sorted((mine, m.value) for m in msgs)
     assert errors == {(other, ck.KafkaError.TOPIC_AUTHORIZATION_FAILED)}
     assert setup.kipside.wait_for_log(lambda line: "Fetch v" in line and part in line, mark)

@@ -142,6 +142,48 @@ def _assert_group_offset(stack: kit.TxnStack, run: CtpRun) -> None:
     assert (tp.error, tp.offset) == (None, INPUT_RECORDS)
 
 
+def _run_ctp(
+    client: str, make_stack: kit.StackFactory, request: pytest.FixtureRequest
+) -> tuple[kit.TxnStack, CtpRun]:
+    """The plan's 200 transactions by `client`, through a stack whose rule pre-registers the
+    run's output and group."""
+    prefix = "ctp-" + client.replace("-", "")
+    run = CtpRun(
+        client=client,
+        txn_id=unique_name(prefix),
+        input_topic=unique_name("in", request),
+        output_topic=unique_name("out", request),
+        group=unique_name("g", request),
+    )
+    stack = make_stack(
+        kit.rules_yaml(f"{prefix}-*", [kit.Output(run.output_topic)], run.group, kit.HOLD_MAX_MS)
+    )
+    ctp_topics(stack, run)
+    if client == "confluent-kafka":
+        run_ctp_confluent(stack, run)
+    else:
+        run_ctp_kafka_python(stack, run)
+    return stack, run
+
+
+def _summary(
+    run: CtpRun, counts: TxnCounts, held_txns: int, client_adds: float, shown_aborted: int
+) -> str:
+    """The run in one line: upstream registrations per transaction, the window's rejections,
+    what the client sent and saw, and the aborted records a read_committed consumer returned."""
+    return (
+        f"\n[{run.client}] {len(run.attempts)} transactions in {run.seconds:.1f} s; upstream per "
+        f"transaction: AddPartitionsToTxn {counts.accepted_add_partitions / TRANSACTIONS:.2f}, "
+        f"AddOffsetsToTxn {counts.accepted_add_offsets / TRANSACTIONS:.2f} accepted; "
+        f"in-window rejections: {counts.rejected_add_partitions} AddPartitionsToTxn + "
+        f"{counts.rejected_add_offsets} AddOffsetsToTxn over {held_txns} held transactions; "
+        f"client AddPartitionsToTxn {client_adds:.0f}; client-seen CONCURRENT_TRANSACTIONS "
+        f"{len(run.client_concurrent)} ({run.client_detail}); "
+        f"offset checks {len(run.committed_offsets_seen)}; aborted records a read_committed "
+        f"consumer returned (broker limitation): {shown_aborted}"
+    )
+
+
 @pytest.mark.parametrize("client", kit.CLIENTS)
 def test_consume_transform_produce(
     client: str,
@@ -161,22 +203,7 @@ def test_consume_transform_produce(
     CONCURRENT_TRANSACTIONS although the relay answered it to kipside in most transactions;
     kipside sent exactly one accepted AddPartitionsToTxn and one AddOffsetsToTxn upstream per
     transaction."""
-    prefix = "ctp-" + client.replace("-", "")
-    run = CtpRun(
-        client=client,
-        txn_id=unique_name(prefix),
-        input_topic=unique_name("in", request),
-        output_topic=unique_name("out", request),
-        group=unique_name("g", request),
-    )
-    stack = make_stack(
-        kit.rules_yaml(f"{prefix}-*", [kit.Output(run.output_topic)], run.group, kit.HOLD_MAX_MS)
-    )
-    ctp_topics(stack, run)
-    if client == "confluent-kafka":
-        run_ctp_confluent(stack, run)
-    else:
-        run_ctp_kafka_python(stack, run)
+    stack, run = _run_ctp(client, make_stack, request)
     stack.kipside.assert_alive()
     assert not kit.assert_no_kipside_errors(stack.kipside)
 
@@ -195,14 +222,4 @@ def test_consume_transform_produce(
     shown_aborted = _assert_read_committed_consumers(stack, run, direct_probe)
     _assert_group_offset(stack, run)
 
-    print(
-        f"\n[{client}] {len(run.attempts)} transactions in {run.seconds:.1f} s; upstream per "
-        f"transaction: AddPartitionsToTxn {counts.accepted_add_partitions / TRANSACTIONS:.2f}, "
-        f"AddOffsetsToTxn {counts.accepted_add_offsets / TRANSACTIONS:.2f} accepted; "
-        f"in-window rejections: {counts.rejected_add_partitions} AddPartitionsToTxn + "
-        f"{counts.rejected_add_offsets} AddOffsetsToTxn over {held_txns} held transactions; "
-        f"client AddPartitionsToTxn {client_adds:.0f}; client-seen CONCURRENT_TRANSACTIONS "
-        f"{len(run.client_concurrent)} ({run.client_detail}); "
-        f"offset checks {len(run.committed_offsets_seen)}; aborted records a read_committed "
-        f"consumer returned (broker limitation): {shown_aborted}"
-    )
+    print(_summary(run, counts, held_txns, client_adds, shown_aborted))

@@ -60,6 +60,23 @@ class FaultStack:
         lift()
         return started
 
+    def inject_marked(
+        self,
+        fault: Callable[[], object],
+        seconds: float,
+        lift: Callable[[], object],
+        settle_s: float,
+    ) -> tuple[float, int]:
+        """Let traffic settle `settle_s`, note the lane failures so far and a mark in kipside's
+        log, inject the fault (as inject), then let traffic settle 1.5 x `settle_s`; returns the
+        failures and the mark, so that what this fault did can be told from what came before."""
+        time.sleep(settle_s)
+        failures = self.lane_failures()
+        mark = self.kipside.log_mark()
+        self.inject(fault, seconds, lift)
+        time.sleep(settle_s * 1.5)
+        return failures, mark
+
     def restart(self, how: signal.Signals, down_for: float = 0.0) -> int:
         """Stop kipside with `how` (SIGTERM: graceful, must exit 0; SIGKILL), wait `down_for`
         seconds, start it again on the same ports; returns the old process's exit code."""

@@ -18,7 +18,7 @@ from testkit.kipside import start_kipside
 from testkit.metrics import scrape
 from testkit.ports import free_port
 
-from ..fault_kit.audit import audit, p99
+from ..fault_kit.audit import Audit, audit, p99
 from ..fault_kit.loads import SequencedProducer, idempotent_conf, run_producers, wait_until
 from .outcome import Namer, Outcome, producers_told
 
@@ -90,6 +90,37 @@ def peaks(process: psutil.Process, seconds: float) -> tuple[int, int]:
     return peak_rss, peak_fds
 
 
+@dataclass
+class Hold:
+    """The storm while kipside held it: when it had every connection and when the hold ended,
+    kipside's peak RSS and descriptors meanwhile, and the bytes in flight at its end."""
+
+    accepted_at: float
+    until: float
+    peak_rss: int
+    peak_fds: int
+    in_flight: float
+
+
+@dataclass
+class StormRun:
+    """What one storm measured: the probe and its audit, when the probe and the storm began,
+    kipside's RSS before and after, and the hold."""
+
+    probe: SequencedProducer
+    result: Audit
+    probe_at: float
+    storm_at: float
+    rss_before: int
+    rss_after: int
+    hold: Hold
+
+
+def gauge(admin: int, metric: str) -> float:
+    """One of kipside's metrics, scraped from its admin endpoint."""
+    return scrape(admin).value(metric)
+
+
 def storm(work: Path, name: Namer, s: StormScale) -> Outcome:
     """A connection storm from its own process (each connection sends ApiVersions and Metadata;
     slow readers pipeline Fetches and never read) beside a confluent-kafka probe producer;
@@ -108,64 +139,95 @@ def storm(work: Path, name: Namer, s: StormScale) -> Outcome:
     admin = free_port()
     with start_tansu() as tansu:
         kipside = start_kipside(tansu, work / "kipside", rules, extra_args=["--admin", str(admin)])
-
-        def gauge(metric: str) -> float:
-            return scrape(admin).value(metric)
-
         process = psutil.Process(kipside.pid)
-        crowd: subprocess.Popen[str] | None = None
         try:
-            topic, big = name("storm"), name("big")
-            create_topics(kipside.bootstrap, [topic, big], 2)
-            fill(kipside.bootstrap, big, s.fill_bytes)
-            probe = SequencedProducer("probe", kipside.bootstrap, topic, 2, 100.0)
-            probe.run_timeout = 120 + s.held_s
-            probe.start()
-            probe_at = time.monotonic()
-            time.sleep(1.5)
-            rss_before = process.memory_info().rss
-            storm_at = time.monotonic()
-            crowd = start_crowd(kipside.bootstrap, big, s)
-            wanted = s.connections + s.slow_readers
-            wait_until(
-                lambda: gauge("kipside_client_connections") >= wanted, 120, "the storm accepted"
-            )
-            accepted_at = time.monotonic()
-            peak_rss, peak_fds = peaks(process, s.held_s)
-            held_until = time.monotonic()
-            in_flight = gauge("kipside_in_flight_bytes")
-            assert crowd.stdin is not None
-            crowd.stdin.close()
-            crowd.wait(60)
-            run_producers([probe], timeout=120)
-
-            def gone() -> bool:
-                return gauge("kipside_client_connections") == gauge("kipside_in_flight_bytes") == 0
-
-            wait_until(gone, 30, "the storm gone")
-            rss_after = process.memory_info().rss
-            result = audit(tansu.bootstrap, topic, 2, probe.delivered.acked)
+            run = _probe_through_storm(kipside.bootstrap, process, tansu.bootstrap, admin, name, s)
         finally:
-            if crowd is not None and crowd.poll() is None:
-                crowd.kill()
             code = kipside.stop()
-    before = p99([t for at, t in probe.latencies if probe_at + 0.5 < at < storm_at])
-    burst = p99([t for at, t in probe.latencies if storm_at < at < accepted_at])
-    held = p99([t for at, t in probe.latencies if accepted_at + 0.5 < at < held_until])
+    _judge(out, run, code, s)
+    return out
+
+
+def _probe_through_storm(
+    bootstrap: str, process: psutil.Process, direct: str, admin: int, name: Namer, s: StormScale
+) -> StormRun:
+    """The probe writes through kipside (at `bootstrap`, its `process`) 1.5 s alone, then
+    through the storm and after it, until the storm is gone from kipside's gauges; its log is
+    audited from the broker itself (`direct`)."""
+    topic, big = name("storm"), name("big")
+    create_topics(bootstrap, [topic, big], 2)
+    fill(bootstrap, big, s.fill_bytes)
+    probe = SequencedProducer("probe", bootstrap, topic, 2, 100.0)
+    probe.run_timeout = 120 + s.held_s
+    probe.start()
+    probe_at = time.monotonic()
+    time.sleep(1.5)
+    rss_before = process.memory_info().rss
+    storm_at = time.monotonic()
+    hold = _hold_storm(bootstrap, big, admin, process, s)
+    run_producers([probe], timeout=120)
+
+    def gone() -> bool:
+        connections = gauge(admin, "kipside_client_connections")
+        return connections == gauge(admin, "kipside_in_flight_bytes") == 0
+
+    wait_until(gone, 30, "the storm gone")
+    rss_after = process.memory_info().rss
+    result = audit(direct, topic, 2, probe.delivered.acked)
+    return StormRun(probe, result, probe_at, storm_at, rss_before, rss_after, hold)
+
+
+def _hold_storm(
+    bootstrap: str, big: str, admin: int, process: psutil.Process, s: StormScale
+) -> Hold:
+    """Start the storm, wait until kipside has every connection, sample kipside (`process`)
+    while the storm is held, then end the storm."""
+    crowd = start_crowd(bootstrap, big, s)
+    try:
+        wanted = s.connections + s.slow_readers
+        wait_until(
+            lambda: gauge(admin, "kipside_client_connections") >= wanted,
+            120,
+            "the storm accepted",
+        )
+        accepted_at = time.monotonic()
+        peak_rss, peak_fds = peaks(process, s.held_s)
+        held_until = time.monotonic()
+        in_flight = gauge(admin, "kipside_in_flight_bytes")
+        assert crowd.stdin is not None
+        crowd.stdin.close()
+        crowd.wait(60)
+    finally:
+        if crowd.poll() is None:
+            crowd.kill()
+    return Hold(accepted_at, held_until, peak_rss, peak_fds, in_flight)
+
+
+def _judge(out: Outcome, run: StormRun, code: int, s: StormScale) -> None:
+    """The result line and the checks: kipside exited 0, the probe's messages all there once
+    and its p99 kept, kipside's RSS growth within the budget of the storm's connections."""
+    latencies, storm_at, hold = run.probe.latencies, run.storm_at, run.hold
+    accepted_at = hold.accepted_at
+    before = p99([t for at, t in latencies if run.probe_at + 0.5 < at < storm_at])
+    burst = p99([t for at, t in latencies if storm_at < at < accepted_at])
+    held = p99([t for at, t in latencies if accepted_at + 0.5 < at < hold.until])
     bound = (
         s.connections * s.per_connection_budget
         + s.slow_readers * (s.per_client_in_flight + s.fetch_bytes)
         + s.slack
     )
+    result, rss_before = run.result, run.rss_before
+    peak_rss, peak_fds = hold.peak_rss, hold.peak_fds
     out.result = (
         f"{result.line()}; accepted in {accepted_at - storm_at:.1f} s; kipside RSS "
         f"{rss_before / MIB:.0f} MiB before, {peak_rss / MIB:.0f} MiB peak (bound "
-        f"{(rss_before + bound) / MIB:.0f}), {rss_after / MIB:.0f} MiB after; fds peak {peak_fds};"
-        f" in flight {in_flight / MIB:.1f} MiB; probe p99 {before * 1000:.0f} ms before, "
-        f"{burst * 1000:.0f} ms while the burst was accepted, {held * 1000:.0f} ms while held"
+        f"{(rss_before + bound) / MIB:.0f}), {run.rss_after / MIB:.0f} MiB after; fds peak "
+        f"{peak_fds}; in flight {hold.in_flight / MIB:.1f} MiB; probe p99 "
+        f"{before * 1000:.0f} ms before, {burst * 1000:.0f} ms while the burst was accepted, "
+        f"{held * 1000:.0f} ms while held"
     )
     out.check("kipside exited 0", code == 0, code)
-    producers_told(out, [probe])
+    producers_told(out, [run.probe])
     out.check("every acknowledged probe message once, in order", result.clean, result.line())
     out.check("the storm reached kipside", peak_fds >= s.connections, peak_fds)
     out.check("RSS growth within the budget", peak_rss - rss_before <= bound, peak_rss - rss_before)
@@ -175,4 +237,3 @@ def storm(work: Path, name: Namer, s: StormScale) -> Outcome:
     out.check(
         "the probe's p99 bounded while the burst is accepted", burst <= s.burst_p99_bound_s, burst
     )
-    return out
