@@ -28,15 +28,10 @@ from testkit.kipside import Kipside, start_kipside
 from testkit.metrics import scrape
 from testkit.ports import free_port
 
-from .clients import (
-    FLUSH_TIMEOUT,
-    Msg,
-    aio_common,
-    ck_config,
-    kp_producer,
-    kp_send,
-    run_async,
-)
+from .clients import FLUSH_TIMEOUT, Msg, run_async
+from .clients_aiokafka import aio_common
+from .clients_confluent import ck_config
+from .clients_kafka_python import kp_producer, kp_send
 
 NODES = (1, 2, 3)
 PARTITIONS = 6  # two per node: partition P starts on node NODES[P % 3]

@@ -34,7 +34,7 @@ from testkit.kipside import Kipside, start_kipside
 from testkit.metrics import Metrics, scrape
 from testkit.ports import free_port
 
-from .clients import ck_read_to_end
+from .clients_confluent import ck_read_to_end
 from .coalesce_producers import ProducerSpec, parse_value
 
 LANES = 2

@@ -25,7 +25,7 @@ from conftest import DIRECT, ONE_TO_ONE, fresh_topic
 
 from .admin_stack import AdminStack, coalescing_rules
 from .admin_stack import admin_stack as admin_stack
-from .clients import ck_config
+from .clients_confluent import ck_config
 
 pytestmark = [
     pytest.mark.integration,

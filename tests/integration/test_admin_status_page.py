@@ -21,7 +21,7 @@ from conftest import DIRECT, fresh_topic
 
 from .admin_stack import AdminStack
 from .admin_stack import admin_stack as admin_stack
-from .clients import ck_config
+from .clients_confluent import ck_config
 
 pytestmark = [
     pytest.mark.integration,

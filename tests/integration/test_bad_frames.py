@@ -50,7 +50,9 @@ from kipside.protocol import (
     encode_response_header,
 )
 
-from .clients import Msg, assert_exactly_once_in_order, ck_config, consume_assigned
+from .clients import Msg, assert_exactly_once_in_order
+from .clients_confluent import ck_config
+from .clients_read_back import consume_assigned
 
 pytestmark = pytest.mark.integration
 

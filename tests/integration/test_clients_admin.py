@@ -10,7 +10,8 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from conftest import Target, unique_name
 
-from .clients import ck_config, kp_common
+from .clients_confluent import ck_config
+from .clients_kafka_python import kp_common
 
 pytestmark = pytest.mark.integration
 

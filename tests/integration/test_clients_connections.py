@@ -17,15 +17,9 @@ import pytest
 from conftest import NewTopicFactory, unique_name
 from testkit.kipside import Kipside
 
-from .clients import (
-    CLIENTS,
-    call_with_deadline,
-    ck_config,
-    ck_consumer,
-    kp_producer,
-    kp_send,
-    make_messages,
-)
+from .clients import CLIENTS, call_with_deadline, make_messages
+from .clients_confluent import ck_config, ck_consumer
+from .clients_kafka_python import kp_producer, kp_send
 
 pytestmark = pytest.mark.integration
 

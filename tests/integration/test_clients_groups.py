@@ -18,20 +18,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from conftest import NewTopicFactory, unique_name
 
-from .clients import (
-    Msg,
-    aio_group_member,
-    aio_produce,
-    assert_exactly_once_in_order,
-    call_with_deadline,
-    ck_consumer,
-    ck_msg,
-    ck_produce,
-    consume_assigned,
-    group_committed,
-    make_messages,
-    run_async,
-)
+from .clients import Msg, assert_exactly_once_in_order, call_with_deadline, make_messages, run_async
+from .clients_aiokafka import aio_group_member, aio_produce
+from .clients_confluent import ck_consumer, ck_msg, ck_produce, group_committed
+from .clients_read_back import consume_assigned
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,9 @@ import pytest
 from conftest import NewTopicFactory
 from testkit.kipside import Kipside
 
-from .clients import Deliveries, Msg, assert_exactly_once_in_order, ck_config, consume_assigned
+from .clients import Msg, assert_exactly_once_in_order
+from .clients_confluent import Deliveries, ck_config
+from .clients_read_back import consume_assigned
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,12 @@ import pytest
 from conftest import DIRECT, NewTopicFactory, Target
 from testkit import tools
 
-from . import clients
+from .clients import CLIENTS, Msg, assert_exactly_once_in_order, make_messages, run_async
+from .clients_aiokafka import aio_consume_assigned, aio_produce
+from .clients_confluent import ck_produce
+from .clients_kafka_python import kp_produce
+from .clients_read_back import consume_assigned
+from .raw_batches import CODECS, raw_fetch_batches
 from .tansu_bugs import AIOKAFKA_INIT_PRODUCER_ID_V0, kcat_api_versions_v3
 
 pytestmark = pytest.mark.integration
@@ -38,7 +43,7 @@ CLIENT_MODES = [
         id=f"{client}-{'idempotent' if idempotent else 'plain'}",
         marks=AIOKAFKA_INIT_PRODUCER_ID_V0 if client == "aiokafka" and idempotent else (),
     )
-    for client in clients.CLIENTS
+    for client in CLIENTS
     for idempotent in (False, True)
 ]
 
@@ -56,7 +61,7 @@ def test_produce_consume_exactly_once(
     once: same count, same key/value/headers, same order per partition, and the log holds
     exactly N records (no duplicate was written)."""
     topic = new_topic(PARTITIONS)
-    sent = clients.make_messages(N_MESSAGES, PARTITIONS, tag=f"{client}-{compression}")
+    sent = make_messages(N_MESSAGES, PARTITIONS, tag=f"{client}-{compression}")
     codec = None if compression == "none" else compression
     if client == "confluent-kafka":
         conf: dict[str, Any] = {
@@ -64,54 +69,50 @@ def test_produce_consume_exactly_once(
             "enable.idempotence": idempotent,
             "acks": "all",
         }
-        clients.ck_produce(bootstrap, topic, sent, conf=conf)
-        got, marks = clients.consume_assigned(bootstrap, topic, PARTITIONS, len(sent))
+        ck_produce(bootstrap, topic, sent, conf=conf)
+        got, marks = consume_assigned(bootstrap, topic, PARTITIONS, len(sent))
     elif client == "kafka-python":
-        clients.kp_produce(
-            bootstrap, topic, sent, compression_type=codec, enable_idempotence=idempotent
-        )
-        got, marks = clients.consume_assigned(
-            bootstrap, topic, PARTITIONS, len(sent), client=client
-        )
+        kp_produce(bootstrap, topic, sent, compression_type=codec, enable_idempotence=idempotent)
+        got, marks = consume_assigned(bootstrap, topic, PARTITIONS, len(sent), client=client)
     else:
 
-        async def roundtrip() -> tuple[list[clients.Msg], dict[int, tuple[int, int]]]:
-            await clients.aio_produce(
+        async def roundtrip() -> tuple[list[Msg], dict[int, tuple[int, int]]]:
+            await aio_produce(
                 bootstrap, topic, sent, compression_type=codec, enable_idempotence=idempotent
             )
-            return await clients.aio_consume_assigned(bootstrap, topic, PARTITIONS, len(sent))
+            return await aio_consume_assigned(bootstrap, topic, PARTITIONS, len(sent))
 
-        got, marks = clients.run_async(roundtrip())
-    clients.assert_exactly_once_in_order(sent, got, marks)
+        got, marks = run_async(roundtrip())
+    assert_exactly_once_in_order(sent, got, marks)
     # What the broker stored: the client's codec (kipside must never re-encode batches) and
     # a producer id exactly when idempotence is on.
     for p in range(PARTITIONS):
-        batches = clients.raw_fetch_batches(bootstrap, topic, p)
+        batches = raw_fetch_batches(bootstrap, topic, p)
         assert sum(b.records for b in batches) == marks[p][1] - marks[p][0], batches
         for b in batches:
-            assert b.compression == clients.CODECS[compression], (compression, b)
+            assert b.compression == CODECS[compression], (compression, b)
             assert (b.producer_id >= 0 and b.base_sequence >= 0) == idempotent, b
             assert not b.transactional and not b.control, b
 
 
 @pytest.mark.parametrize("acks", [0, 1])
-@pytest.mark.parametrize("client", clients.CLIENTS)
+@pytest.mark.parametrize("client", CLIENTS)
 def test_produce_acks(client: str, acks: int, bootstrap: str, new_topic: NewTopicFactory) -> None:
     """acks=0 (the broker sends no response at all: kipside must neither wait for one nor
     invent one) and acks=1: everything arrives once, in order."""
     topic = new_topic(PARTITIONS)
-    sent = clients.make_messages(300, PARTITIONS, tag=f"acks{acks}-{client}")
+    sent = make_messages(300, PARTITIONS, tag=f"acks{acks}-{client}")
     if client == "confluent-kafka":
-        clients.ck_produce(bootstrap, topic, sent, conf={"acks": acks, "enable.idempotence": False})
+        ck_produce(bootstrap, topic, sent, conf={"acks": acks, "enable.idempotence": False})
     elif client == "kafka-python":
-        clients.kp_produce(bootstrap, topic, sent, acks=acks, enable_idempotence=False)
+        kp_produce(bootstrap, topic, sent, acks=acks, enable_idempotence=False)
     else:
-        clients.run_async(clients.aio_produce(bootstrap, topic, sent, acks=acks))
-    got, marks = clients.consume_assigned(bootstrap, topic, PARTITIONS, len(sent))
-    clients.assert_exactly_once_in_order(sent, got, marks)
+        run_async(aio_produce(bootstrap, topic, sent, acks=acks))
+    got, marks = consume_assigned(bootstrap, topic, PARTITIONS, len(sent))
+    assert_exactly_once_in_order(sent, got, marks)
 
 
-@pytest.mark.parametrize("client", clients.CLIENTS)
+@pytest.mark.parametrize("client", CLIENTS)
 def test_many_partitions_and_large_records(
     client: str, bootstrap: str, new_topic: NewTopicFactory
 ) -> None:
@@ -120,20 +121,20 @@ def test_many_partitions_and_large_records(
     reads), consumed back exactly once."""
     parts = 32
     topic = new_topic(parts)
-    small = clients.make_messages(640, parts, tag=f"many-{client}", headers=False)
+    small = make_messages(640, parts, tag=f"many-{client}", headers=False)
     big = [
-        clients.Msg(i % parts, f"big{i}".encode(), f"big-{i}|".encode() + bytes([65 + i]) * 700_000)
+        Msg(i % parts, f"big{i}".encode(), f"big-{i}|".encode() + bytes([65 + i]) * 700_000)
         for i in range(4)
     ]
     sent = small + big
     if client == "confluent-kafka":
-        clients.ck_produce(bootstrap, topic, sent, conf={"message.max.bytes": 2_000_000})
+        ck_produce(bootstrap, topic, sent, conf={"message.max.bytes": 2_000_000})
     elif client == "kafka-python":
-        clients.kp_produce(bootstrap, topic, sent, max_request_size=2_000_000)
+        kp_produce(bootstrap, topic, sent, max_request_size=2_000_000)
     else:
-        clients.run_async(clients.aio_produce(bootstrap, topic, sent, max_request_size=2_000_000))
-    got, marks = clients.consume_assigned(bootstrap, topic, parts, len(sent))
-    clients.assert_exactly_once_in_order(sent, got, marks)
+        run_async(aio_produce(bootstrap, topic, sent, max_request_size=2_000_000))
+    got, marks = consume_assigned(bootstrap, topic, parts, len(sent))
+    assert_exactly_once_in_order(sent, got, marks)
 
 
 def test_concurrent_producers_share_partitions(bootstrap: str, new_topic: NewTopicFactory) -> None:
@@ -152,7 +153,7 @@ def test_concurrent_producers_share_partitions(bootstrap: str, new_topic: NewTop
         ("aiokafka", False),
     ]
     sent = {
-        f"p{i}-{client}": clients.make_messages(300, parts, tag=f"p{i}-{client}", headers=False)
+        f"p{i}-{client}": make_messages(300, parts, tag=f"p{i}-{client}", headers=False)
         for i, (client, _idem) in enumerate(specs)
     }
     failures: list[str] = []
@@ -161,11 +162,11 @@ def test_concurrent_producers_share_partitions(bootstrap: str, new_topic: NewTop
         try:
             if client == "confluent-kafka":
                 conf = {"enable.idempotence": idempotent, "acks": "all"}
-                clients.ck_produce(bootstrap, topic, sent[tag], conf=conf)
+                ck_produce(bootstrap, topic, sent[tag], conf=conf)
             elif client == "kafka-python":
-                clients.kp_produce(bootstrap, topic, sent[tag], enable_idempotence=idempotent)
+                kp_produce(bootstrap, topic, sent[tag], enable_idempotence=idempotent)
             else:
-                clients.run_async(clients.aio_produce(bootstrap, topic, sent[tag]))
+                run_async(aio_produce(bootstrap, topic, sent[tag]))
         except BaseException as exc:
             failures.append(f"{tag}: {exc!r}")
 
@@ -180,11 +181,11 @@ def test_concurrent_producers_share_partitions(bootstrap: str, new_topic: NewTop
     assert not any(t.is_alive() for t in threads), "a producer did not finish within 60 s"
     assert not failures, failures
     total = sum(len(v) for v in sent.values())
-    got, marks = clients.consume_assigned(bootstrap, topic, parts, total)
+    got, marks = consume_assigned(bootstrap, topic, parts, total)
     assert sum(hi - lo for lo, hi in marks.values()) == total, marks
     for tag, msgs in sent.items():
         mine = [m for m in got if m.value.startswith(tag.encode() + b"-")]
-        clients.assert_exactly_once_in_order(msgs, mine)
+        assert_exactly_once_in_order(msgs, mine)
 
 
 # --------------------------------------------------------------------------- kcat

@@ -16,20 +16,11 @@ import confluent_kafka as ck
 import pytest
 from conftest import NewTopicFactory, Target, fresh_topic, unique_name
 
-from .clients import (
-    Msg,
-    assert_exactly_once_in_order,
-    call_with_deadline,
-    ck_config,
-    ck_consumer,
-    ck_produce,
-    consume_assigned,
-    group_committed,
-    kp_producer,
-    kp_send,
-    make_messages,
-    raw_fetch_batches,
-)
+from .clients import Msg, assert_exactly_once_in_order, call_with_deadline, make_messages
+from .clients_confluent import ck_config, ck_consumer, ck_produce, group_committed
+from .clients_kafka_python import kp_producer, kp_send
+from .clients_read_back import consume_assigned
+from .raw_batches import raw_fetch_batches
 from .tansu_bugs import NO_ABORTED_TRANSACTIONS
 
 pytestmark = pytest.mark.integration

@@ -51,7 +51,8 @@ from kipside.protocol import (
 from kipside.protocol.batch_builder import Record
 from kipside.protocol.kafka_errors import ErrorCode
 
-from .clients import Msg, assert_exactly_once_in_order, consume_assigned, make_messages, read_frame
+from .clients import Msg, assert_exactly_once_in_order, make_messages
+from .clients_read_back import consume_assigned
 from .cluster_kit import (
     CLIENTS,
     IDEMPOTENT,
@@ -64,6 +65,7 @@ from .cluster_kit import (
     produce_concurrently,
     topic_traffic,
 )
+from .raw_batches import read_frame
 
 pytestmark = pytest.mark.integration
 

@@ -30,17 +30,9 @@ from relaykit.kafka_answers import FENCED_LEADER_EPOCH, GROUP, NOT_COORDINATOR, 
 
 from kipside.protocol import ApiKey
 
-from .clients import (
-    CONSUME_TIMEOUT,
-    Msg,
-    aio_group_member,
-    assert_exactly_once_in_order,
-    ck_consumer,
-    ck_msg,
-    ck_produce,
-    make_messages,
-    run_async,
-)
+from .clients import CONSUME_TIMEOUT, Msg, assert_exactly_once_in_order, make_messages, run_async
+from .clients_aiokafka import aio_group_member
+from .clients_confluent import ck_consumer, ck_msg, ck_produce
 from .cluster_kit import PARTITIONS, ClusterStack, Mover, cluster_stack, refusals, served
 
 pytestmark = [

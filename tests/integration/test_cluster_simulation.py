@@ -36,7 +36,7 @@ from kipside.protocol import ApiKey
 from kipside.protocol.headers import build_frame, encode_request_header, parse_response_header
 from kipside.protocol.messages import build_request, decode_response, encode_message
 
-from .clients import read_frame
+from .raw_batches import read_frame
 
 pytestmark = pytest.mark.integration
 

@@ -33,15 +33,9 @@ from relaykit.kafka_answers import NOT_COORDINATOR, NOT_LEADER, TRANSACTION
 
 from kipside.protocol import ApiKey
 
-from .clients import (
-    Msg,
-    call_with_deadline,
-    ck_config,
-    ck_produce,
-    kp_producer,
-    kp_send,
-    make_messages,
-)
+from .clients import Msg, call_with_deadline, make_messages
+from .clients_confluent import ck_config, ck_produce
+from .clients_kafka_python import kp_producer, kp_send
 from .cluster_kit import PARTITIONS, ClusterStack, cluster_stack, move_next, refusals
 from .txn_log import read_log, resolve
 

@@ -30,14 +30,9 @@ from kipside.protocol.framing import FrameDecoder
 from kipside.protocol.headers import build_frame, encode_request_header
 from kipside.proxy.network.wire import READ_SIZE
 
-from .clients import (
-    Deliveries,
-    Msg,
-    assert_exactly_once_in_order,
-    ck_config,
-    consume_assigned,
-    make_messages,
-)
+from .clients import Msg, assert_exactly_once_in_order, make_messages
+from .clients_confluent import Deliveries, ck_config
+from .clients_read_back import consume_assigned
 
 pytestmark = pytest.mark.integration
 

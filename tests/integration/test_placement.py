@@ -16,7 +16,7 @@ from testkit.broker import Broker
 
 from kipside.proxy.features.coalesce.placement import LanePlacement, lane_index
 
-from .clients import consume_assigned
+from .clients_read_back import consume_assigned
 
 PARTITIONS = 4
 MESSAGES = 200

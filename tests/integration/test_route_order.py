@@ -41,7 +41,9 @@ from kipside.protocol.apis import ApiKey
 from kipside.protocol.produce import parse_produce_request
 from kipside.protocol.records import iter_batches
 
-from .clients import FLUSH_TIMEOUT, Msg, assert_exactly_once_in_order, consume_assigned, kp_producer
+from .clients import FLUSH_TIMEOUT, Msg, assert_exactly_once_in_order
+from .clients_kafka_python import kp_producer
+from .clients_read_back import consume_assigned
 
 pytestmark = pytest.mark.integration
 

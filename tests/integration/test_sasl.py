@@ -15,16 +15,11 @@ from collections.abc import Iterator
 import pytest
 from conftest import fresh_topic
 
-from .clients import (
-    aio_consume_assigned,
-    aio_produce,
-    assert_exactly_once_in_order,
-    ck_produce,
-    consume_assigned,
-    kp_produce,
-    make_messages,
-    run_async,
-)
+from .clients import assert_exactly_once_in_order, make_messages, run_async
+from .clients_aiokafka import aio_consume_assigned, aio_produce
+from .clients_confluent import ck_produce
+from .clients_kafka_python import kp_produce
+from .clients_read_back import consume_assigned
 from .sasl_setup import SaslSetup, ck_sasl, py_sasl, sasl_kipside
 
 pytestmark = pytest.mark.integration

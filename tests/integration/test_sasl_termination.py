@@ -18,18 +18,10 @@ import confluent_kafka as ck
 import pytest
 from conftest import fresh_topic
 
-from .clients import (
-    Msg,
-    assert_exactly_once_in_order,
-    ck_config,
-    ck_produce,
-    consume_assigned,
-    kp_produce,
-    kp_producer,
-    kp_send,
-    make_messages,
-    produce_and_read_back,
-)
+from .clients import Msg, assert_exactly_once_in_order, make_messages
+from .clients_confluent import ck_config, ck_produce
+from .clients_kafka_python import kp_produce, kp_producer, kp_send
+from .clients_read_back import consume_assigned, produce_and_read_back
 from .sasl_setup import SECRETS, SaslSetup, ck_sasl, py_sasl, sasl_kipside
 
 pytestmark = pytest.mark.integration

@@ -44,16 +44,10 @@ from conftest import ONE_TO_ONE, create_topics, fresh_topic, needs_kipside
 from relaykit.sasl import Carried
 from testkit.metrics import scrape
 
-from .clients import (
-    FLUSH_TIMEOUT,
-    Msg,
-    assert_exactly_once_in_order,
-    ck_config,
-    consume_assigned,
-    kp_producer,
-    kp_send,
-    make_messages,
-)
+from .clients import FLUSH_TIMEOUT, Msg, assert_exactly_once_in_order, make_messages
+from .clients_confluent import ck_config
+from .clients_kafka_python import kp_producer, kp_send
+from .clients_read_back import consume_assigned
 from .secure_deployment import (
     TXN_OUTPUT,
     Deployment,

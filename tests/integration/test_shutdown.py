@@ -12,7 +12,8 @@ from conftest import create_topics, skip_unless_shared_lanes, unique_name
 from testkit.broker import Broker
 from testkit.kipside import start_kipside
 
-from .clients import ck_produce, make_messages
+from .clients import make_messages
+from .clients_confluent import ck_produce
 
 
 def test_a_stop_after_traffic_blames_no_broker(tansu: Broker, tmp_path: Path) -> None:

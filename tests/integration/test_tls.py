@@ -38,15 +38,9 @@ from testkit.ports import free_port
 
 from kipside.protocol import ApiKey, build_frame, encode_request_header
 
-from .clients import (
-    Msg,
-    assert_exactly_once_in_order,
-    ck_config,
-    ck_produce,
-    consume_assigned,
-    make_messages,
-    produce_and_read_back,
-)
+from .clients import Msg, assert_exactly_once_in_order, make_messages
+from .clients_confluent import ck_config, ck_produce
+from .clients_read_back import consume_assigned, produce_and_read_back
 
 pytestmark = [
     pytest.mark.integration,

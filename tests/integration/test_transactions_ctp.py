@@ -20,7 +20,9 @@ from conftest import DirectProbe, unique_name
 from txn_relay import MarkerWindowRelay, TxnCounts, TxnSegment
 
 from . import txn_kit as kit
-from .clients import Msg, assert_exactly_once_in_order, ck_config, consume_assigned
+from .clients import Msg, assert_exactly_once_in_order
+from .clients_confluent import ck_config
+from .clients_read_back import consume_assigned
 from .txn_ctp import (
     INPUT_RECORDS,
     TRANSACTIONS,

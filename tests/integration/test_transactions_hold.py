@@ -21,7 +21,7 @@ import pytest
 from conftest import create_topics, unique_name
 
 from . import txn_kit as kit
-from .clients import ck_consumer
+from .clients_confluent import ck_consumer
 from .txn_log import read_log, resolve
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,7 @@ from confluent_kafka.admin import AdminClient
 from conftest import create_topics, unique_name
 
 from . import txn_kit as kit
-from .clients import ck_config
+from .clients_confluent import ck_config
 from .txn_log import read_log, resolve
 
 pytestmark = pytest.mark.integration

@@ -29,7 +29,7 @@ from kipside.protocol.headers import (
 )
 from kipside.protocol.messages import decode_response, encode_message, request_class
 
-from .clients import read_frame
+from .raw_batches import read_frame
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,9 @@ from typing import Any, Protocol
 import confluent_kafka as ck
 from conftest import create_topics
 
-from .clients import Msg, call_with_deadline, ck_config, ck_consumer, kp_common, kp_producer
+from .clients import Msg, call_with_deadline
+from .clients_confluent import ck_config, ck_consumer
+from .clients_kafka_python import kp_common, kp_producer
 from .txn_kit import CALL_TIMEOUT, OUT_PARTITIONS, KafkaPythonTxnLog, RdkafkaLog, TxnStack
 
 INPUT_RECORDS = 160

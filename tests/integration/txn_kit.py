@@ -40,7 +40,9 @@ from testkit.metrics import Metrics, scrape
 from testkit.ports import free_port
 from txn_relay import CONCURRENT_TRANSACTIONS, MarkerWindowRelay
 
-from .clients import call_with_deadline, ck_config, ck_consumer, kp_producer
+from .clients import call_with_deadline
+from .clients_confluent import ck_config, ck_consumer
+from .clients_kafka_python import kp_producer
 
 CLIENTS = ["confluent-kafka", "kafka-python"]  # aiokafka's transactions fail on Tansu itself
 WINDOW_MS = 50.0  # the simulated marker-writing window after each EndTxn

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 from kipside.protocol.primitives import read_uvarint
 from kipside.protocol.records import iter_batches
 
-from .clients import fetch_partition
+from .raw_batches import fetch_partition
 
 
 class LogRecord(NamedTuple):
