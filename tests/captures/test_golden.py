@@ -37,7 +37,7 @@ SIDES = ["client", "broker"]
 def golden(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A scenario's committed directory, made the working directory: the committed outputs
     name the captures relatively."""
-    directory = GOLDEN / request.param
+    directory = GOLDEN / str(request.param)
     monkeypatch.chdir(directory)
     return directory
 
