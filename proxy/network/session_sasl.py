@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Protocol
+from typing import Final, Protocol
 
 from kipside.protocol import ApiKey, RequestHeader
 from kipside.proxy.network.answers import Slot
@@ -23,6 +23,11 @@ from kipside.proxy.network.sasl.kafka import SASL_APIS
 from kipside.proxy.network.upstream import Pending, UpstreamConnection, UpstreamFailed
 
 __all__ = ["SaslSession", "take_raw_token", "take_request"]
+
+
+# A raw SASL token (the frames after a SaslHandshake v0) has no Kafka header: kipside's answer
+# to it is owed as a SaslAuthenticate v0 slot with no correlation id.
+RAW_TOKEN_CORRELATION_ID: Final = -1
 
 
 class SaslSession(Protocol):
@@ -91,7 +96,7 @@ def _act(
     step: SaslStep,
     key: int = ApiKey.SASL_AUTHENTICATE,
     version: int = 0,
-    cid: int = -1,
+    cid: int = RAW_TOKEN_CORRELATION_ID,
 ) -> None:
     """Owe the client kipside's SASL answer (a raw token's by default), then act on it."""
     if step.answer is not None:
