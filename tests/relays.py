@@ -23,7 +23,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from relaykit.base import FORWARD, Conn, Decision, Relay, Request
+from relaykit.base import Relay
+from relaykit.decisions import FORWARD, Conn, Decision, Request
 
 from kipside.protocol.apis import ApiKey
 from kipside.protocol.errors import ProtocolError

@@ -16,8 +16,9 @@ from collections.abc import Awaitable, Callable
 import pytest
 import trio
 import trio.testing
-from relaykit.base import DROP, FORWARD, Answer, Conn, Decision, Forward, Relay, Request
+from relaykit.base import Relay
 from relaykit.base import response_frame as answer_frame
+from relaykit.decisions import DROP, FORWARD, Answer, Conn, Decision, Forward, Request
 
 from kipside.protocol.apis import ApiKey
 from kipside.protocol.framing import FrameDecoder

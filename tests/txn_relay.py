@@ -45,7 +45,8 @@ from typing import Any, Final
 
 import trio
 from kio.schema.errors import ErrorCode
-from relaykit.base import FORWARD, Answer, Conn, Decision, Relay, Request
+from relaykit.base import Relay
+from relaykit.decisions import FORWARD, Answer, Conn, Decision, Request
 
 from kipside.protocol.apis import ApiKey
 from kipside.protocol.errors import ProtocolError

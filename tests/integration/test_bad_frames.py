@@ -30,7 +30,8 @@ import confluent_kafka as ck
 import pytest
 from conftest import fresh_topic
 from inprocess import StartKipside
-from relaykit.base import Conn, Relay, Request
+from relaykit.base import Relay
+from relaykit.decisions import Conn, Request
 from relaykit.tansu import tansu_behind
 from testkit.broker import Broker
 from testkit.kipside import Kipside, start_kipside

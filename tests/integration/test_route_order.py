@@ -31,7 +31,8 @@ from typing import NamedTuple
 
 import pytest
 from conftest import create_topics
-from relaykit.base import Conn, Decision, Relay, Request
+from relaykit.base import Relay
+from relaykit.decisions import Conn, Decision, Request
 from relaykit.tansu import tansu_behind
 from testkit.kipside import Kipside, start_kipside
 from testkit.metrics import scrape

@@ -20,7 +20,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from relaykit.base import FORWARD, Answer, Conn, Decision, Relay, Request, response_frame
+from relaykit.base import Relay, response_frame
+from relaykit.decisions import FORWARD, Answer, Conn, Decision, Request
 from relaykit.tansu import tansu_behind
 from testkit.broker import Broker
 

@@ -42,12 +42,13 @@ import trio
 from kipside.protocol.errors import ProtocolError
 from kipside.protocol.framing import FrameDecoder
 from kipside.protocol.headers import (
-    RequestHeader,
     parse_request_header,
     request_correlation_id,
     response_correlation_id,
 )
 from kipside.protocol.headers import response_frame as response_frame  # for the filters
+
+from .decisions import FORWARD, Answer, Close, Conn, Decision, Drop, Request
 
 LOOPBACK: Final = "127.0.0.1"
 CONNECT_TIMEOUT: Final = 5.0
@@ -55,56 +56,6 @@ CONTROL_TIMEOUT: Final = 10.0
 READ_SIZE: Final = 256 * 1024
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class Conn:
-    """One client connection the relay carries."""
-
-    number: int  # 1, 2, ... in accepting order
-    opened_at: float  # time.monotonic()
-
-
-@dataclass(frozen=True, slots=True)
-class Request:
-    """A request as the client sent it: its parsed header and its frame (size prefix included)."""
-
-    header: RequestHeader
-    frame: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Forward:
-    """Send the request to the broker: `frame` (a rewritten request) or, if None, as received.
-
-    The broker's answer is matched by the correlation id of the frame sent; on_response gets
-    the client's request and returns what the client is to see."""
-
-    frame: bytes | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """Answer the client from the relay; written after every response still owed before it."""
-
-    frame: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Drop:
-    """Swallow the request: the broker never sees it and the client gets no answer."""
-
-
-@dataclass(frozen=True, slots=True)
-class Close:
-    """End the connection once the answers owed before this request are written, as a broker
-    does with a request it refuses (an unauthenticated request on a SASL listener)."""
-
-
-FORWARD: Final = Forward()
-DROP: Final = Drop()
-CLOSE: Final = Close()
-Decision = Forward | Answer | Drop | Close
 
 
 @dataclass(frozen=True, slots=True)

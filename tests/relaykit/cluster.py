@@ -63,19 +63,8 @@ from kipside.protocol.apis import ApiKey
 from kipside.protocol.headers import build_frame, parse_response_header
 from kipside.protocol.messages import Message, decode_request, decode_response, encode_message
 
-from .base import (
-    CLOSE,
-    FORWARD,
-    LOOPBACK,
-    Answer,
-    Conn,
-    Decision,
-    Forward,
-    LinkCounts,
-    Relay,
-    Request,
-    response_frame,
-)
+from .base import LOOPBACK, LinkCounts, Relay, response_frame
+from .decisions import CLOSE, FORWARD, Answer, Conn, Decision, Forward, Request
 from .kafka_answers import (
     FENCED_LEADER_EPOCH,
     GROUP,

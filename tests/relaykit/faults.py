@@ -27,7 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import DROP, Conn, Decision, Relay, Request
+from .base import Relay
+from .decisions import DROP, Conn, Decision, Request
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,7 +44,8 @@ from kipside.protocol.messages import (
 from kipside.protocol.produce import parse_produce_request
 from kipside.protocol.records import iter_batches
 
-from .base import CLOSE, FORWARD, Answer, Conn, Decision, Relay, Request, response_frame
+from .base import Relay, response_frame
+from .decisions import CLOSE, FORWARD, Answer, Conn, Decision, Request
 
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 UNSUPPORTED_SASL_MECHANISM = 33

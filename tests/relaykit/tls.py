@@ -22,7 +22,8 @@ from pathlib import Path
 import trio
 import trustme
 
-from .base import CONNECT_TIMEOUT, FORWARD, Conn, Decision, Relay, Request
+from .base import CONNECT_TIMEOUT, Relay
+from .decisions import FORWARD, Conn, Decision, Request
 
 
 @dataclass(frozen=True)
