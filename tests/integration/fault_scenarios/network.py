@@ -66,8 +66,8 @@ def cut_then_blackhole_during_produce(work: Path, name: Namer, s: NetworkScale) 
     producers_told(out, producers)
     out.check("every acknowledged message once, in order", result.clean, result.line())
     out.check("the cut reset connections and failed lanes", reset >= 1 and after_cut >= 1, reset)
-    # Whether a request or only the answers to requests already sent fall into the dark
-    # depends on timing: a lane whose requests are all in flight sends nothing more.
+    # Whether the blackhole catches a request or only the answers to requests already sent
+    # depends on timing (CI once saw requests 0, answers 2): either way, bytes vanished.
     out.check(
         "the blackhole swallowed traffic", swallowed.requests + swallowed.responses >= 1, swallowed
     )
