@@ -18,10 +18,12 @@ from typing import Any, TextIO
 __all__ = ["register_pcap"]
 
 _EPILOG = """\
-examples:
-  tcpdump -i lo -s 0 -w client.pcap 'tcp port 9092'      # clients -> kipside
-  tcpdump -i lo -s 0 -w broker.pcap 'tcp port 19092'     # kipside -> broker
-  kipside pcap summary client.pcap --port 9092
+examples, with kipside serving on 127.0.0.1:9092 in front of brokers on port 19092:
+  # clients -> kipside: the bootstrap port and every node listener (node N on 9093+N by default)
+  tcpdump -i lo -s 0 -U -w client.pcap 'tcp portrange 9092-9999'
+  # kipside -> brokers
+  tcpdump -i lo -s 0 -U -w broker.pcap 'tcp port 19092'
+  kipside pcap summary client.pcap
   kipside pcap compare client.pcap broker.pcap
 
 Captures are read in bounded memory, pcap or pcapng, gzipped or not. What a capture lacks

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import sys
-from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kipside.pipeline.mirror.offset_sync import DEFAULT_TOPIC
@@ -57,6 +58,15 @@ def _conf(text: str) -> tuple[str, str]:
     return key.strip(), value
 
 
+def _topics(text: str) -> str:
+    """A regular expression over whole topic names, checked before anything starts."""
+    try:
+        re.compile(text)
+    except re.error as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a regular expression: {exc}") from None
+    return text
+
+
 def _count(text: str) -> int:
     """A positive whole number."""
     try:
@@ -68,11 +78,16 @@ def _count(text: str) -> int:
     return value
 
 
-def _add_run_options(parser: argparse.ArgumentParser) -> None:
-    """What every pipeline command takes about running: where its progress is kept, Spark, data
-    loss, retry time and Spark configuration."""
-    parser.add_argument("--checkpoint", metavar="DIR", help="Spark checkpoint (progress) directory")
-    parser.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
+def _add_run_options(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    """What every Spark job command takes about running: where its progress is kept, Spark,
+    data loss, retry time and Spark configuration."""
+    parser.add_argument(
+        "--checkpoint",
+        metavar="DIR",
+        required=required,
+        help="Spark checkpoint (progress) directory (required)",
+    )
+    parser.add_argument("--master", default="local[*]", metavar="URL", help="Spark master URL")
     parser.add_argument(
         "--no-fail-on-data-loss",
         dest="fail_on_data_loss",
@@ -80,21 +95,55 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         help="skip offsets deleted before they were read, instead of failing "
         "(failOnDataLoss=false)",
     )
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=60.0,
-        metavar="SECONDS",
-        help="how long to keep retrying an unreachable cluster (default 60)",
-    )
+    _add_timeout_option(parser)
     parser.add_argument(
         "--conf",
         type=_conf,
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="extra Spark configuration",
+        help="extra Spark configuration (repeatable)",
     )
+
+
+def _add_timeout_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long to keep retrying an unreachable cluster",
+    )
+
+
+def _add_clusters(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    # Required by `translate` (a leaf, so argparse checks it); the mirror checks its own in
+    # _mirror, because argparse would demand them of `mirror translate` too.
+    parser.add_argument(
+        "--source",
+        metavar="HOST:PORT[,...]",
+        required=required,
+        help="source cluster bootstrap (required)",
+    )
+    parser.add_argument(
+        "--dest",
+        metavar="HOST:PORT[,...]",
+        required=required,
+        help="destination cluster bootstrap (required)",
+    )
+
+
+def _add_sync_topic(parser: argparse.ArgumentParser, help: str) -> None:
+    parser.add_argument(
+        "--offset-sync-topic", dest="sync_topic", default=DEFAULT_TOPIC, metavar="TOPIC", help=help
+    )
+
+
+_MIRROR_USAGE = """\
+kipside mirror --source HOST:PORT[,...] --dest HOST:PORT[,...] --topics REGEX --checkpoint DIR
+                      [options]
+       kipside mirror translate --source HOST:PORT[,...] --dest HOST:PORT[,...] --group GROUP
+                      [options]"""
 
 
 def register_mirror(sub: Any) -> None:
@@ -103,15 +152,17 @@ def register_mirror(sub: Any) -> None:
         help="copy topics between clusters as raw record batches (a Spark job)",
         description="Copy topics between Kafka clusters batch for batch, never decompressing "
         "them, as a Spark Structured Streaming job (KIP-712's shallow mirror).",
+        usage=_MIRROR_USAGE,
         epilog=_MIRROR_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _add_clusters(parser, required=False)
     parser.add_argument(
-        "action", nargs="?", choices=["translate"], help="translate: map a group's offsets"
+        "--topics",
+        type=_topics,
+        metavar="REGEX",
+        help="source topics to copy, a regular expression over whole names (required)",
     )
-    parser.add_argument("--source", metavar="HOST:PORT[,...]", help="source cluster bootstrap")
-    parser.add_argument("--dest", metavar="HOST:PORT[,...]", help="destination cluster bootstrap")
-    parser.add_argument("--topics", metavar="REGEX", help="source topics to copy (whole names)")
     parser.add_argument(
         "--rename", metavar="PREFIX", default="", help="prefix destination topic names"
     )
@@ -128,20 +179,47 @@ def register_mirror(sub: Any) -> None:
         help="about how many source bytes one micro-batch copies (default 256M)",
     )
     parser.add_argument("--once", action="store_true", help="copy what is there now, then stop")
-    parser.add_argument(
-        "--offset-sync-topic",
-        dest="sync_topic",
-        default=DEFAULT_TOPIC,
-        metavar="TOPIC",
-        help="compacted topic on the destination recording where batches landed ('' for none)",
+    _add_sync_topic(
+        parser, "compacted topic on the destination recording where batches landed ('' for none)"
     )
-    _add_run_options(parser)
-    parser.add_argument("--group", help="translate: the consumer group")
-    parser.add_argument(
-        "--commit", action="store_true", help="translate: commit on the destination"
+    _add_run_options(parser, required=False)
+    parser.set_defaults(handler=partial(_mirror, parser))
+    commands = parser.add_subparsers(dest="mirror_command", metavar="{translate}")
+    _register_translate(commands, prog=f"{parser.prog} translate")
+
+
+_TRANSLATE_EPILOG = """\
+example:
+  kipside mirror translate --source src:9092 --dest dst:9092 --group billing --commit
+
+Prints, per partition, where the group's consumers resume on the destination. --commit needs
+the group to have no active members on the destination. See docs/mirror.md.
+"""
+
+
+def _register_translate(sub: Any, *, prog: str) -> None:
+    parser = sub.add_parser(
+        "translate",
+        prog=prog,
+        help="a consumer group's source offsets, as destination offsets (for failover)",
+        description="Translate a consumer group's committed offsets on the source into "
+        "offsets on the destination, from the offset syncs the mirror wrote; optionally "
+        "commit them there.",
+        epilog=_TRANSLATE_EPILOG,
     )
-    parser.add_argument("--json", dest="as_json", action="store_true", help="translate: print JSON")
-    parser.set_defaults(handler=_mirror)
+    _add_clusters(parser, required=True)
+    parser.add_argument("--group", required=True, help="the consumer group")
+    _add_sync_topic(parser, "the topic on the destination the mirror wrote its offset syncs to")
+    parser.add_argument(
+        "--commit",
+        action="store_true",
+        help="commit the translated offsets to the group on the destination",
+    )
+    parser.add_argument(
+        "--json", dest="as_json", action="store_true", help="print the offsets as JSON"
+    )
+    _add_timeout_option(parser)
+    parser.set_defaults(handler=_translate)
 
 
 def _pipeline_missing() -> str | None:
@@ -157,13 +235,18 @@ def _pipeline_missing() -> str | None:
     return None
 
 
-def _ready(command: str, args: argparse.Namespace, required: Sequence[str]) -> bool:
-    """Whether `kipside COMMAND` can start: the pipeline extra is installed and every required
-    option is given. If not, says why on stderr."""
+def _require(parser: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> None:
+    """argparse's own error (usage, exit status 2) for required options left out, for a
+    command whose parser can't declare them required."""
+    missing = [f"--{name.replace('_', '-')}" for name in names if not getattr(args, name)]
+    if missing:
+        parser.error(f"the following arguments are required: {', '.join(missing)}")
+
+
+def _ready(command: str) -> bool:
+    """Whether `kipside COMMAND` can start: the pipeline extra is installed. If not, says
+    why on stderr."""
     problem = _pipeline_missing()
-    if problem is None:
-        missing = [f"--{name.replace('_', '-')}" for name in required if not getattr(args, name)]
-        problem = f"{', '.join(missing)} required" if missing else None
     if problem is not None:
         print(f"kipside {command}: error: {problem}", file=sys.stderr)
     return problem is None
@@ -176,14 +259,17 @@ def _job(cls: type[_Job], args: argparse.Namespace) -> _Job:
     return cls(**{f.name: given[f.name] for f in dataclasses.fields(cls) if f.name in given})
 
 
-def _mirror(args: argparse.Namespace) -> int:
-    if args.action == "translate":
-        if not _ready("mirror translate", args, ("source", "dest", "group")):
-            return 2
-        from kipside.pipeline.mirror.translate import TranslateJob, run_translate
+def _translate(args: argparse.Namespace) -> int:
+    if not _ready("mirror translate"):
+        return 2
+    from kipside.pipeline.mirror.translate import TranslateJob, run_translate
 
-        return run_translate(_job(TranslateJob, args), sys.stdout, sys.stderr)
-    if not _ready("mirror", args, ("source", "dest", "topics", "checkpoint")):
+    return run_translate(_job(TranslateJob, args), sys.stdout, sys.stderr)
+
+
+def _mirror(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    _require(parser, args, "source", "dest", "topics", "checkpoint")
+    if not _ready("mirror"):
         return 2
     from kipside.pipeline.mirror.job import MirrorJob, run_mirror
 
@@ -209,14 +295,31 @@ def register_lake(sub: Any) -> None:
         epilog=_LAKE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--bootstrap", metavar="HOST:PORT[,...]", help="Kafka bootstrap brokers")
-    parser.add_argument("--topics", metavar="REGEX", help="topics to ingest (whole names)")
+    parser.add_argument(
+        "--bootstrap",
+        metavar="HOST:PORT[,...]",
+        required=True,
+        help="Kafka bootstrap brokers (required)",
+    )
+    parser.add_argument(
+        "--topics",
+        type=_topics,
+        metavar="REGEX",
+        required=True,
+        help="topics to ingest, a regular expression over whole names (required)",
+    )
     parser.add_argument(
         "--schema",
         metavar="FILE",
-        help="the values' schema: Spark DDL (.ddl) or JSON Schema (.json)",
+        required=True,
+        help="the values' schema: Spark DDL (.ddl) or JSON Schema (.json) (required)",
     )
-    parser.add_argument("--out", metavar="DIR", help="the table's directory (local, HDFS, ...)")
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        required=True,
+        help="the table's directory (local, HDFS, ...) (required)",
+    )
     parser.add_argument(
         "--quarantine",
         metavar="DIR",
@@ -224,7 +327,10 @@ def register_lake(sub: Any) -> None:
     )
     parser.add_argument("--once", action="store_true", help="ingest what is there now, then stop")
     parser.add_argument(
-        "--compression", choices=["zstd", "snappy", "none"], default="zstd", help="Parquet codec"
+        "--compression",
+        choices=["zstd", "snappy", "none"],
+        default="zstd",
+        help="the Parquet files' compression codec",
     )
     parser.add_argument(
         "--max-offsets-per-trigger",
@@ -248,12 +354,12 @@ def register_lake(sub: Any) -> None:
         metavar="SECONDS",
         help="without --once: how often a micro-batch starts (default 60; fewer, bigger files)",
     )
-    _add_run_options(parser)
+    _add_run_options(parser, required=True)
     parser.set_defaults(handler=_lake)
 
 
 def _lake(args: argparse.Namespace) -> int:
-    if not _ready("lake", args, ("bootstrap", "topics", "schema", "out", "checkpoint")):
+    if not _ready("lake"):
         return 2
     from kipside.pipeline.lake.job import LakeJob, run_lake
 

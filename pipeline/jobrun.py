@@ -25,7 +25,7 @@ from types import FrameType
 from typing import Any, Final, TextIO
 
 from kipside.pipeline.kafka.client import ClientConfig, KafkaClient
-from kipside.pipeline.kafka.errors import TopicNotFound
+from kipside.pipeline.kafka.errors import KafkaError, TopicNotFound
 from kipside.pipeline.kafka.retry import RetryPolicy
 from kipside.pipeline.notices import NoticeReader
 from kipside.pipeline.progress import LiveLine, ProgressListener, Totals
@@ -86,6 +86,13 @@ def preflight(
             return Planner(source, options).partitions()
     except (TopicNotFound, OptionError) as exc:
         raise type(exc)(str(exc).replace("option subscribePattern:", flag)) from None
+
+
+def exit_status(exc: Exception) -> int:
+    """A job's exit status for an error found before it started: 2 for what the command line
+    or its files said (an option, a schema), as for argparse's own usage errors; 1 for what
+    the clusters said."""
+    return 1 if isinstance(exc, KafkaError) else 2
 
 
 def announce(

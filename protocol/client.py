@@ -69,7 +69,7 @@ class ClientConnection:
         self, client_id: str | None, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     ) -> None:
         self._client_id = client_id
-        self._decoder = FrameDecoder(max_frame_bytes=max_frame_bytes)
+        self._decoder = FrameDecoder(max_frame_bytes=max_frame_bytes, from_server=True)
         self._in_flight: deque[_InFlight] = deque()
         self._ready: deque[Response] = deque()
         self._next_id = 0

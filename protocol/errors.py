@@ -17,7 +17,12 @@ class FrameError(ProtocolError):
 
 
 class NotKafkaError(FrameError):
-    """The stream carries another protocol (TLS, HTTP) on a plaintext Kafka port."""
+    """The stream carries another protocol (TLS, HTTP) on a plaintext Kafka port, or a server
+    answered a Kafka request in another protocol. `protocol` names it ("TLS", "HTTP", ...)."""
+
+    def __init__(self, message: str, *, protocol: str) -> None:
+        super().__init__(message)
+        self.protocol = protocol
 
 
 class DecodeError(ProtocolError):

@@ -3,8 +3,9 @@
 Feed bytes in with `receive_data`, take whole frames out with `next_frame`. A frame is returned
 with its 4-byte size prefix so a proxy can forward it as one write. Anything buffered is capped:
 a frame larger than `max_frame_bytes` is refused before its body is read. The first bytes of a
-connection are checked for TLS and HTTP so a misconfigured client gets a useful error instead of
-"frame too large". Never does I/O, never imports trio.
+connection are checked for TLS and HTTP, in either direction, so a client or a broker address
+that is not a plaintext Kafka listener gets a useful error instead of "frame too large". Never
+does I/O, never imports trio.
 """
 
 from __future__ import annotations
@@ -47,6 +48,20 @@ def sniff_foreign_protocol(head: bytes) -> str | None:
     return None
 
 
+def sniff_foreign_response(head: bytes) -> str | None:
+    """Name the protocol if the first bytes a server sent back to a Kafka request are not
+    Kafka: an HTTP response (a web port), a TLS record (a TLS listener answering plaintext with
+    an alert), an SSH banner."""
+    if len(head) >= 3 and head[0] in (0x15, 0x16) and head[1] == 0x03 and head[2] <= 0x04:
+        return "a TLS alert" if head[0] == 0x15 else "a TLS handshake"
+    if head[:5] == b"HTTP/":
+        line = head.split(b"\r\n", 1)[0][:60]
+        return f"an HTTP response ({line.decode('latin-1')!r})"
+    if head[:4] == b"SSH-":
+        return "an SSH banner"
+    return None
+
+
 def sniff_kafka_request(head: bytes) -> str | None:
     """Name the request if the first bytes of a stream look like a plaintext Kafka request
     ("an ApiVersions v3 request"): a plausible size, a known API key, a small version. For a
@@ -66,11 +81,20 @@ def sniff_kafka_request(head: bytes) -> str | None:
 class FrameDecoder:
     """Accumulates bytes of one direction of one connection and yields complete frames."""
 
-    __slots__ = ("_buf", "_first", "_max", "_min", "_pos")
+    __slots__ = ("_buf", "_first", "_from_server", "_max", "_min", "_pos")
 
-    def __init__(self, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, min_frame_bytes: int = 4):
+    def __init__(
+        self,
+        *,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        min_frame_bytes: int = 4,
+        from_server: bool = False,
+    ):
+        """`from_server`: the bytes are a server's answers (a broker's), not a client's
+        requests; it decides what the first bytes are checked for."""
         if max_frame_bytes < min_frame_bytes:
             raise LocalProtocolError("max_frame_bytes must be at least min_frame_bytes")
+        self._from_server = from_server
         self._buf = bytearray()
         self._pos = 0
         self._max = max_frame_bytes
@@ -143,6 +167,15 @@ class FrameDecoder:
         return frame
 
     def _check_foreign(self, head: bytes, *, partial: bool) -> None:
+        if self._from_server:
+            answer = sniff_foreign_response(head)
+            if answer is not None:
+                raise NotKafkaError(
+                    f"received {answer} where a Kafka response was due: the server is not a "
+                    "plaintext Kafka listener",
+                    protocol=answer.split()[1],
+                )
+            return
         what = sniff_foreign_protocol(head)
         if what is None:
             return
@@ -153,7 +186,9 @@ class FrameDecoder:
             )
         else:
             advice = "this is a Kafka port: HTTP belongs on the admin endpoint (--admin)"
-        raise NotKafkaError(f"received {what} on a plaintext Kafka port; {advice}")
+        raise NotKafkaError(
+            f"received {what} on a plaintext Kafka port; {advice}", protocol=what.split()[1]
+        )
 
 
 def encode_frame(payload: Buffer) -> bytes:

@@ -1,4 +1,5 @@
-"""The `kipside` command line: serve, dev, rules check, and credentials add.
+"""The `kipside` command line: the sidecar (serve, dev), rule files, credentials, and the
+commands other packages register (mirror, lake, pcap).
 
 Parses arguments into a ServerConfig and hands over to proxy.server, or to proxy.dev for `dev`
 (the embedded broker and the live console). Errors a user can act on are printed as one line and
@@ -14,9 +15,17 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from importlib.metadata import entry_points
+from importlib.metadata import PackageNotFoundError, entry_points, version
 
-from kipside.protocol import SCRAM_DEFAULT_ITERATIONS, SCRAM_MECHANISMS, Address, scram_credential
+from kipside.protocol import (
+    SCRAM_DEFAULT_ITERATIONS,
+    SCRAM_MAX_ITERATIONS,
+    SCRAM_MECHANISMS,
+    SCRAM_MIN_ITERATIONS,
+    Address,
+    scram_credential,
+)
+from kipside.proxy.arguments import KipsideParser, UsageError
 from kipside.proxy.network.certificates import ListenerTlsFiles, UpstreamTlsFiles
 from kipside.proxy.network.sasl import (
     CredentialsError,
@@ -26,13 +35,9 @@ from kipside.proxy.network.sasl import (
     write_credentials,
 )
 from kipside.proxy.network.upstream import DEFAULT_ANSWER_TIMEOUT_SECONDS
-from kipside.proxy.server import ServerConfig, run
+from kipside.proxy.server import DEFAULT_DISCOVERY_TIMEOUT_SECONDS, ServerConfig, run
 from kipside.proxy.telemetry.tracing import TraceConfig
 from kipside.rules import RuleError, RuleSet, default_rules, load_rules
-
-
-class UsageError(ValueError):
-    pass
 
 
 def parse_address(
@@ -49,6 +54,16 @@ def _admin_address(text: str) -> Address:
     # The admin endpoint has no authentication: a bare port stays on loopback.
     address = f"127.0.0.1:{text}" if text.isdigit() else text
     return parse_address(address, what="--admin", any_port=True)
+
+
+def _grace_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} s: give a number of seconds, 0 or more")
+    return value
 
 
 def _positive_seconds(text: str) -> float:
@@ -81,7 +96,12 @@ def _add_proxy_options(
     _add_operation_options(parser, dev)
     _add_upstream_options(parser)
     _add_tracing_options(parser)
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning"],
+        help="how much kipside logs to stderr; debug adds a line per connection event",
+    )
     _add_client_tls_options(parser)
 
 
@@ -90,7 +110,9 @@ def _add_listener_options(parser: argparse.ArgumentParser, listen_default: str |
         "--listen",
         default=listen_default,
         required=listen_default is None,
-        help="HOST:PORT for the bootstrap listener clients use as bootstrap.servers",
+        metavar="HOST:PORT",
+        help="the bootstrap listener, the address clients use as bootstrap.servers"
+        + (" (required)" if listen_default is None else ""),
     )
     parser.add_argument(
         "--advertise",
@@ -117,14 +139,23 @@ def _add_operation_options(parser: argparse.ArgumentParser, dev: bool) -> None:
     )
     parser.add_argument(
         "--shutdown-grace",
-        type=float,
+        type=_grace_seconds,
         default=5.0,
         metavar="SECONDS",
-        help="on SIGTERM/SIGINT, how long in-flight requests may take to finish",
+        help="on SIGTERM/SIGINT, how long in-flight requests may take to finish before the "
+        "connections left are closed",
     )
 
 
 def _add_upstream_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--discovery-timeout",
+        type=_positive_seconds,
+        default=DEFAULT_DISCOVERY_TIMEOUT_SECONDS,
+        metavar="SECONDS",
+        help="at start, how long to keep asking the bootstrap brokers for the cluster's nodes "
+        "before giving up with the reason (exit status 2)",
+    )
     parser.add_argument(
         "--upstream-request-timeout",
         type=_positive_seconds,
@@ -201,15 +232,15 @@ def _add_sasl_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_credentials_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_credentials_command(sub: argparse._SubParsersAction[KipsideParser]) -> None:
     credentials = sub.add_parser("credentials", help="write a --sasl-credentials file")
     credentials_sub = credentials.add_subparsers(dest="credentials_command", required=True)
     add = credentials_sub.add_parser(
         "add",
         help="add or replace a user; the password is read from standard input (or a prompt)",
     )
-    add.add_argument("file")
-    add.add_argument("user")
+    add.add_argument("file", help="the credentials file (created if missing; mode 0600)")
+    add.add_argument("user", help="the user name clients log in with")
     add.add_argument(
         "--mechanism",
         action="append",
@@ -217,7 +248,14 @@ def _add_credentials_command(sub: argparse._SubParsersAction[argparse.ArgumentPa
         help="write this SCRAM mechanism's entry (repeatable; default: both; PLAIN logins "
         "are checked against either)",
     )
-    add.add_argument("--iterations", type=int, default=SCRAM_DEFAULT_ITERATIONS)
+    add.add_argument(
+        "--iterations",
+        type=int,
+        default=SCRAM_DEFAULT_ITERATIONS,
+        metavar="N",
+        help=f"SCRAM's PBKDF2 iterations, {SCRAM_MIN_ITERATIONS}-{SCRAM_MAX_ITERATIONS} as "
+        "Apache Kafka allows; more makes each login slower to check and to guess",
+    )
     add.set_defaults(handler=_credentials_add)
 
 
@@ -254,15 +292,30 @@ def _credentials_add(args: argparse.Namespace) -> int:
     return 0
 
 
+_DESCRIPTION = """\
+kipside: a Kafka wire-protocol sidecar (multi-batch produce, transaction pre-registration,
+shared broker connections) and the data pipelines that share its protocol code."""
+
+
+def _version() -> str:
+    try:
+        return version("kipside")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kipside", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = KipsideParser(prog="kipside", description=_DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"kipside {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="proxy clients to upstream Kafka brokers")
     serve.add_argument(
         "--upstream",
         required=True,
-        help="comma-separated HOST:PORT bootstrap brokers, e.g. kafka-1:9092,kafka-2:9092",
+        metavar="HOST[:PORT][,...]",
+        help="the bootstrap brokers, comma-separated, e.g. kafka-1:9092,kafka-2:9092; "
+        "PORT defaults to 9092 (required)",
     )
     _add_proxy_options(serve, listen_default=None)
     _add_upstream_tls_options(serve)
@@ -271,19 +324,23 @@ def build_parser() -> argparse.ArgumentParser:
     dev = sub.add_parser("dev", help="start the embedded Tansu broker with kipside in front")
     _add_proxy_options(dev, listen_default="127.0.0.1:9092", dev=True)
     dev.add_argument(
-        "--broker-port", type=int, default=0, help="port for Tansu itself (default: any free)"
+        "--broker-port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help="port for Tansu itself (default: any free port)",
     )
 
     rules = sub.add_parser("rules", help="work with rule files")
     rules_sub = rules.add_subparsers(dest="rules_command", required=True)
     check = rules_sub.add_parser("check", help="validate a rule file, print the effective rules")
-    check.add_argument("file")
+    check.add_argument("file", help="the YAML rule file (see docs/rules.md)")
     _add_credentials_command(sub)
     _add_plugin_commands(sub)
     return parser
 
 
-def _add_plugin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_plugin_commands(sub: argparse._SubParsersAction[KipsideParser]) -> None:
     """Subcommands registered by other parts of kipside (the Spark pipelines) through the
     `kipside.commands` entry point group; each sets `handler` on its parser."""
     for entry in entry_points(group="kipside.commands"):
@@ -299,6 +356,7 @@ def _config(args: argparse.Namespace, upstreams: list[Address]) -> ServerConfig:
         node_port_base=args.node_port_base,
         rules=_load_rules(args.rules),
         shutdown_grace_seconds=args.shutdown_grace,
+        discovery_timeout_seconds=args.discovery_timeout,
         upstream_request_timeout_seconds=args.upstream_request_timeout,
         share_connections=not args.one_to_one,
         admin=_admin_address(args.admin) if args.admin else None,

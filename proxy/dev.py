@@ -104,6 +104,8 @@ def _banner(server: Server) -> str:
 
 
 def _traces_hint(config: ServerConfig) -> str:
+    if not config.rules.tracing.enabled:
+        return f"traces are off: tracing.enabled is false in {config.rules.source}"
     if config.trace.exporter == "console":
         return "traces: one line per span below (--trace-console)"
     if config.trace.exporter == "otlp":

@@ -22,6 +22,7 @@ import trio
 from kipside.protocol import (
     Address,
     ApiKey,
+    NotKafkaError,
 )
 from kipside.proxy.features.coalesce import Coalescer
 from kipside.proxy.features.context import FeatureContext
@@ -56,6 +57,8 @@ from kipside.rules import RuleSet, default_rules
 
 log = logging.getLogger("kipside.server")
 
+DEFAULT_DISCOVERY_TIMEOUT_SECONDS = 30.0
+
 
 @dataclass(slots=True)
 class ServerConfig:
@@ -68,7 +71,7 @@ class ServerConfig:
     admin: Address | None = None
     share_connections: bool = True
     """Lanes and coalescing; False gives every client its own upstream connection (1:1)."""
-    discovery_timeout_seconds: float = 30.0
+    discovery_timeout_seconds: float = DEFAULT_DISCOVERY_TIMEOUT_SECONDS
     upstream_request_timeout_seconds: float = DEFAULT_ANSWER_TIMEOUT_SECONDS
     """A shared lane whose oldest request goes unanswered this long is closed (its clients
     resend), as a client closes a connection after request.timeout.ms."""
@@ -320,16 +323,22 @@ class Server:
         problems: list[str] = []
         found: list[tuple[int, str, int]] | None = None
         with trio.move_on_after(self.config.discovery_timeout_seconds):
-            found = await discover_nodes(
-                self.config.upstreams,
-                problems,
-                lambda address: security.dial(address, security.kipside_principal()),
-                tls=security.upstream_tls is not None,
-            )
+            try:
+                found = await discover_nodes(
+                    self.config.upstreams,
+                    problems,
+                    lambda address: security.dial(address, security.kipside_principal()),
+                    tls=security.upstream_tls is not None,
+                )
+            except NotKafkaError:
+                raise StartupError(
+                    f"no upstream broker speaks plaintext Kafka ({'; '.join(problems)})"
+                ) from None
         if found is None:
             raise StartupError(
                 f"no upstream broker answered within {self.config.discovery_timeout_seconds:g} s "
-                f"({'; '.join(problems)}); check --upstream and that the brokers are running"
+                f"({'; '.join(problems)}); check --upstream and that the brokers are running "
+                "(--discovery-timeout waits longer)"
             )
         bootstrap = _bind(self.config.listen.host, self.config.listen.port)
         try:  # both bound before anything runs: a taken port is one error line, not a traceback

@@ -318,9 +318,11 @@ class PrincipalRule:
 @_closed
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Tracing:
-    """The ``tracing`` section: which Kafka APIs get OpenTelemetry spans."""
+    """The ``tracing`` section: whether, and for which Kafka APIs, kipside makes OpenTelemetry
+    spans once an exporter is configured (--otlp-endpoint, OTEL_EXPORTER_OTLP_ENDPOINT or
+    --trace-console); ``enabled: false`` turns spans off even then."""
 
-    enabled: StrictBool = False
+    enabled: StrictBool = True
     # API keys by number (0..32767) or by Kafka API name, e.g. "Produce".
     api_keys: Annotated[
         tuple[ApiKeyRef, ...], Field(description="a list of API keys (numbers or names)")

@@ -17,7 +17,7 @@ from kipside.proxy.console import CLEAR_TO_END, LiveConsole, LiveFigures, live_c
 from kipside.proxy.operations.admin import RateWindow
 from kipside.proxy.telemetry.stats import Stats
 from kipside.proxy.telemetry.tracing import TraceConfig, Tracer, event, finish, span_line
-from kipside.rules import default_rules
+from kipside.rules import default_rules, parse_rules
 
 
 class Terminal(io.StringIO):
@@ -152,3 +152,12 @@ def test_trace_console_prints_each_span_as_one_line() -> None:
         r"\[hold\.release held_ms=12\.5 outcome=timeout\] CONCURRENT_TRANSACTIONS",
         lines[2],
     ), lines[2]
+
+
+def test_tracing_enabled_false_turns_spans_off_with_an_exporter() -> None:
+    out = io.StringIO()
+    rules = parse_rules("tracing:\n  enabled: false\n", "r.yaml")
+    tracer = Tracer(TraceConfig("console"), rules.tracing, exporter=ConsoleSpanExporter(out=out))
+    assert not tracer.active
+    assert not tracer.enabled_for(ApiKey.PRODUCE)
+    assert default_rules().tracing.enabled  # on by default: the exporter decides

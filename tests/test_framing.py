@@ -218,3 +218,38 @@ def test_sniff_kafka_request_names_a_plaintext_request() -> None:
     assert sniff_kafka_request(HTTP_GET) is None
     assert sniff_kafka_request(api_versions[:7]) is None  # too short to tell
     assert sniff_kafka_request(bytes.fromhex("00000018 7fff 0003".replace(" ", ""))) is None
+
+
+# What a server that is not a plaintext Kafka listener sends back to a Kafka request.
+NOT_KAFKA_ANSWERS = [
+    (b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n", "an HTTP response", "HTTP"),
+    (b"\x15\x03\x03\x00\x02\x02\x46", "a TLS alert", "TLS"),
+    (b"\x16\x03\x03\x00\x5a\x02\x00\x00\x56\x03\x03", "a TLS handshake", "TLS"),
+    (b"SSH-2.0-OpenSSH_9.2p1\r\n", "an SSH banner", "SSH"),
+]
+
+
+@pytest.mark.parametrize(("answer", "named", "protocol"), NOT_KAFKA_ANSWERS)
+def test_a_server_answering_in_another_protocol_is_named(
+    answer: bytes, named: str, protocol: str
+) -> None:
+    decoder = FrameDecoder(from_server=True)
+    decoder.receive_data(answer)
+    with pytest.raises(NotKafkaError, match=f"received {named}") as info:
+        decoder.next_frame()
+    assert info.value.protocol == protocol
+    assert "where a Kafka response was due" in str(info.value)
+    assert "max_frame_bytes" not in str(info.value)
+
+
+def test_http_response_quotes_the_status_line() -> None:
+    decoder = FrameDecoder(from_server=True)
+    decoder.receive_data(b"HTTP/1.1 404 Not Found\r\n\r\n")
+    with pytest.raises(NotKafkaError, match=r"'HTTP/1\.1 404 Not Found'"):
+        decoder.next_frame()
+
+
+def test_a_server_decoder_passes_kafka_answers() -> None:
+    decoder = FrameDecoder(from_server=True)
+    decoder.receive_data(encode_frame(b"\x00\x00\x00\x07" + b"\x00" * 6))
+    assert decoder.next_frame() == encode_frame(b"\x00\x00\x00\x07" + b"\x00" * 6)

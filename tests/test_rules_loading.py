@@ -129,7 +129,7 @@ def test_defaults() -> None:
         enabled=True, lanes=2, linger_ms=0, max_request_bytes=1_048_576, rules=()
     )
     assert rules.transactions == ()
-    assert rules.tracing == Tracing(enabled=False, api_keys=DEFAULT_API_KEYS)
+    assert rules.tracing == Tracing(enabled=True, api_keys=DEFAULT_API_KEYS)
     assert rules.coalescing.applies("any", "client")
     assert rules.transaction_rule_for("tx") is None
 

@@ -151,7 +151,7 @@ def _expected(data: dict[str, Any]) -> RuleSet:
             for t in data.get("transactions", [])
         ),
         tracing=Tracing(
-            enabled=tracing.get("enabled", False),
+            enabled=tracing.get("enabled", True),
             api_keys=tuple(tracing.get("api_keys", DEFAULT_API_KEYS)),
         ),
     )

@@ -197,7 +197,7 @@ def run_lake(job: LakeJob, out: TextIO | None = None) -> int:
         )
     except (KafkaError, ValueError) as exc:
         err.write(f"kipside lake: error: {exc}\n")
-        return 1
+        return jobrun.exit_status(exc)
     route = f"from {job.bootstrap} to {job.out} (quarantine: {job.quarantine_dir})"
     jobrun.announce(err, "kipside lake", partitions, route, job.files)
     # Dates and timestamps in UTC; timestamps as Parquet's TIMESTAMP_MICROS, which every
@@ -213,7 +213,7 @@ def run_lake(job: LakeJob, out: TextIO | None = None) -> int:
     except SchemaError as exc:
         err.write(f"kipside lake: error: {exc}\n")
         spark.stop()
-        return 1
+        return jobrun.exit_status(exc)
     written = _Written()
     start = partial(start_query, spark, job, schema, written)
     render = _renderer(written)

@@ -151,7 +151,7 @@ def run_mirror(job: MirrorJob, out: TextIO | None = None) -> int:
         partitions = preflight(job)
     except (KafkaError, ValueError) as exc:
         err.write(f"kipside mirror: error: {exc}\n")
-        return 1
+        return jobrun.exit_status(exc)
     renamed = f" as {job.rename}*" if job.rename else ""
     route = f"from {job.source} to {job.dest}{renamed}"
     jobrun.announce(err, "kipside mirror", partitions, route, job.files)

@@ -8,6 +8,7 @@ Metadata answers (nodes.py), not by polling.
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Sequence
 
 import trio
@@ -17,6 +18,7 @@ from kipside.protocol import (
     Address,
     ApiKey,
     FrameDecoder,
+    NotKafkaError,
     ProtocolError,
     build_frame,
     decode_response,
@@ -30,6 +32,12 @@ __all__ = ["discover_nodes"]
 
 log = logging.getLogger("kipside.server")
 
+_ANSWER_SECONDS = 5.0
+_SILENT = (
+    f"connected, but no answer to a Metadata request within {_ANSWER_SECONDS:g} s: is it a "
+    "Kafka listener?"
+)
+
 
 async def discover_nodes(
     upstreams: Sequence[Address], problems: list[str], dial: Dial = plain_dial, *, tls: bool = False
@@ -37,20 +45,60 @@ async def discover_nodes(
     """Ask the first bootstrap broker that answers for its nodes: [(node_id, host, port)].
 
     Connects with `dial` (TLS if so configured). Retries until cancelled; each distinct failure
-    is logged once and added to `problems`.
+    is logged once and added to `problems`. When every bootstrap broker answered in another
+    protocol than Kafka (HTTP, TLS on a plaintext dial), waiting will not help: raises
+    NotKafkaError at once, its reason in `problems`.
     """
     request = build_frame(encode_request_header(ApiKey.METADATA, 1, 1, "kipside"), INT32.pack(0))
     while True:
+        foreign: list[NotKafkaError] = []
         for upstream in upstreams:
             try:
-                with trio.fail_after(5):
+                with trio.fail_after(_ANSWER_SECONDS):
                     return await _metadata_once(upstream, request, dial, tls)
-            except (OSError, trio.TooSlowError, WireBroken, ProtocolError, UpstreamFailed) as exc:
-                problem = f"{upstream}: {exc or 'timed out'}"
-                if problem not in problems:
-                    log.warning("upstream bootstrap %s; retrying", problem)
-                    problems.append(problem)
+            except trio.TooSlowError:
+                _note(problems, f"{upstream}: {_SILENT}")
+            except NotKafkaError as exc:
+                foreign.append(exc)
+                _note(problems, f"{upstream}: {exc}{_advice(exc, tls)}")
+            except (OSError, WireBroken, ProtocolError, UpstreamFailed) as exc:
+                _note(problems, f"{upstream}: {exc}")
+        if len(foreign) == len(upstreams):
+            raise foreign[-1]
         await trio.sleep(0.5)
+
+
+def _note(problems: list[str], problem: str) -> None:
+    if problem not in problems:
+        log.warning("upstream bootstrap %s", problem)
+        problems.append(problem)
+
+
+def _advice(exc: NotKafkaError, tls: bool) -> str:
+    if exc.protocol == "TLS" and not tls:
+        return "; its listener uses TLS: start kipside with --upstream-ca FILE"
+    return "; --upstream must name the brokers' Kafka listeners"
+
+
+async def _speaks_tls(upstream: Address) -> bool:
+    """Whether `upstream` completes a TLS handshake. A TLS listener closes a plaintext
+    connection without a word (OpenSSL and Java send no alert), which reads like a broker
+    restarting; a handshake tells the two apart. Nothing is trusted or sent over it."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        with trio.fail_after(_ANSWER_SECONDS):
+            stream = await trio.open_ssl_over_tcp_stream(
+                upstream.host, upstream.port, ssl_context=context
+            )
+            try:
+                await stream.do_handshake()
+            finally:
+                await trio.aclose_forcefully(stream)
+    except (OSError, trio.BrokenResourceError, trio.TooSlowError):
+        return False
+    return True
 
 
 async def _metadata_once(
@@ -59,13 +107,17 @@ async def _metadata_once(
     wire = await dial(upstream)
     try:
         wire.write((request,))
-        decoder = FrameDecoder(min_frame_bytes=4)
+        decoder = FrameDecoder(min_frame_bytes=4, from_server=True)
         while (frame := decoder.next_frame()) is None:
             data = await wire.receive()
             if not data:
-                # A TLS listener closes on plaintext (OpenSSL and Java send no alert first).
-                hint = "" if tls else "; if its listener uses TLS, start kipside with --upstream-ca"
-                raise ProtocolError(f"closed the connection during discovery{hint}")
+                if not tls and decoder.buffered == 0 and await _speaks_tls(upstream):
+                    raise NotKafkaError(
+                        "closed the connection at a plaintext Kafka request and answers a TLS "
+                        "handshake",
+                        protocol="TLS",
+                    )
+                raise ProtocolError("closed the connection during discovery")
             decoder.receive_data(data)
     finally:
         wire.close()

@@ -183,7 +183,9 @@ class UpstreamConnection:
         self.shut_down = False
         """Whether it closed because kipside is shutting down (its reader was cancelled)."""
         self.requests_sent = 0
-        self._decoder = FrameDecoder(max_frame_bytes=max_frame_bytes, min_frame_bytes=4)
+        self._decoder = FrameDecoder(
+            max_frame_bytes=max_frame_bytes, min_frame_bytes=4, from_server=True
+        )
         self._raw_in_flight = 0
 
     @property

@@ -48,6 +48,23 @@ class WireBroken(Exception):
     """The connection is closed or failed; nothing more can be written to it."""
 
 
+def connect_error(host: str, port: int, exc: OSError) -> OSError:
+    """trio's "all attempts to connect to HOST:PORT failed", with each attempt's reason:
+    "refused" when nothing listens there, which is what a user most needs to read."""
+    cause = exc.__cause__
+    attempts = list(cause.exceptions) if isinstance(cause, BaseExceptionGroup) else [exc]
+    if attempts and all(isinstance(a, ConnectionRefusedError) for a in attempts):
+        return ConnectionRefusedError(
+            errno.ECONNREFUSED,
+            f"connection to {host}:{port} refused: nothing listens there (is the broker "
+            "running, and is that its port?)",
+        )
+    reasons = sorted({a.strerror or str(a) for a in attempts if isinstance(a, OSError)})
+    if not reasons:
+        return exc
+    return OSError(exc.errno, f"cannot connect to {host}:{port}: {'; '.join(reasons)}")
+
+
 class Wire:
     """A non-blocking TCP socket with synchronous ordered writes and an async reader side."""
 
@@ -86,8 +103,12 @@ class Wire:
 
     @classmethod
     async def connect(cls, host: str, port: int) -> Wire:
-        """Dial like trio.open_tcp_stream (happy eyeballs); raises OSError."""
-        return cls.from_stream(await trio.open_tcp_stream(host, port))
+        """Dial like trio.open_tcp_stream (happy eyeballs); raises OSError saying why."""
+        try:
+            stream = await trio.open_tcp_stream(host, port)
+        except OSError as exc:
+            raise connect_error(host, port, exc) from exc
+        return cls.from_stream(stream)
 
     def on_broken(self, callback: Callable[[str], None]) -> None:
         self._on_broken = callback

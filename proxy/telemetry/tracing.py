@@ -84,6 +84,8 @@ class Tracer:
         self.api_keys = _api_keys(rules.api_keys)
         self._provider: TracerProvider | None = None
         self._tracer: trace.Tracer | None = None
+        if not rules.enabled:
+            return
         if exporter is None and provider is None:
             exporter = _exporter(config)
         if exporter is None and provider is None:

@@ -41,7 +41,7 @@ class _Exchange:
 
     def __init__(self, wire: Wire) -> None:
         self.wire = wire
-        self.decoder = FrameDecoder(max_frame_bytes=_MAX_FRAME, min_frame_bytes=0)
+        self.decoder = FrameDecoder(max_frame_bytes=_MAX_FRAME, min_frame_bytes=0, from_server=True)
 
     async def __call__(self, frame: bytes) -> bytes:
         self.wire.write((frame,))
