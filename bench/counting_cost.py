@@ -96,7 +96,7 @@ def main() -> int:
     headers = ["workload", "implementation", "us per call"]
     Report(
         "counting",
-        "Counting cost: metrics through the OpenTelemetry SDK (issue 12)",
+        "Counting cost: metrics through the OpenTelemetry SDK",
         facts(how, tools=["opentelemetry-sdk"]),
         [Table("Cost per call", headers, rows, "llr")],
         notes=notes,

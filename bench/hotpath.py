@@ -1,4 +1,4 @@
-"""Hot path (issue 11): kipside's cost per request against a bare relay, haproxy and tansu proxy.
+"""Hot path: kipside's cost per request against a bare relay, haproxy and tansu proxy.
 
     .venv/bin/python bench/hotpath.py [--seconds 6] [--repeats 3] [--paths direct,relay,...]
         [--workloads A,B] [--baseline-ref 823d7af] [--profile] [--profile-path kipside] [--quick]
@@ -87,7 +87,7 @@ CHART = [
 ]
 BENCH = Compared(
     "hotpath",
-    "Hot path (issue 11): cost per request, kipside vs a bare relay, haproxy, tansu proxy",
+    "Hot path: cost per request, kipside vs a bare relay, haproxy, tansu proxy",
     {"A (median of {reps})": A_COLUMNS, "B (median of {reps})": B_COLUMNS},
     "direct",
     ["p50_ms", "msgs_per_s"],
