@@ -4,6 +4,10 @@ their sections of docs/performance.md, each between `<!-- bench:NAME:start -->` 
 missing). The block holds what a run found; how a benchmark measures is prose written once in
 the document, after its block. `Compared` is a same-run comparison declared as a table: its
 cases run in the same repetitions, and its section is written from their medians.
+
+Targets and their verdicts are printed to the terminal only: the document is user
+documentation and states figures and the command that reproduces them, never a verdict (and
+its charts draw no target lines).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -188,7 +192,8 @@ def number(v: float) -> str:
 
 @dataclass(frozen=True)
 class Target:
-    """A target of an issue and what this run found: ok None means not measured."""
+    """A target a benchmark checks and what this run found: ok None means not measured.
+    Printed to the terminal, never written into the document."""
 
     name: str
     ok: bool | None
@@ -293,20 +298,22 @@ class Report:
     """(title, panels of lines over time): drawn instead, as docs/img/SECTION.png."""
 
     def publish(self, args: argparse.Namespace) -> None:
+        """Print the section with its targets; write it, without them, unless --no-doc."""
         script = command_line().split()[1]
         lines = [f"## {self.title}", "", f"Written by `{script}`.", "", *self.facts, ""]
         for t in self.tables:
             lines += [f"### {t.title}", "", t.markdown()]
-        if self.targets:
-            lines += ["### Targets", "", *(f"- {t}" for t in self.targets), ""]
         if self.notes:
             lines += ["### Notes on this run", "", *(f"- {n}" for n in self.notes), ""]
-        print("\n".join(lines))
+        targets = ["### Targets (terminal only)", "", *(f"- {t}" for t in self.targets), ""]
+        print("\n".join(lines + targets if self.targets else lines))
         if args.no_doc:
             return
         png = Path(args.doc).parent / "img" / f"{self.section}.png"
         if self.chart is not None:
-            bar_chart(png, *self.chart)
+            title, panels = self.chart
+            plain = [replace(p, reference=None, reference_label="") for p in panels]
+            bar_chart(png, title, plain)
             lines += [f"![{self.chart[0]}](img/{png.name})", ""]
         elif self.lines is not None:
             line_chart(png, *self.lines)

@@ -1,4 +1,4 @@
-"""Multi-batch produce (issue 3): many small producers direct vs through kipside, idle clients.
+"""Multi-batch produce: many small producers direct vs through kipside, idle clients.
 
     .venv/bin/python bench/coalesce.py [--clients 64] [--processes 8] [--rates 10,25,40,50]
         [--seconds 6] [--partitions 128] [--configs direct,off,...] [--idle 1000] [--quick]

@@ -75,18 +75,19 @@ def main() -> int:
             outcome = Outcome("-", "-", f"failed: {type(exc).__name__}")
             outcome.check("ran to the end", False, repr(exc))
         seconds = time.monotonic() - started
-        rows.append([scenario, outcome.load, outcome.faults, outcome.result, f"{seconds:.0f}"])
         failed = [f"{c.what} ({c.detail[:200]})" for c in outcome.checks if not c.ok]
         passed = len(outcome.checks) - len(failed)
-        detail = f"{passed} of {len(outcome.checks)} checks passed" + (
+        detail = f"{passed} of {len(outcome.checks)} passed" + (
             ": failed " + "; ".join(failed) if failed else ""
         )
+        row = [scenario, outcome.load, outcome.faults, outcome.result, detail, f"{seconds:.0f}"]
+        rows.append(row)
         targets.append(Target(f"{scenario}: every check of the CI test", outcome.ok, detail))
     table = Table(
         "Scenarios, each run once",
-        ["scenario", "load held", "faults injected", "result", "seconds"],
+        ["scenario", "load held", "faults injected", "result", "checks of the CI test", "seconds"],
         rows,
-        align="lllll",
+        align="llllll",
     )
     scale = "at their CI scale (--quick)" if args.quick else "at the scale in bench/faults.py"
     more = f"Scenarios {scale}; logs under {work}."

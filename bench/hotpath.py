@@ -1,4 +1,4 @@
-"""Hot path (issue 11): kipside's cost per request against a bare relay, haproxy and tansu proxy.
+"""Hot path: kipside's cost per request against a bare relay, haproxy and tansu proxy.
 
     .venv/bin/python bench/hotpath.py [--seconds 6] [--repeats 3] [--paths direct,relay,...]
         [--workloads A,B] [--baseline-ref 823d7af] [--profile] [--profile-path kipside] [--quick]
@@ -87,7 +87,7 @@ CHART = [
 ]
 BENCH = Compared(
     "hotpath",
-    "Hot path (issue 11): cost per request, kipside vs a bare relay, haproxy, tansu proxy",
+    "Hot path: cost per request, kipside vs a bare relay, haproxy, tansu proxy",
     {"A (median of {reps})": A_COLUMNS, "B (median of {reps})": B_COLUMNS},
     "direct",
     ["p50_ms", "msgs_per_s"],
@@ -179,16 +179,16 @@ def profile(args: argparse.Namespace, path: str) -> None:
         print(f"the profiled run failed: {run.error}", file=sys.stderr)
         return
     samples, rows = summarise(raw)
-    m, label = run.metrics, "after" if path == "kipside" else "before"
+    m = run.metrics
     what = f"py-spy record --format raw --rate {RATE_HZ} on the proxy during one extra run of A"
     what += f" ({args.seconds:g} s): {samples} busy samples; {m['msgs_per_s']:,.0f} requests/s at"
     what += f" {m['proxy_cpu_per_m']:.1f} proxy CPU us/request (py-spy pauses the process for each"
     what += " sample). own: the function innermost; incl.: anywhere on the stack."
-    title = f"Hot path profile, {label}: where `{path}` spends its CPU in workload A"
+    title = f"Hot path profile: where `{path}` spends its CPU in workload A"
     headers = ["#", "function", "file", "own samples", "own %", "incl. %"]
     found = [Table("Profile", headers, rows, "rllrrr")]
     fx = facts(what, code={path: args.codes[path].label})
-    Report(f"hotpath-profile-{label}", title, fx, found).publish(args)
+    Report(f"hotpath-profile-{path}", title, fx, found).publish(args)
 
 
 def report(args: argparse.Namespace, runs: list[Run], med: dict[str, Any]) -> Report:

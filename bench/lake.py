@@ -1,4 +1,4 @@
-"""`kipside lake` (issue 10) against a hand-written ingestion consumer, on the same data.
+"""`kipside lake` against a hand-written ingestion consumer, on the same data.
 
     .venv/bin/python bench/lake.py [--records 5000000] [--first-share 0.2] [--reps 2] [--quick]
 
@@ -36,7 +36,7 @@ LOG = "Kafka log (zstd record batches)"
 ROWS = ("baseline: confluent-kafka + json.loads + pyarrow", "kipside lake --once", "topic a")
 KIND = Kind(
     "lake",
-    "Lake ingestion (issue 10)",
+    "Lake ingestion",
     "M rows",
     "{:,.0f} rows",
     1e6,

@@ -1,4 +1,4 @@
-"""The shallow mirror (`kipside mirror`, issue 9) against a deep mirror, on the same data.
+"""The shallow mirror (`kipside mirror`) against a deep mirror, on the same data.
 
     .venv/bin/python bench/mirror.py [--gigabytes 1.0] [--extra-gigabytes 3.0] [--reps 3] [--quick]
 
@@ -32,7 +32,7 @@ OPTIONS: dict[str, tuple[Any, Any, str]] = {
     "--reps": (int, 3, "runs of each kind (median reported)"),
 }
 ROWS = ("deep: consume + re-produce (set a)", "kipside mirror --once", "set a", "sets a and b")
-KIND = Kind("mirror", "Shallow mirror (issue 9)", "GB", "{:.0f} MB", 1e3, ROWS, 1 / 3, False)
+KIND = Kind("mirror", "Shallow mirror", "GB", "{:.0f} MB", 1e3, ROWS, 1 / 3, False)
 
 
 def main() -> int:

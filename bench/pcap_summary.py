@@ -1,4 +1,4 @@
-"""`kipside pcap summary` on a 1 GB capture, side by side with tshark's Kafka dissector (issue 15).
+"""`kipside pcap summary` on a 1 GB capture, side by side with tshark's Kafka dissector.
 
     .venv/bin/python bench/pcap_summary.py [--capture PATH] [--seed DIR,DIR] [--size-mb 1074]
                                            [--reps 2] [--quick] [--no-doc]
@@ -385,7 +385,7 @@ def main() -> int:
     found = table(f"Results (median of {args.reps})", list(cases), med, COLUMNS, first="")
     Report(
         "pcap",
-        "Packet capture summary: kipside pcap vs tshark's Kafka dissector (issue 15)",
+        "Packet capture summary: kipside pcap vs tshark's Kafka dissector",
         facts(*how_measured(args, code, about, med)),
         [found],
         pcap_targets(med),

@@ -1,4 +1,4 @@
-"""Transactions (issue 4): consume-transform-produce direct vs through kipside, marker window on.
+"""Transactions: consume-transform-produce direct vs through kipside, marker window on.
 
     .venv/bin/python bench/txn.py [--transactions 150] [--seconds 8] [--windows 20,50,200]
         [--rtts 0,5] [--clients confluent-kafka,kafka-python] [--paths direct,kipside] [--quick]
@@ -189,7 +189,7 @@ def main() -> int:
     ]
     Report(
         "txn",
-        "Transactions: consume-transform-produce through a marker window (issue 4)",
+        "Transactions: consume-transform-produce through a marker window",
         facts(*more, tools=["kafka-python"]),
         [table("Results", list(cases), found, COLUMNS, first="client W RTT path")],
         targets(args, found),

@@ -6,11 +6,11 @@ and one broker address, and independently of kipside counts what goes upstream: 
 record batch in every ProduceRequest it forwards. It can also hold the client->broker direction
 (so requests stay in flight) and cut every connection it carries (a broker/network failure).
 
-One deliberate exception to "unchanged", off by default: with `kafka_acks0=True` the relay
-swallows the broker's responses to acks=0 ProduceRequests. Tansu 0.6.0 answers acks=0
-requests (seen here: raw socket, no proxy), Apache Kafka never does (kafka-rules.md); the
-option makes the test broker behave like Apache Kafka on this point. Either way the relay
-counts those answers (`acks0_answers`), so a test can show that the broker did answer.
+One deliberate exception to "unchanged", off by default: with `kafka_acks0=True` the relay swallows
+the broker's responses to acks=0 ProduceRequests. Tansu 0.6.0 answers acks=0 requests (seen here:
+raw socket, no proxy), Apache Kafka never does (an acks=0 produce has no response); the option makes
+the test broker behave like Apache Kafka on this point. Either way the relay counts those answers
+(`acks0_answers`), so a test can show that the broker did answer.
 
 It is a filter on tests/relaykit's Relay, which runs trio in a background thread; every public
 method is called from the test's thread and is safe to call while traffic flows. It binds and

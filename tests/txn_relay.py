@@ -1,13 +1,13 @@
 """A fault-injecting test relay that simulates Apache Kafka's marker-writing window after EndTxn.
 
 Apache Kafka answers EndTxn once PrepareCommit/PrepareAbort is logged, then writes the markers;
-until they are written, the coordinator answers the transactional id's next AddPartitionsToTxn
-and AddOffsetsToTxn with CONCURRENT_TRANSACTIONS (kafka-rules.md, "Transactions"). Tansu 0.6.0
-has no such window. MarkerWindowRelay sits between kipside and a dedicated Tansu and adds it:
-for `window_ms` after each successful EndTxn response for a transactional id, it answers that
-id's AddPartitionsToTxn (v0-3: every requested partition gets error 51) and AddOffsetsToTxn
-(error 51) itself, and forwards everything else unchanged. It is a SIMULATION of the real
-broker's behaviour, in front of the real (Tansu) broker.
+until they are written, the coordinator answers the transactional id's next AddPartitionsToTxn and
+AddOffsetsToTxn with CONCURRENT_TRANSACTIONS (TransactionCoordinator.scala: PrepareCommit and
+PrepareAbort refuse new partitions). Tansu 0.6.0 has no such window. MarkerWindowRelay sits between
+kipside and a dedicated Tansu and adds it: for `window_ms` after each successful EndTxn response for
+a transactional id, it answers that id's AddPartitionsToTxn (v0-3: every requested partition gets
+error 51) and AddOffsetsToTxn (error 51) itself, and forwards everything else unchanged. It is a
+SIMULATION of the real broker's behaviour, in front of the real (Tansu) broker.
 
 It is a filter on tests/relaykit's Relay, which is Kafka-frame aware in both directions:
 requests are read whole, responses are matched to the requests they answer by correlation id,

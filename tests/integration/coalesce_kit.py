@@ -77,8 +77,8 @@ class Stack:
 @contextlib.contextmanager
 def coalesce_stack(tmp_path: Path, *, kafka_acks0: bool) -> Iterator[Stack]:
     """The stack, for one test. kafka_acks0: the broker, like Apache Kafka, never answers acks=0
-    ProduceRequests (Tansu does answer them, kafka-rules.md, and the relay swallows those
-    answers); False: Tansu as it is, its answers to acks=0 ProduceRequests reach kipside."""
+    ProduceRequests (a broker never answers acks=0 produce; Tansu does, and the relay swallows
+    those answers); False: Tansu as it is, its answers to acks=0 ProduceRequests reach kipside."""
     skip_unless_shared_lanes("coalescing")
     relay = CountingRelay(kafka_acks0=kafka_acks0)
     with tansu_behind(relay) as tansu, _kipside_behind(relay, tansu, tmp_path) as s:

@@ -1,8 +1,8 @@
-"""Strict xfail marks for the known bugs of the test broker, Tansu 0.6.0 (seen without kipside,
-/work/shared/environment.md). kipside does not work around broker bugs, so a test whose outcome
-depends on one is expected to fail, but only on that broker version and only the way the bug
-fails: strict, so the test reports the moment Tansu or kipside changes, and `raises=`, so a
-kipside regression on the same path fails instead of hiding as an expected failure.
+"""Strict xfail marks for the known bugs of the test broker, Tansu 0.6.0 (seen without kipside:
+tests/integration/test_tansu_bugs.py asks Tansu directly). kipside does not work around broker bugs,
+so a test whose outcome depends on one is expected to fail, but only on that broker version and only
+the way the bug fails: strict, so the test reports the moment Tansu or kipside changes, and
+`raises=`, so a kipside regression on the same path fails instead of hiding as an expected failure.
 
 Each bug has a direct-probe test (tests/integration/test_tansu_bugs.py, test_tansu_itself_*)
 that asks the broker itself, without kipside, and asserts it still fails: the premise of the xfail.

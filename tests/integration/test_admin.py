@@ -1,4 +1,4 @@
-"""The admin endpoint (issue 5) on a real `kipside serve` in front of Tansu: its paths and ports.
+"""The admin endpoint on a real `kipside serve` in front of Tansu: its paths and ports.
 
 - test_every_path_on_the_real_process: each path, 404, 405, malformed HTTP (400), oversized
   headers (431) and body (413), over an h11 client and curl.

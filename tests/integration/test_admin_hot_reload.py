@@ -1,4 +1,4 @@
-"""Rule hot reload (issue 5) during live traffic, on a real `kipside serve` in front of Tansu.
+"""Rule hot reload during live traffic, on a real `kipside serve` in front of Tansu.
 
 - test_hot_reload_during_live_traffic: confluent-kafka producers keep producing while the rule
   file switches coalescing for their topic off (SIGHUP), on (the file change alone), off (POST

@@ -1,4 +1,4 @@
-"""The admin endpoint's status page (issue 5) in headless Chromium, on a real `kipside serve`
+"""The admin endpoint's status page in headless Chromium, on a real `kipside serve`
 in front of Tansu.
 
 - test_status_page_in_headless_chromium: GET / in headless Chromium: the live figures fill in

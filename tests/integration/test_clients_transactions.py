@@ -2,7 +2,7 @@
 open transaction invisible to read_committed (last stable offset), and the exactly-once
 consume-transform-produce loop.
 
-Known broker (Tansu 0.6.0) limitations, seen without kipside (/work/shared/environment.md):
+Known broker (Tansu 0.6.0) limitations, seen without kipside (tests/integration/test_tansu_bugs.py):
 aiokafka's transactions fail on InitProducerId v0, so transactions are tested with
 confluent-kafka and kafka-python; Fetch responses carry no AbortedTransactions, so
 test_read_committed_hides_aborted is a strict xfail (tansu_bugs.py).

@@ -1,4 +1,4 @@
-"""Several brokers and leader moves (issue 13), produce side: real clients -> kipside -> a
+"""Several brokers and leader moves, produce side: real clients -> kipside -> a
 SIMULATED 3-node cluster (relaykit.cluster.SimulatedCluster: ONE Tansu behind one relay port
 per fake node id; it spreads partition leaders over nodes 1-3, refuses partitions a node does
 not lead as Apache Kafka does, and records what kipside sent each node).

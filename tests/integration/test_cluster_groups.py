@@ -1,10 +1,10 @@
-"""Several brokers and leader moves (issue 13), consumer groups: real group consumers ->
+"""Several brokers and leader moves, consumer groups: real group consumers ->
 kipside -> a SIMULATED 3-node cluster (relaykit.cluster: ONE Tansu behind three relay ports;
 group requests sent to a node that does not coordinate the group get NOT_COORDINATOR, fetches
 of partitions a node does not lead get NOT_LEADER_OR_FOLLOWER or FENCED_LEADER_EPOCH).
 
 - test_group_consumes_across_nodes_through_moves[client]: one group member (confluent-kafka,
-  aiokafka; kafka-python's group consume returns nothing on Tansu 0.6.0, environment.md)
+  aiokafka; kafka-python's group consume returns nothing on Tansu 0.6.0 without kipside too)
   consumes 600 records of a 6-partition topic (two partitions per node) committing as it
   goes: the first half with the cluster still, the second while partition leaders move every
   0.15 s and the group's coordinator every 0.3 s. Every record is consumed once, in order per

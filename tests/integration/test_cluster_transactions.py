@@ -1,4 +1,4 @@
-"""Several brokers and leader moves (issue 13), transactions: real transactional producers ->
+"""Several brokers and leader moves, transactions: real transactional producers ->
 kipside -> a SIMULATED 3-node cluster (relaykit.cluster: ONE Tansu behind three relay ports;
 transaction requests sent to a node that does not coordinate the transactional id get
 NOT_COORDINATOR, produce to a node that does not lead the partition NOT_LEADER_OR_FOLLOWER).
@@ -7,8 +7,8 @@ NOT_COORDINATOR, produce to a node that does not lead the partition NOT_LEADER_O
   6-partition topic (two partitions per node): commit, abort, then a commit during which
   every partition leader and the transaction coordinator move halfway, and an abort with
   such a move before its first write and another halfway. With
-  confluent-kafka and kafka-python (aiokafka's transactions fail on Tansu 0.6.0,
-  environment.md), as plain transactional ids and, for confluent-kafka, as an id a
+  confluent-kafka and kafka-python (aiokafka's transactions fail on Tansu 0.6.0
+  without kipside too), as plain transactional ids and, for confluent-kafka, as an id a
   `transactions` rule matches (kipside pre-registers the topic's partitions at the
   coordinator of the moment). The log read back from Tansu itself holds each partition's
   records of the committed transactions behind commit markers and of the aborted ones behind

@@ -1,4 +1,4 @@
-"""Multi-batch produce (issue 3) end to end: real clients -> kipside -> CountingRelay -> Tansu.
+"""Multi-batch produce end to end: real clients -> kipside -> CountingRelay -> Tansu.
 
 The coalescing itself, with nothing failing. The stack (coalesce_kit) has the relay count,
 independently of kipside, every request and connection kipside makes upstream and every batch

@@ -1,4 +1,4 @@
-"""acks=0 producers through kipside's shared lanes to Tansu as it is (issue 3).
+"""acks=0 producers through kipside's shared lanes to Tansu as it is.
 
 Tansu answers acks=0 ProduceRequests, Apache Kafka does not; here the relay passes those
 answers on (coalesce_stack(..., kafka_acks0=False)).

@@ -1,4 +1,4 @@
-"""A cut lane lets no later idempotent batch overtake (issue 3): a hand-driven idempotent
+"""A cut lane lets no later idempotent batch overtake: a hand-driven idempotent
 producer -> kipside -> CountingRelay -> Tansu.
 
 - test_lane_cut_closes_the_client_so_no_later_idempotent_batch_overtakes: a hand-driven

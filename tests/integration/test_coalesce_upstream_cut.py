@@ -1,4 +1,4 @@
-"""Coalescing lanes cut under load (issue 3): real clients -> kipside -> CountingRelay -> Tansu.
+"""Coalescing lanes cut under load: real clients -> kipside -> CountingRelay -> Tansu.
 
 - test_upstream_cut_mid_flight_disconnects_affected_clients_and_loses_nothing: the relay cuts
   every upstream connection under load (once after holding requests in flight, once

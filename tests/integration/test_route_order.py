@@ -1,4 +1,4 @@
-"""A client's produce order holds when its requests change route (issue 14).
+"""A client's produce order holds when its requests change route.
 
 kipside sends a ProduceRequest on the shared lanes (coalesced, or passed through) or on the
 client's own broker connection, as the coalescing rules say; with a rule that excludes some

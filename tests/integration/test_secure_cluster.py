@@ -1,5 +1,5 @@
 """TLS and SASL on both sides of kipside, in front of a 3-broker cluster, with two principals
-(issue 13's combined deployment; docs/running.md shows the same deployment, run by
+(the whole deployment at once; docs/running.md shows the same deployment, run by
 tests/integration/secure_deployment.py).
 
 Clients log in to kipside over TLS with SCRAM-SHA-512, and kipside terminates their SASL

@@ -1,4 +1,4 @@
-"""What the transaction tests (test_transactions_*.py, issue 4) share: the stack they run on,
+"""What the transaction tests (test_transactions_*.py) share: the stack they run on,
 the clients' own logs of what they were answered, and a transactional producer of either
 client library.
 

@@ -8,13 +8,15 @@ AddPartitionsToTxn covering the client's partitions plus the declared outputs, a
 group's AddOffsetsToTxn in parallel; later client calls that are already covered are answered
 locally (exactly the requested partitions, error 0) without a round trip.
 
-The begin hold: while the coordinator is still writing the previous transaction's markers it
-answers CONCURRENT_TRANSACTIONS. kipside retries such a registration every few ms until
-`hold_begin.max_ms`, then gives the client the real error, so the client never sleeps in its
+The begin hold: while the coordinator is still writing the previous transaction's markers it answers
+CONCURRENT_TRANSACTIONS. kipside holds such a registration and probes the coordinator for it
+(`hold`: one probe at a time per transactional id, never more often than librdkafka's own backoff)
+until `hold_begin.max_ms`, then gives the client the real error, so the client never sleeps in its
 own backoff. The client's slot stays in its connection's response order meanwhile.
 
-Rules this module must never break (see shared kafka-rules.md "Transactions"): answer locally
-only after the upstream registration under the same (producer id, epoch) succeeded; never answer
+Rules this module must never break, from Apache Kafka's transaction protocol: answer locally
+only after the upstream registration under the same (producer id, epoch) succeeded (brokers
+verify the first transactional write per partition); never answer
 with an id or epoch the broker hasn't confirmed; end any transaction kipside opened that the
 client doesn't know about; a declared topic that fails never breaks the client's transaction.
 

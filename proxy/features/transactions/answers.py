@@ -1,9 +1,10 @@
 """kipside's own answers to a client's AddPartitionsToTxn (v0-3) and AddOffsetsToTxn.
 
-A local AddPartitionsToTxn answer lists exactly the requested partitions, in request order,
-each with its error (0 if none), throttle 0, under the client's correlation id and header
-version (kafka-rules.md, Transactions). Public: the tests' fault-injecting relays answer for a
-simulated broker with these same frames.
+A local AddPartitionsToTxn answer lists exactly the requested partitions, in request order, each
+with its error (0 if none), throttle 0, under the client's correlation id and header version: a
+missing partition stalls Java, librdkafka, kafka-python and aiokafka, an extra one crashes aiokafka,
+an empty result crashes Java. Public: the tests' fault-injecting relays answer for a simulated
+broker with these same frames.
 """
 
 from __future__ import annotations

@@ -2,10 +2,11 @@
 with CONCURRENT_TRANSACTIONS, keep probing it, one request at a time, until it is ready or the
 rule's deadline passes.
 
-While the previous transaction's markers are still being written the coordinator refuses the
-next transaction's first registration; holding here spares the client its own backoff (20 ms
-to 1 s, kafka-rules.md) and the error. The client's slot waits in its connection's response
-order meanwhile. Once the deadline passes the client gets the coordinator's own answer.
+While the previous transaction's markers are still being written the coordinator refuses the next
+transaction's first registration; holding here spares the client its own backoff (librdkafka 20 ms;
+Java and kafka-python 20 or 100 ms; franz-go 20 ms rising to 1 s) and the error. The client's slot
+waits in its connection's response order meanwhile. Once the deadline passes the client gets the
+coordinator's own answer.
 
 The hold must cost the coordinator no more than the client would have: a registration's calls
 (AddPartitionsToTxn, and AddOffsetsToTxn for each group) share one BeginHold, which keeps one
