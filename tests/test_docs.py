@@ -51,6 +51,7 @@ FOREIGN_WORDS = re.compile(
     r"ruff|mypy|git|apt-get|tansu)(?![\w-])|bench/|\.py\b"
 )
 PROMPTS = {"$", "#", "%", ">", "(", "time", "exec", "env", "nohup"}
+MISTYPED = re.compile(r"#\s*mistyped\b|: error: unrecognized option --")
 
 
 # --------------------------------------------------------------------------- the documents
@@ -262,7 +263,11 @@ def command_word(words: list[str]) -> tuple[int, str]:
 
 
 def misnamed(unit: Unit) -> Iterator[str]:
-    """Each option of `unit` that is not where it says it is: a message naming it."""
+    """Each option of `unit` that is not where it says it is: a message naming it. A command
+    that shows kipside refusing a mistyped option says so in a comment (`# mistyped`), and
+    kipside's answer to it quotes the option it refused."""
+    if MISTYPED.search(unit.text):
+        return
     for segment in segments(unit.text) if unit.code else [unit.text]:
         if OPTION.search(segment):
             where = f"{relative(unit.doc)}:{unit.line}"
@@ -325,6 +330,8 @@ def test_the_check_catches_a_wrong_option() -> None:
         unit = Unit(doc, 1, text.strip().strip("`"), text, code)
         found = list(misnamed(unit))
         assert len(found) == 1 and expected in found[0], (text, found)
+    mistyped = "$ kipside serve --upstream a --listne b   # mistyped: kipside names it"
+    assert not list(misnamed(Unit(doc, 1, mistyped, mistyped, True)))
     fine = "`kipside serve --upstream b:9092 --listen 127.0.0.1:9092`, `kcat -b x -X y --foo`"
     for span in CODE_SPAN.finditer(fine):
         assert not list(misnamed(Unit(doc, 1, span.group(2), fine, False)))
