@@ -12,7 +12,7 @@ This package must never import kipside.pipeline: the pipelines are found through
 """
 
 from kipside.protocol import Address
-from kipside.proxy.network.certificates import ListenerTlsFiles, UpstreamTlsFiles
+from kipside.proxy.security.certificates import ListenerTlsFiles, UpstreamTlsFiles
 from kipside.proxy.server import Server, ServerConfig, StartupError, run
 
 __all__ = [

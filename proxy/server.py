@@ -24,35 +24,35 @@ from kipside.protocol import (
     ApiKey,
     NotKafkaError,
 )
-from kipside.proxy.features.coalesce import Coalescer
-from kipside.proxy.features.context import FeatureContext
-from kipside.proxy.features.principals import FETCH_BY_NAME_MAX_VERSION, PrincipalRules
-from kipside.proxy.features.routing import Router
-from kipside.proxy.features.transactions import TransactionManager
-from kipside.proxy.features.versions import VersionPolicy
-from kipside.proxy.network.addresses import AddressRewriter
-from kipside.proxy.network.certificates import (
-    ListenerTlsFiles,
-    UpstreamTlsFiles,
-)
-from kipside.proxy.network.discovery import discover_nodes
-from kipside.proxy.network.identity import Principal
-from kipside.proxy.network.lanes import LanePool
-from kipside.proxy.network.limits import ServerLimits
-from kipside.proxy.network.nodes import NodeMap
-from kipside.proxy.network.sasl import (
-    ClientSasl,
-)
-from kipside.proxy.network.security import Security, SecurityError
-from kipside.proxy.network.session import Session
-from kipside.proxy.network.upstream import DEFAULT_ANSWER_TIMEOUT_SECONDS
 from kipside.proxy.operations.admin import AdminApp, serve_admin
 from kipside.proxy.operations.cert_reload import CertificateReloader
 from kipside.proxy.operations.reload import RuleReloader
+from kipside.proxy.security import (
+    ClientSasl,
+)
+from kipside.proxy.security.certificates import (
+    ListenerTlsFiles,
+    UpstreamTlsFiles,
+)
+from kipside.proxy.security.identity import Principal
+from kipside.proxy.security.settings import Security, SecurityError
+from kipside.proxy.session.session import Session
+from kipside.proxy.stages.coalescing import Coalescer
+from kipside.proxy.stages.context import FeatureContext
+from kipside.proxy.stages.principals import FETCH_BY_NAME_MAX_VERSION, PrincipalRules
+from kipside.proxy.stages.routing import Router
+from kipside.proxy.stages.transactions import TransactionManager
+from kipside.proxy.stages.versions import VersionPolicy
 from kipside.proxy.telemetry.metric_readers import otlp_metrics_endpoint
 from kipside.proxy.telemetry.metrics import Metrics
 from kipside.proxy.telemetry.stats import Stats
 from kipside.proxy.telemetry.tracing import TraceConfig, Tracer
+from kipside.proxy.transport.limits import ServerLimits
+from kipside.proxy.upstream.addresses import AddressRewriter
+from kipside.proxy.upstream.connection import DEFAULT_ANSWER_TIMEOUT_SECONDS
+from kipside.proxy.upstream.discovery import discover_nodes
+from kipside.proxy.upstream.lanes import LanePool
+from kipside.proxy.upstream.nodes import NodeMap
 from kipside.rules import RuleSet, default_rules
 
 log = logging.getLogger("kipside.server")

@@ -36,12 +36,12 @@ from admin_kit import admin as admin
 from testkit.metrics import parse
 
 from kipside.proxy.cli import main
-from kipside.proxy.features.coalesce import Coalescer
-from kipside.proxy.features.context import FeatureContext
-from kipside.proxy.network.identity import ANONYMOUS
 from kipside.proxy.operations.admin import AdminApp, serve_admin
 from kipside.proxy.operations.reload import POLL_SECONDS, apply_rules
+from kipside.proxy.security.identity import ANONYMOUS
 from kipside.proxy.server import Server
+from kipside.proxy.stages.coalescing import Coalescer
+from kipside.proxy.stages.context import FeatureContext
 from kipside.rules import RuleSet, load_rules, parse_rules
 
 # --------------------------------------------------------------------------- reload over HTTP

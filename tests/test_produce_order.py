@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kipside.proxy.features.coalesce import ProduceOrder
-from kipside.proxy.network.upstream import Pending
+from kipside.proxy.core.answers import Pending
+from kipside.proxy.stages.coalescing import ProduceOrder
 
 A0, A1, B0 = ("a", 0), ("a", 1), ("b", 0)
 

@@ -28,12 +28,12 @@ from kipside.protocol import (
     response_correlation_id,
 )
 from kipside.protocol.headers import build_frame, encode_request_header, encode_response_header
-from kipside.proxy.features.versions import VersionPolicy
-from kipside.proxy.network.addresses import AddressRewriter
-from kipside.proxy.network.limits import ServerLimits
-from kipside.proxy.network.nodes import NodeMap
-from kipside.proxy.network.session import Session
-from kipside.proxy.network.wire import Wire
+from kipside.proxy.session.session import Session
+from kipside.proxy.stages.versions import VersionPolicy
+from kipside.proxy.transport.limits import ServerLimits
+from kipside.proxy.transport.wire import Wire
+from kipside.proxy.upstream.addresses import AddressRewriter
+from kipside.proxy.upstream.nodes import NodeMap
 
 # Every test runs on trio's autojump clock (the autojump_clock fixture): once every task waits,
 # on a socket or a timer, the clock jumps to the next deadline, so "nothing arrives for QUIET"

@@ -26,7 +26,7 @@ from typing import Final, Literal, Protocol
 
 import trio
 
-from kipside.proxy.features.versions import VersionPolicy
+from kipside.proxy.stages.versions import VersionPolicy
 from kipside.rules import (
     DEFAULT_SOURCE,
     FILE_KEY,

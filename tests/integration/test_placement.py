@@ -14,7 +14,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from inprocess import StartKipside
 from testkit.broker import Broker
 
-from kipside.proxy.features.coalesce.placement import LanePlacement, lane_index
+from kipside.proxy.stages.coalescing.placement import LanePlacement, lane_index
 
 from .clients_read_back import consume_assigned
 

@@ -18,7 +18,7 @@ from kipside.protocol import (
     build_frame,
     encode_request_header,
 )
-from kipside.proxy.network.session import Session
+from kipside.proxy.session.session import Session
 
 pytestmark = pytest.mark.integration
 
