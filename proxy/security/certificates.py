@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Final
 import trio
 
 from kipside.protocol import Address
-from kipside.proxy.transport import tls
 from kipside.proxy.security.identity import ANONYMOUS, Principal
+from kipside.proxy.transport import tls
 
 if TYPE_CHECKING:
     from cryptography import x509  # imported where used: a plaintext kipside never loads it
