@@ -1,6 +1,6 @@
 """proxy.transport.tls and security.certificates without a broker: TlsWire's ordered writes and
-reads on real loopback sockets, a client certificate's principal as Kafka writes it (RFC 2253), and the
-TLS options' usage errors."""
+reads on real loopback sockets, a client certificate's principal as Kafka writes it (RFC 2253),
+and the TLS options' usage errors."""
 
 from __future__ import annotations
 
