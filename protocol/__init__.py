@@ -31,7 +31,13 @@ from kipside.protocol.apis import (
     response_header_version,
 )
 from kipside.protocol.batch_builder import Record, encode_batch
-from kipside.protocol.client import ClientConnection, Response, VersionRange, pick_version
+from kipside.protocol.client import (
+    ClientConnection,
+    InFlightRequest,
+    Response,
+    VersionRange,
+    pick_version,
+)
 from kipside.protocol.entities import blank, field_entity
 from kipside.protocol.errors import (
     DecodeError,
@@ -133,6 +139,7 @@ from kipside.protocol.sasl import (
     new_server,
     scram_credential,
 )
+from kipside.protocol.waits import request_allowance_ms
 
 if TYPE_CHECKING:
     from kipside.protocol.record_columns import (
@@ -186,6 +193,7 @@ __all__ = [
     "FrameDecoder",
     "FrameError",
     "FrameTooLargeError",
+    "InFlightRequest",
     "LimitExceeded",
     "LocalProtocolError",
     "Message",
@@ -249,6 +257,7 @@ __all__ = [
     "produce_response_error_codes",
     "produce_response_names_nodes",
     "read_uvarint",
+    "request_allowance_ms",
     "request_body_offset",
     "request_class",
     "request_correlation_id",

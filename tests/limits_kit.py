@@ -4,7 +4,7 @@ a real Session is given them."""
 from __future__ import annotations
 
 from kipside.proxy.telemetry.stats import Stats
-from kipside.proxy.transport.limits import ServerLimits
+from kipside.proxy.core.limits import ServerLimits
 from kipside.rules import Limits
 
 

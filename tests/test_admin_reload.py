@@ -38,7 +38,7 @@ from testkit.metrics import parse
 from kipside.proxy.cli import main
 from kipside.proxy.operations.admin import AdminApp, serve_admin
 from kipside.proxy.operations.reload import POLL_SECONDS, apply_rules
-from kipside.proxy.security.identity import ANONYMOUS
+from kipside.proxy.core.identity import ANONYMOUS
 from kipside.proxy.server import Server
 from kipside.proxy.stages.coalescing import Coalescer
 from kipside.proxy.stages.context import FeatureContext

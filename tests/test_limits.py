@@ -1,4 +1,4 @@
-"""The rule file's limits, enforced by kipside.proxy.transport.limits: the reporter (one line per
+"""The rule file's limits, enforced by kipside.proxy.core.limits: the reporter (one line per
 limit per interval, every event counted), the protocol caps (tagged fields, partitions, frame
 size) and that every limit is documented.
 
@@ -40,11 +40,11 @@ from kipside.protocol import (
     parse_request_header,
     request_body_offset,
 )
-from kipside.proxy.security.identity import ANONYMOUS, Principal
+from kipside.proxy.core.identity import ANONYMOUS, Principal
 from kipside.proxy.stages.hooks import RoutedClient
 from kipside.proxy.stages.principals import PrincipalRules
 from kipside.proxy.telemetry.stats import Stats
-from kipside.proxy.transport.limits import LimitReporter
+from kipside.proxy.core.limits import LimitReporter
 from kipside.rules import Limits, parse_rules
 
 # ------------------------------------------------------------------------- the log and count

@@ -1,5 +1,5 @@
 """The rule file's in-flight limits (limits.max_in_flight_bytes_per_client and
-limits.max_in_flight_bytes), enforced by kipside.proxy.transport.limits: a client over its limit
+limits.max_in_flight_bytes), enforced by kipside.proxy.core.limits: a client over its limit
 is not read until its answers are taken.
 
 Socket-free on trio's autojump clock against a stand-in connection where the behaviour lives
@@ -22,7 +22,7 @@ from test_session import TIMEOUT, answer_to, heartbeat_request, wired_session
 
 from kipside.protocol import ApiKey, response_correlation_id
 from kipside.proxy.telemetry.stats import Stats
-from kipside.proxy.transport.limits import (
+from kipside.proxy.core.limits import (
     IN_FLIGHT,
     IN_FLIGHT_PER_CLIENT,
     REQUEST_OVERHEAD_BYTES,

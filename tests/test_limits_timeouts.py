@@ -1,5 +1,5 @@
 """The rule file's timeouts (limits.idle_timeout_ms, limits.request_read_timeout_ms), enforced
-by kipside.proxy.transport.deadlines.
+by kipside.proxy.core.deadlines.
 
 Socket-free on trio's autojump clock where the behaviour lives in the Deadlines object; a real
 Session between loopback sockets (tests/test_session.py's wiring) where it is what a client
@@ -21,7 +21,7 @@ from limits_kit import server_limits
 from test_session import TIMEOUT, answer_to, heartbeat_request, wired_session
 
 from kipside.protocol import ApiKey
-from kipside.proxy.transport.deadlines import IDLE, REQUEST_READ, Deadlines
+from kipside.proxy.core.deadlines import IDLE, REQUEST_READ, Deadlines
 from kipside.rules import Limits
 
 # ------------------------------------------------------------------------- deadlines

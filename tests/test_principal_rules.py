@@ -27,7 +27,7 @@ from kipside.protocol import (
     parse_response_header,
 )
 from kipside.protocol.batch_builder import Record, encode_batch
-from kipside.proxy.security.identity import Principal
+from kipside.proxy.core.identity import Principal
 from kipside.proxy.stages.hooks import Narrowed, RoutedClient
 from kipside.proxy.stages.principals import PrincipalRules
 from kipside.rules import RuleError, parse_rules

@@ -30,7 +30,7 @@ from kipside.protocol import (
 from kipside.protocol.headers import build_frame, encode_request_header, encode_response_header
 from kipside.proxy.session.session import Session
 from kipside.proxy.stages.versions import VersionPolicy
-from kipside.proxy.transport.limits import ServerLimits
+from kipside.proxy.core.limits import ServerLimits
 from kipside.proxy.transport.wire import Wire
 from kipside.proxy.upstream.addresses import AddressRewriter
 from kipside.proxy.upstream.nodes import NodeMap

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Final
 import trio
 
 from kipside.protocol import Address
-from kipside.proxy.security.identity import ANONYMOUS, Principal
+from kipside.proxy.core.identity import ANONYMOUS, Principal
 from kipside.proxy.transport import tls
 
 if TYPE_CHECKING:

@@ -36,7 +36,7 @@ from kipside.protocol import (
     api_name,
     new_server,
 )
-from kipside.proxy.security.identity import Principal
+from kipside.proxy.core.identity import Principal
 from kipside.proxy.security.sasl_messages import (
     authenticate_answer,
     authenticate_token,

@@ -36,7 +36,7 @@ from kipside.protocol import (
     SCRAM_MIN_ITERATIONS,
     ScramCredential,
 )
-from kipside.proxy.security.identity import Principal
+from kipside.proxy.core.identity import Principal
 
 log = logging.getLogger("kipside.sasl")
 

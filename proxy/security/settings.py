@@ -14,6 +14,7 @@ import logging
 import trio
 
 from kipside.protocol import Address
+from kipside.proxy.core.identity import ANONYMOUS, Principal
 from kipside.proxy.security import (
     CredentialsError,
     CredentialStore,
@@ -30,7 +31,6 @@ from kipside.proxy.security.certificates import (
     UpstreamTls,
     UpstreamTlsFiles,
 )
-from kipside.proxy.security.identity import ANONYMOUS, Principal
 from kipside.proxy.transport.dial import plain_dial
 from kipside.proxy.transport.tls import TlsError
 from kipside.proxy.transport.wire import Wire

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import trio
 
-from kipside.proxy.security.identity import Principal
+from kipside.proxy.core.identity import Principal
 from kipside.proxy.telemetry.stats import Stats
 from kipside.proxy.telemetry.tracing import Tracer
 from kipside.proxy.upstream.lanes import LanePool

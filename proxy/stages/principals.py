@@ -10,7 +10,7 @@ unauthorized one:
   TRANSACTIONAL_ID_AUTHORIZATION_FAILED;
 - Produce, Fetch and ListOffsets partitions of a topic outside `topics`:
   TOPIC_AUTHORIZATION_FAILED for those partitions. A request that also names allowed topics
-  goes on without the refused ones (network.hooks.Narrowed), and the broker's answer gets
+  goes on without the refused ones (a `Narrow` decision), and the broker's answer gets
   the refused partitions added, each where the client's request had it, as Apache Kafka
   answers a request naming authorized and unauthorized topics. A Produce v3+ keeps the
   allowed partitions' record batches byte for byte (protocol.produce, as the coalescer builds
@@ -19,7 +19,7 @@ unauthorized one:
   the connection is closed, as Kafka closes an acks=0 producer's connection on any error.
 
 Fetch from v13 names topics by id, not by name, so while any rule restricts topics kipside
-advertises Fetch up to v12 (features.versions). Decodes only requests of principals that have a
+advertises Fetch up to v12 (stages.versions). Decodes only requests of principals that have a
 rule; every other request stays bytes.
 """
 
@@ -59,7 +59,7 @@ from kipside.protocol import (
     response_class,
     response_frame,
 )
-from kipside.proxy.stages.hooks import Narrowed, RoutedClient
+from kipside.proxy.core.decisions import Answer, ClientHandle, ClientRequest, Decision, Narrow
 from kipside.proxy.stages.transactions import add_offsets_answer, add_partitions_answer
 from kipside.rules import PrincipalRule, RuleSet
 
@@ -84,7 +84,7 @@ _PARTITIONED: Final[dict[int, tuple[str, str, str, str, str]]] = {
     ApiKey.FETCH: ("topics", "partitions", "partition", "responses", "partitions"),
     ApiKey.LIST_OFFSETS: ("topics", "partitions", "partition_index", "topics", "partitions"),
 }
-Verdict = bytes | Narrowed | None
+Verdict = bytes | Narrow | None
 _RESPONSE_INDEX: Final[dict[int, str]] = {
     ApiKey.PRODUCE: "index",
     ApiKey.FETCH: "partition_index",
@@ -94,19 +94,27 @@ _RESPONSE_INDEX: Final[dict[int, str]] = {
 
 @dataclass(frozen=True, slots=True)
 class PrincipalRules:
-    """The server's request check (network.hooks.RequestCheck) for the principals section."""
+    """The principals stage: what each principal may send, by the rule file's principals
+    section."""
 
     rules: Callable[[], RuleSet]
     # Per client connection, the APIs whose refusal was logged at info: a consumer retries a
     # refused Fetch every fetch.error.backoff.ms, and kipside logs no line per request.
-    _logged: weakref.WeakKeyDictionary[RoutedClient, set[int]] = field(
+    _logged: weakref.WeakKeyDictionary[ClientHandle, set[int]] = field(
         default_factory=weakref.WeakKeyDictionary
     )
 
+    def __call__(self, request: ClientRequest) -> Decision | None:
+        verdict = self.refusal(request.client, request.frame, request.header)
+        if verdict is None or type(verdict) is Narrow:
+            return verdict
+        assert isinstance(verdict, bytes)
+        return Answer(verdict)
+
     def refusal(
-        self, client: RoutedClient, frame: bytes, header: RequestHeader
-    ) -> bytes | Narrowed | None:
-        """kipside's answer refusing the request, the part of it that may go on (Narrowed), or
+        self, client: ClientHandle, frame: bytes, header: RequestHeader
+    ) -> bytes | Narrow | None:
+        """kipside's answer refusing the request, the part of it that may go on (Narrow), or
         None if the principal may send all of it."""
         rules = self.rules()
         if not rules.principals:
@@ -126,11 +134,11 @@ class PrincipalRules:
         except DecodeError:
             return None  # the broker answers what kipside can't read
         if verdict is not None:
-            self._log(client, header, rule, isinstance(verdict, Narrowed) and bool(verdict.frame))
+            self._log(client, header, rule, isinstance(verdict, Narrow) and bool(verdict.frame))
         return verdict
 
     def _log(
-        self, client: RoutedClient, header: RequestHeader, rule: PrincipalRule, part: bool
+        self, client: ClientHandle, header: RequestHeader, rule: PrincipalRule, part: bool
     ) -> None:
         logged = self._logged.setdefault(client, set())
         first = header.api_key not in logged
@@ -181,7 +189,7 @@ def _produce_verdict(
     kept = [b for b in sent if b.topic not in refused]
     if produce.acks == 0:  # no answer to give: Kafka closes the connection on an error
         narrowed = _produce_frame(frame, header, produce.acks, produce.timeout_ms, tid, kept)
-        return Narrowed(narrowed, close=_acks0_close(refused, code))
+        return Narrow(narrowed, close=_acks0_close(refused, code))
     if not kept:
         answer = ProduceResponseData(
             tuple(PartitionResult(b.topic, b.partition, code) for b in sent)
@@ -189,7 +197,7 @@ def _produce_verdict(
         return response_frame(header, encode_produce_response(version, answer))
     merge = functools.partial(_merged_produce_answer, version, sent, refused)
     narrowed = _produce_frame(frame, header, produce.acks, produce.timeout_ms, tid, kept)
-    return Narrowed(narrowed, merge)
+    return Narrow(narrowed, merge)
 
 
 def _produce_frame(
@@ -262,10 +270,10 @@ def _topics_verdict(rule: PrincipalRule, frame: bytes, header: RequestHeader) ->
         body = encode_message(dataclasses.replace(request, **{topics_field: kept}))
         narrowed = build_frame(bytes(frame[4 : header.body_offset]), body)
     if key == ApiKey.PRODUCE and request.acks == 0:
-        return Narrowed(narrowed, close=_acks0_close(refused, TOPIC_REFUSED))
+        return Narrow(narrowed, close=_acks0_close(refused, TOPIC_REFUSED))
     if narrowed is None:
         return _partitioned_answer(header, request, lambda _t: TOPIC_REFUSED)
-    return Narrowed(narrowed, functools.partial(_merged_answer, header, request, refused))
+    return Narrow(narrowed, functools.partial(_merged_answer, header, request, refused))
 
 
 def _merged_answer(

@@ -33,6 +33,7 @@ from kipside.protocol import (
     encode_response_header,
     known_versions,
 )
+from kipside.proxy.core.decisions import Answer, ClientRequest, Decision
 from kipside.proxy.upstream.addresses import address_apis
 
 log = logging.getLogger("kipside.versions")
@@ -145,6 +146,14 @@ class VersionPolicy:
         body = encode_message(self.intersect(message))
         head = frame[4 : header.body_offset]
         return build_frame(head, body)
+
+    def __call__(self, request: ClientRequest) -> Decision | None:
+        """The versions stage: kipside's own answer to an ApiVersions newer than it knows."""
+        header = request.header
+        if header.api_key != ApiKey.API_VERSIONS:
+            return None
+        local = self.unsupported_answer(header)
+        return None if local is None else Answer(local)
 
     def unsupported_answer(self, header: RequestHeader) -> bytes | None:
         """UNSUPPORTED_VERSION for an ApiVersions request newer than kipside's; else None."""

@@ -25,8 +25,8 @@ from kipside.protocol import (
     encode_request_header,
     parse_response_header,
 )
-from kipside.proxy.core.answers import UpstreamFailed
-from kipside.proxy.security.identity import ANONYMOUS, Principal
+from kipside.proxy.core.answers import Pending, UpstreamFailed
+from kipside.proxy.core.identity import ANONYMOUS, Principal
 from kipside.proxy.telemetry.stats import Stats
 from kipside.proxy.transport.dial import Dial, plain_dial
 from kipside.proxy.upstream.connection import (
@@ -75,6 +75,7 @@ class LanePool:
         self._connecting: list[trio.Lock] = [trio.Lock() for _ in range(lanes)]
         self.produce_versions: tuple[int, int] | None = None
         self._next_short = 0
+        self._lanes = tuple(Lane(self, index) for index in range(lanes))
 
     def open_connections(self) -> int:
         return sum(1 for c in self._connections if c is not None and not c.closed)
@@ -82,6 +83,10 @@ class LanePool:
     def next_short_lane(self) -> int:
         self._next_short = (self._next_short + 1) % self.lanes
         return self._next_short
+
+    def short_lane(self) -> Lane:
+        """The lane the next short request goes on (they take turns)."""
+        return self._lanes[self.next_short_lane()]
 
     def live(self, index: int) -> UpstreamConnection | None:
         """The lane's connection if it is open now (no dialling)."""
@@ -164,7 +169,36 @@ class LanePool:
         assert pending is not None
         return await answer_of(pending)
 
+    def count(self, api_key: int) -> None:
+        self._stats.upstream_requests[api_key] += 1
+
     async def aclose(self) -> None:
         for connection in self._connections:
             if connection is not None:
                 await connection.aclose()
+
+
+class Lane:
+    """One lane of a pool, as a request's route (core.decisions.Lane)."""
+
+    __slots__ = ("index", "pool")
+
+    def __init__(self, pool: LanePool, index: int) -> None:
+        self.pool = pool
+        self.index = index
+
+    def send(self, frame: bytes, api_key: int, api_version: int) -> Pending | None:
+        """Send now if the lane's connection is open; None if it must be dialled first."""
+        connection = self.pool.live(self.index)
+        if connection is None:
+            return None
+        self.pool.count(api_key)
+        return connection.send_nowait(frame, api_key, api_version)
+
+    async def dial_and_send(self, frame: bytes, api_key: int, api_version: int) -> Pending:
+        """Dial the lane's connection if needed (UpstreamFailed if it can't be), then send."""
+        connection = await self.pool.connection(self.index)
+        self.pool.count(api_key)
+        pending = await connection.send(frame, api_key, api_version)
+        assert pending is not None
+        return pending

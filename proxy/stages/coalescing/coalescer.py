@@ -7,7 +7,6 @@ connection itself: the lanes do.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Final, NamedTuple
 
 from opentelemetry.trace import Span
@@ -19,7 +18,8 @@ from kipside.protocol import (
     RequestHeader,
     parse_produce_request,
 )
-from kipside.proxy.security.identity import Principal
+from kipside.proxy.core.decisions import ClientHandle
+from kipside.proxy.core.identity import Principal
 from kipside.proxy.stages.coalescing.client_produce import ClientProduce, Submitted
 from kipside.proxy.stages.coalescing.lane import ProduceLane, QueuedBatch
 from kipside.proxy.stages.coalescing.placement import LanePlacement
@@ -103,7 +103,7 @@ class Coalescer:
         principal: Principal,
         frame: bytes,
         header: RequestHeader,
-        disconnect: Callable[[str], None],
+        client: ClientHandle,
         span: Span | None = None,
     ) -> Submitted:
         """Take a planned request's batches: passed through unchanged to an idle lane, or
@@ -111,13 +111,9 @@ class Coalescer:
         assert plan.partitions is not None and plan.coalesce
         acks, timeout_ms = plan.acks, plan.timeout_ms
         lanes = self.context.pools(node_id, principal).lanes
-        # The client connection is known by its disconnect callable (bound methods of one
-        # session compare and hash equal).
         place = self.placement.place
-        indexes = [
-            place(disconnect, node_id, p.topic, p.partition, acks, lanes) for p in plan.batches
-        ]
-        batches = [QueuedBatch(p, acks, timeout_ms, None, disconnect) for p in plan.batches]
+        indexes = [place(client, node_id, p.topic, p.partition, acks, lanes) for p in plan.batches]
+        batches = [QueuedBatch(p, acks, timeout_ms, None, client) for p in plan.batches]
         if self.context.tracer is None and indexes.count(indexes[0]) == len(indexes):
             lane = self._lane(node_id, principal, indexes[0])
             passed = lane.pass_through(frame, header, acks, batches)

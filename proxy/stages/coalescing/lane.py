@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -31,6 +30,7 @@ from kipside.protocol import (
     parse_response_header,
 )
 from kipside.proxy.core.answers import Pending, UpstreamFailed
+from kipside.proxy.core.decisions import ClientHandle
 from kipside.proxy.stages.coalescing.client_produce import ClientProduce, Submitted
 from kipside.proxy.stages.coalescing.placement import LanePlacement
 from kipside.proxy.stages.context import FeatureContext
@@ -50,8 +50,8 @@ class QueuedBatch:
     acks: int
     timeout_ms: int
     owner: ClientProduce | None  # None for acks=0: nobody waits for an answer
-    disconnect: Callable[[str], None]
-    """Closes the client connection this batch came from."""
+    client: ClientHandle
+    """The client connection this batch came from."""
     span: Span | None = None
     """The client request's span, linked from the upstream request's span."""
     released: bool = False
@@ -158,7 +158,7 @@ class ProduceLane:
                 continue
             item.released = True
             batch = item.batch
-            self.placement.release(item.disconnect, node_id, batch.topic, batch.partition)
+            self.placement.release(item.client, node_id, batch.topic, batch.partition)
 
     def _take(self) -> list[QueuedBatch]:
         """The batches for the next request, oldest first, by Apache Kafka's merge rules."""
@@ -192,11 +192,9 @@ class ProduceLane:
         failed = taken + list(self.queue)
         self.queue.clear()
         self._release(failed)
-        # One entry per client connection: each request carries its own bound-method object
-        # (a new one per attribute access), and bound methods of one session compare equal.
-        clients = dict.fromkeys(item.disconnect for item in failed)
-        for disconnect in clients:
-            disconnect(f"lane {self.index} to node {self.pool.node_id} failed: {reason}")
+        clients = dict.fromkeys(item.client for item in failed)
+        for client in clients:
+            client.disconnect(f"lane {self.index} to node {self.pool.node_id} failed: {reason}")
         if failed:
             log.warning(
                 "lane %d to node %d failed (%s): %d batches unanswered, %d client connections "

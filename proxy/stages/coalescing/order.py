@@ -11,7 +11,8 @@ OUT_OF_ORDER_SEQUENCE_NUMBER (fatal) for an idempotent one.
 
 ProduceOrder remembers, per client connection and partition, the route its last batch took and
 the answer that settles it; a request that would take a partition the other way first waits
-for that answer (features.routing does the waiting and decides again after it). Between lanes,
+for that answer (the coalescing stage returns a Wait: the session waits, then the pipeline
+decides again). Between lanes,
 LanePlacement keeps each partition on one lane while any of its batches is outstanding, so the
 lanes need no waiting here.
 
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from kipside.proxy.core.answers import Pending
-from kipside.proxy.stages.hooks import RoutedClient
+from kipside.proxy.core.decisions import ClientHandle
 
 Partition = tuple[str, int]
 
@@ -58,12 +59,12 @@ class ProduceOrder:
     """Per client connection: which route each partition took last, and what settles it."""
 
     def __init__(self) -> None:
-        self._clients: weakref.WeakKeyDictionary[RoutedClient, _Routes] = (
+        self._clients: weakref.WeakKeyDictionary[ClientHandle, _Routes] = (
             weakref.WeakKeyDictionary()
         )
 
     def earlier(
-        self, client: RoutedClient, partitions: Sequence[Partition] | None, to_lanes: bool
+        self, client: ClientHandle, partitions: Sequence[Partition] | None, to_lanes: bool
     ) -> Pending | None:
         """An answer still owed on the other route for one of these partitions (None: any
         partition), which this request must wait for before it goes; None when it may go now."""
@@ -90,7 +91,7 @@ class ProduceOrder:
         return None
 
     def sent_to_lanes(
-        self, client: RoutedClient, partitions: Sequence[Partition], pending: Pending | None
+        self, client: ClientHandle, partitions: Sequence[Partition], pending: Pending | None
     ) -> None:
         """The request went to the lanes; `pending` is its answer (None for acks=0)."""
         routes = self._routes(client)
@@ -98,13 +99,13 @@ class ProduceOrder:
             return
         _record(routes.lanes, partitions, pending)
 
-    def sent_own(self, client: RoutedClient, partitions: Sequence[Partition] | None) -> None:
+    def sent_own(self, client: ClientHandle, partitions: Sequence[Partition] | None) -> None:
         """The request goes to the client's own connection (None: its partitions are unread)."""
         routes = self._routes(client)
         routes.own_unlearned = True
         routes.own_unlearned_partitions = None if partitions is None else tuple(partitions)
 
-    def _routes(self, client: RoutedClient) -> _Routes:
+    def _routes(self, client: ClientHandle) -> _Routes:
         routes = self._clients.get(client)
         if routes is None:
             routes = self._clients[client] = _Routes()
@@ -112,7 +113,7 @@ class ProduceOrder:
             self._learn_own(client, routes)
         return routes
 
-    def _learn_own(self, client: RoutedClient, routes: _Routes) -> None:
+    def _learn_own(self, client: ClientHandle, routes: _Routes) -> None:
         """Find the answer of the request last routed to the own connection.
 
         The session sends it right after routing, before it reads the client's next request,
@@ -122,8 +123,7 @@ class ProduceOrder:
             return
         routes.own_unlearned = False
         sent = routes.own_unlearned_partitions
-        connection = client.dedicated
-        last = connection.last_in_flight() if connection is not None else None
+        last = client.newest_own()
         if last is None:
             return
         if sent is None:

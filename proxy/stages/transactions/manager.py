@@ -17,7 +17,7 @@ from opentelemetry.trace import Span
 
 from kipside.protocol import ApiKey, DecodeError, RequestHeader, api_name, decode_request
 from kipside.proxy.core.answers import Pending, UpstreamFailed
-from kipside.proxy.security.identity import Principal
+from kipside.proxy.core.identity import Principal
 from kipside.proxy.stages.context import FeatureContext
 from kipside.proxy.stages.transactions.messages import (
     MAX_CLIENT_ADD_PARTITIONS_VERSION,
@@ -67,7 +67,7 @@ class TransactionManager:
             self._states[(principal, transactional_id)] = state
         return state
 
-    async def route(
+    def route(
         self,
         node_id: int | None,
         principal: Principal,

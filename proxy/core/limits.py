@@ -24,8 +24,10 @@ applies at once:
 
 Every limit reached is counted (kipside_limit_reached_total{limit="KEY"}) and logged by
 `LimitReporter`: one line naming the client, the key and what to do, at most one line per key
-every LOG_INTERVAL_SECONDS so a flood does not flood the log. Nothing here raises into a
-session or blocks anything but the reader of a client over its limit.
+every LOG_INTERVAL_SECONDS so a flood does not flood the log.
+
+Sans-I/O: this module counts and decides; the session's driver waits (it stops reading a client
+while `over()` says so, and `on_room` tells it when to look again) and closes what must close.
 """
 
 from __future__ import annotations
@@ -35,9 +37,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import fields
-from typing import Any, Final, Protocol
-
-import trio
+from typing import Any, Final
 
 from kipside.protocol import (
     Address,
@@ -46,18 +46,21 @@ from kipside.protocol import (
     LimitExceeded,
     api_name,
 )
+from kipside.proxy.core.deadlines import IDLE, Deadlines
 from kipside.proxy.telemetry.stats import Stats
-from kipside.proxy.transport.deadlines import IDLE, Deadlines
 from kipside.rules import Limits, RuleSet
+
+ReportLimit = Callable[[str, str], None]
+"""(limit key, message): LimitReporter.reached, counted and logged."""
 
 __all__ = [
     "IN_FLIGHT",
     "IN_FLIGHT_PER_CLIENT",
     "LOG_INTERVAL_SECONDS",
     "REQUEST_OVERHEAD_BYTES",
-    "Backlogged",
     "ClientLimits",
     "LimitReporter",
+    "ReportLimit",
     "ServerLimits",
 ]
 
@@ -81,12 +84,6 @@ _DECODE_KEYS: Final = {
     "max_tagged_field_bytes": "max_tagged_field_bytes",
     "max_partitions": "max_partitions_per_request",
 }
-
-
-class Backlogged(Protocol):
-    """A connection that reports its unsent backlog (network.wire.Wire)."""
-
-    def on_backlog(self, callback: Callable[[int], None]) -> None: ...
 
 
 class LimitReporter:
@@ -159,11 +156,10 @@ class ServerLimits:
         )
         return False
 
-    def client(
-        self, wire: Backlogged, describe: Callable[[], str], close: Callable[[], None]
-    ) -> ClientLimits:
-        """The limits of one client connection, counted here until its `close()`."""
-        return ClientLimits(self, wire, describe, close)
+    def client(self, describe: Callable[[], str], now: float) -> ClientLimits:
+        """The limits of one client connection, counted here until its `close()`; `now`
+        starts its idle clock."""
+        return ClientLimits(self, describe, now)
 
     def rules_changed(self, old: RuleSet, new: RuleSet) -> None:
         """After a reload (operations.reload's on_applied): every paused client checks its
@@ -186,37 +182,30 @@ class ClientLimits:
     """One client connection's share of the limits: what it holds, its request caps and
     deadlines.
 
-    The session calls `over()` (and `room()` if it is) before each request it reads, `took()`
-    per request read, `arrived()` per answer that came, `written()` per answers written,
-    `read()` after each read from the socket, and `close()` at its end; its own broker
-    connection's reader waits in `answers_room()`.
+    The driver calls `over()` before each request it reads (and stops reading while it says a
+    limit), `took()` per request read, `arrived()` per answer that came, `written()` per
+    answers written, `backlog_changed()` as the socket's unsent backlog grows and shrinks,
+    `read()` after each read from the socket, and `close()` at its end. `on_room` is called
+    whenever what the client holds drops while the driver waits for room (`waiting`).
     """
 
     __slots__ = (
-        "_close",
         "_closed",
         "_describe",
-        "_room",
         "_server",
         "_took_since_read",
         "backlog",
         "deadlines",
         "held",
+        "on_recheck",
+        "on_room",
+        "waiting",
     )
 
-    def __init__(
-        self,
-        server: ServerLimits,
-        wire: Backlogged,
-        describe: Callable[[], str],
-        close: Callable[[], None],
-    ) -> None:
+    def __init__(self, server: ServerLimits, describe: Callable[[], str], now: float) -> None:
         self._server = server
         self._describe = describe
-        self._close = close
         self._closed = False
-        self._room: trio.Event | None = None
-        """Set (and dropped) when what the client holds drops: wakes whoever waits on it."""
         self._took_since_read = False
         self.held = 0
         """Bytes held for this client, its in-flight figure: requests read and not yet
@@ -224,10 +213,19 @@ class ClientLimits:
         answers leave in request order), and `backlog`."""
         self.backlog = 0
         """Bytes of answers written that the client's socket has not taken (it is not reading)."""
-        self.deadlines = Deadlines(server.limits, lambda: self.held > 0, self._expired)
+        self.deadlines = Deadlines(server.limits, lambda: self.held > 0, now)
+        self.on_room: Callable[[], None] | None = None
+        """Called when what the client holds drops while `waiting`."""
+        self.waiting = False
+        """The driver waits for room (set and cleared by the driver)."""
+        self.on_recheck: Callable[[], None] | None = None
+        """Called when the limits may have changed (a reload): deadlines are decided again."""
         server.clients += 1
         server._sessions.add(self)
-        wire.on_backlog(self._backlog_changed)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     @property
     def report(self) -> Callable[[str, str], None]:
@@ -260,16 +258,17 @@ class ClientLimits:
         self.held += size
         self._add(size)
 
-    def written(self, request_bytes: int, answer_bytes: int) -> None:
+    def written(self, now: float, request_bytes: int, answer_bytes: int) -> None:
         """Answers went to the socket: their requests and themselves are held no more (what
         the socket did not take comes back through the backlog)."""
-        self.deadlines.wrote()
+        self.deadlines.wrote(now)
         if self._closed:
             return
         self.held -= request_bytes + answer_bytes
         self._release(request_bytes + answer_bytes)
 
-    def _backlog_changed(self, delta: int) -> None:
+    def backlog_changed(self, delta: int) -> None:
+        """The socket's unsent backlog grew (delta > 0) or shrank."""
         if self._closed:
             return
         self.backlog += delta
@@ -289,13 +288,13 @@ class ClientLimits:
         if not size:
             return
         self._server.stats.in_flight_bytes -= size
-        if self._room is not None:
+        if self.waiting:
             self.wake()
         self._server._released()
 
-    def read(self, partial_bytes: int) -> None:
+    def read(self, now: float, partial_bytes: int) -> None:
         """After a read and every whole request in it; `partial_bytes` of the next are in."""
-        self.deadlines.read(partial_bytes, self._took_since_read)
+        self.deadlines.read(now, partial_bytes, self._took_since_read)
         self._took_since_read = False
 
     # Backpressure ---------------------------------------------------------------------
@@ -318,56 +317,34 @@ class ClientLimits:
             return IN_FLIGHT
         return None
 
-    async def room(self, partial_bytes: int) -> None:
-        """Return once kipside may read more of this client's requests."""
-        reason = self.over()
-        if reason is None:
-            await trio.lowlevel.checkpoint()
-            return
+    def pausing(self, reason: str) -> None:
+        """The driver stops reading this client's requests over `reason` (a limit's key)."""
         self._report_pause(reason)
-        stats = self._server.stats
-        stats.paused_client_connections += 1
+        self._server.stats.paused_client_connections += 1
         self.deadlines.pause()
-        try:
-            await self._until(lambda: self.over())
-        finally:
-            stats.paused_client_connections -= 1
-        self.deadlines.resume(partial_bytes)
 
-    async def answers_room(self) -> None:
-        """Return once kipside may read more answers for this client from its own broker
-        connection: while the client's socket has not taken the answers written to it (their
-        bytes alone are over a limit), the broker's answers stay in the broker's socket. Only
-        those count here: unanswered requests, or answers waiting behind an earlier one, might
-        be waiting for this very connection's next answer, and waiting on them would never
-        end; the written ones go only when the client reads."""
-        if self.over(self.backlog) is None:
-            await trio.lowlevel.checkpoint()
-            return
-        await self._until(lambda: self.over(self.backlog))
+    def resuming(self, now: float, partial_bytes: int) -> None:
+        """The driver reads this client's requests again."""
+        self._server.stats.paused_client_connections -= 1
+        self.deadlines.resume(now, partial_bytes)
 
-    async def _until(self, over: Callable[[], str | None]) -> None:
-        server = self._server
-        try:
-            while (reason := over()) is not None and not self._closed:
-                if self._room is None:
-                    self._room = trio.Event()
-                if reason == IN_FLIGHT:
-                    server._waiting.add(self)
-                await self._room.wait()
-        finally:
-            server._waiting.discard(self)
+    def wait_on_total(self, waiting: bool) -> None:
+        """The driver waits (or no longer) for the total of every client to drop."""
+        if waiting:
+            self._server._waiting.add(self)
+        else:
+            self._server._waiting.discard(self)
 
     def wake(self) -> None:
-        """Wake whoever waits on this client's limits, to check them again."""
-        room, self._room = self._room, None
-        if room is not None:
-            room.set()
+        """Whoever waits on this client's limits should check them again."""
+        if self.on_room is not None:
+            self.on_room()
 
     def recheck(self) -> None:
         """The limits may have changed: check them, and the deadlines, again."""
         self.wake()
-        self.deadlines.reconsider()
+        if self.on_recheck is not None:
+            self.on_recheck()
 
     def _report_pause(self, key: str) -> None:
         limits = self._server.limits()
@@ -416,7 +393,9 @@ class ClientLimits:
             f"limits.{key} if the client is legitimate",
         )
 
-    def _expired(self, key: str, seconds: float, partial_bytes: int) -> None:
+    def expired(self, key: str, seconds: float) -> None:
+        """Report a deadline that expired; the driver closes the connection."""
+        partial_bytes = self.deadlines.partial_bytes
         who = self._describe()
         if key == IDLE:
             self._server.reporter.reached(
@@ -436,7 +415,6 @@ class ClientLimits:
                 "purpose (slowloris) or a very slow network; raise the limit if the clients' "
                 "links are this slow",
             )
-        self._close()
 
     def close(self) -> None:
         """The connection ended: whatever it held is released."""
