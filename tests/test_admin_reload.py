@@ -134,7 +134,6 @@ async def test_apply_reaches_every_reader_of_the_rules(
         ),
         server.nodes,
     )
-    server.coalescer = coalescer
     existing_lane = coalescer._lane(111, ANONYMOUS, 0)
     assert server.versions.lower_transaction_version is False
 

@@ -41,7 +41,7 @@ from kipside.protocol import (
     request_body_offset,
 )
 from kipside.proxy.core.identity import ANONYMOUS, Principal
-from kipside.proxy.stages.hooks import RoutedClient
+from kipside.proxy.core.decisions import ClientHandle
 from kipside.proxy.stages.principals import PrincipalRules
 from kipside.proxy.telemetry.stats import Stats
 from kipside.proxy.core.limits import LimitReporter
@@ -141,7 +141,7 @@ def test_a_principal_check_does_not_let_a_request_over_a_cap_through() -> None:
         "p.yaml",
     )
     check = PrincipalRules(lambda: rules)
-    client = cast(RoutedClient, _Client())
+    client = cast(ClientHandle, _Client())
     within, over = produce_frame(9, 1, 10), produce_frame(9, 1, 11)
     assert check.refusal(client, within, parse_request_header(within)) is None
     with pytest.raises(LimitExceeded):

@@ -41,15 +41,18 @@ class Deadlines:
         """Time the unfinished request began; None when no request is half read."""
         self.partial_bytes = 0
 
-    def read(self, now: float, partial_bytes: int, completed: bool) -> None:
+    def read(self, now: float, partial_bytes: int, completed: bool) -> bool:
         """After a read from the socket and every whole request in it: `partial_bytes` of the
-        next request are in hand; `completed`: at least one request was whole."""
+        next request are in hand; `completed`: at least one request was whole. True when a
+        request's clock started (the next deadline may be sooner)."""
         self.last_active = now
         self.partial_bytes = partial_bytes
         if not partial_bytes:
             self.frame_started = None
         elif completed or self.frame_started is None:
             self.frame_started = now
+            return True
+        return False
 
     def wrote(self, now: float) -> None:
         """An answer went to the client."""

@@ -194,9 +194,11 @@ class ClientLimits:
         "_describe",
         "_server",
         "_took_since_read",
+        "_total_waits",
         "backlog",
         "deadlines",
         "held",
+        "on_deadline_sooner",
         "on_recheck",
         "on_room",
         "waiting",
@@ -215,11 +217,14 @@ class ClientLimits:
         """Bytes of answers written that the client's socket has not taken (it is not reading)."""
         self.deadlines = Deadlines(server.limits, lambda: self.held > 0, now)
         self.on_room: Callable[[], None] | None = None
-        """Called when what the client holds drops while `waiting`."""
-        self.waiting = False
-        """The driver waits for room (set and cleared by the driver)."""
+        """Called when what the client holds drops while the driver waits for room."""
+        self.waiting = 0
+        """How many of the driver's tasks wait for room (`wait`)."""
+        self._total_waits = 0
         self.on_recheck: Callable[[], None] | None = None
         """Called when the limits may have changed (a reload): deadlines are decided again."""
+        self.on_deadline_sooner: Callable[[], None] | None = None
+        """Called when a deadline may have come nearer (a request started arriving)."""
         server.clients += 1
         server._sessions.add(self)
 
@@ -294,8 +299,13 @@ class ClientLimits:
 
     def read(self, now: float, partial_bytes: int) -> None:
         """After a read and every whole request in it; `partial_bytes` of the next are in."""
-        self.deadlines.read(now, partial_bytes, self._took_since_read)
+        if self.deadlines.read(now, partial_bytes, self._took_since_read):
+            self._deadline_sooner()
         self._took_since_read = False
+
+    def _deadline_sooner(self) -> None:
+        if self.on_deadline_sooner is not None:
+            self.on_deadline_sooner()
 
     # Backpressure ---------------------------------------------------------------------
 
@@ -327,13 +337,18 @@ class ClientLimits:
         """The driver reads this client's requests again."""
         self._server.stats.paused_client_connections -= 1
         self.deadlines.resume(now, partial_bytes)
+        self._deadline_sooner()
 
-    def wait_on_total(self, waiting: bool) -> None:
-        """The driver waits (or no longer) for the total of every client to drop."""
-        if waiting:
-            self._server._waiting.add(self)
-        else:
-            self._server._waiting.discard(self)
+    def wait(self, on_total: bool, waiting: bool) -> None:
+        """A task of the driver starts (`waiting`) or stops waiting for room; `on_total`: for
+        the total of every client to drop, as well as its own."""
+        self.waiting += 1 if waiting else -1
+        if on_total:
+            self._total_waits += 1 if waiting else -1
+            if self._total_waits:
+                self._server._waiting.add(self)
+            else:
+                self._server._waiting.discard(self)
 
     def wake(self) -> None:
         """Whoever waits on this client's limits should check them again."""

@@ -10,14 +10,13 @@ the client connection once the answers that did come are written.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import trio
 
-from kipside.protocol import Address, ApiKey, DecodeError, request_allowance_ms
+from kipside.protocol import Address, ApiKey, request_allowance_ms
 from kipside.proxy.core.answers import Pending, UpstreamFailed
 from kipside.proxy.core.client_side import UPSTREAM_GONE, Marker
 from kipside.proxy.core.decisions import ClientRequest
@@ -96,10 +95,8 @@ class OwnConnection:
         connection = self.connection or await self._open()
         header, frame = request.header, request.frame
         self._stats.upstream_requests[header.api_key] += 1
-        expects_response = True
-        if header.api_key == ApiKey.PRODUCE:
-            with contextlib.suppress(DecodeError):  # the broker answers what kipside can't read
-                expects_response = produce_acks(frame, header) != 0
+        # A ProduceRequest too short to hold its acks is malformed: DecodeError closes the client.
+        expects_response = header.api_key != ApiKey.PRODUCE or produce_acks(frame, header) != 0
         return connection.send_nowait(
             frame,
             header.api_key,

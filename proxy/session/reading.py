@@ -100,8 +100,10 @@ class Room:
         if reason is None:
             return
         limits.pausing(reason)
-        await self._until(limits.over)
-        limits.resuming(trio.current_time(), side.buffered)
+        try:
+            await self._until(limits.over)
+        finally:
+            limits.resuming(trio.current_time(), side.buffered)
 
     async def answers(self) -> None:
         """Return once kipside may read more answers for this client from its own broker
@@ -117,13 +119,12 @@ class Room:
 
     async def _until(self, over: Callable[[], str | None]) -> None:
         limits = self.limits
-        try:
-            while (reason := over()) is not None and not limits.closed:
-                if self._event is None:
-                    self._event = trio.Event()
-                limits.waiting = True
-                limits.wait_on_total(reason == IN_FLIGHT)
+        while (reason := over()) is not None and not limits.closed:
+            if self._event is None:
+                self._event = trio.Event()
+            on_total = reason == IN_FLIGHT
+            limits.wait(on_total, True)
+            try:
                 await self._event.wait()
-        finally:
-            limits.waiting = False
-            limits.wait_on_total(False)
+            finally:
+                limits.wait(on_total, False)

@@ -190,7 +190,12 @@ class Session:
         while True:
             changed = trio.Event()
             self.limits.on_recheck = changed.set
-            with trio.move_on_at(deadlines.next_deadline()):
+            with trio.move_on_at(deadlines.next_deadline()) as scope:
+
+                def sooner(scope: trio.CancelScope = scope) -> None:
+                    scope.deadline = min(scope.deadline, deadlines.next_deadline())
+
+                self.limits.on_deadline_sooner = sooner
                 await changed.wait()
             expired = deadlines.expired(trio.current_time())
             if expired is not None:
