@@ -3,8 +3,8 @@ a real Session is given them."""
 
 from __future__ import annotations
 
-from kipside.proxy.telemetry.stats import Stats
 from kipside.proxy.core.limits import ServerLimits
+from kipside.proxy.telemetry.stats import Stats
 from kipside.rules import Limits
 
 

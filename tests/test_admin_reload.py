@@ -36,9 +36,9 @@ from admin_kit import admin as admin
 from testkit.metrics import parse
 
 from kipside.proxy.cli import main
+from kipside.proxy.core.identity import ANONYMOUS
 from kipside.proxy.operations.admin import AdminApp, serve_admin
 from kipside.proxy.operations.reload import POLL_SECONDS, apply_rules
-from kipside.proxy.core.identity import ANONYMOUS
 from kipside.proxy.server import Server
 from kipside.proxy.stages.coalescing import Coalescer
 from kipside.proxy.stages.context import FeatureContext

@@ -40,11 +40,11 @@ from kipside.protocol import (
     parse_request_header,
     request_body_offset,
 )
-from kipside.proxy.core.identity import ANONYMOUS, Principal
 from kipside.proxy.core.decisions import ClientHandle
+from kipside.proxy.core.identity import ANONYMOUS, Principal
+from kipside.proxy.core.limits import LimitReporter
 from kipside.proxy.stages.principals import PrincipalRules
 from kipside.proxy.telemetry.stats import Stats
-from kipside.proxy.core.limits import LimitReporter
 from kipside.rules import Limits, parse_rules
 
 # ------------------------------------------------------------------------- the log and count

@@ -16,7 +16,7 @@ import pytest
 import trio
 import trio.testing
 from limits_kit import server_limits
-from test_session import TIMEOUT, answer_to, heartbeat_request, wired_session
+from test_session import answer_to, heartbeat_request, wired_session
 
 from kipside.protocol import ApiKey
 from kipside.proxy.core.deadlines import IDLE, REQUEST_READ, Deadlines

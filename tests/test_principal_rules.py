@@ -27,8 +27,8 @@ from kipside.protocol import (
     parse_response_header,
 )
 from kipside.protocol.batch_builder import Record, encode_batch
-from kipside.proxy.core.identity import Principal
 from kipside.proxy.core.decisions import ClientHandle, Narrow
+from kipside.proxy.core.identity import Principal
 from kipside.proxy.stages.principals import PrincipalRules
 from kipside.rules import RuleError, parse_rules
 

@@ -16,8 +16,8 @@ from cryptography.x509.oid import NameOID
 from testkit.ports import loopback_pair
 
 from kipside.proxy.cli import main
-from kipside.proxy.security.certificates import certificate_principal, rfc2253
 from kipside.proxy.core.identity import Principal
+from kipside.proxy.security.certificates import certificate_principal, rfc2253
 from kipside.proxy.transport.tls import TlsWire
 
 TIMEOUT = 10
