@@ -56,7 +56,7 @@ class Handle:
 
 
 def client_request(frame: bytes, client: Handle | None = None) -> ClientRequest:
-    return ClientRequest(parse_request_header(frame), frame, client or Handle())  # type: ignore[arg-type]
+    return ClientRequest(parse_request_header(frame), frame, client or Handle())
 
 
 def stage(result: Decision | None, seen: list[str], name: str) -> Callable[..., Decision | None]:
