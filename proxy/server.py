@@ -252,7 +252,6 @@ class Server:
             stats=self.stats,
             dial=security.dial,
             answer_timeout=self.config.upstream_request_timeout_seconds,
-            report=self.limits.reporter.reached,
         )
         session = Session(
             wire,

@@ -1,4 +1,4 @@
-"""features.coalesce.order.ProduceOrder: what a ProduceRequest changing route must wait for.
+"""stages.coalescing.order.ProduceOrder: what a ProduceRequest changing route must wait for.
 
 The bookkeeping alone, with kipside's own Pending answers and a client whose own broker
 connection is a stand-in with one answer in flight; tests/integration/test_route_order.py
@@ -28,6 +28,9 @@ class OwnConnection:
 @dataclass(eq=False)
 class Client:
     dedicated: OwnConnection | None = field(default_factory=OwnConnection)
+
+    def newest_own(self) -> Pending | None:
+        return self.dedicated.last_in_flight() if self.dedicated is not None else None
 
     def send_own(self) -> Pending:
         """What the session does after the route said 'own connection'."""

@@ -63,7 +63,6 @@ class OwnConnection:
         dial: UpstreamDial = plain_dial,
         connect_timeout: float = 10.0,
         answer_timeout: float = DEFAULT_ANSWER_TIMEOUT_SECONDS,
-        report: ReportLimit | None = None,
     ) -> None:
         self._candidates = candidates
         self._max_frame_bytes = max_frame_bytes
@@ -71,7 +70,7 @@ class OwnConnection:
         self._dial = dial
         self._connect_timeout = connect_timeout
         self._answer_timeout = answer_timeout
-        self._report = report
+        self._report: ReportLimit | None = None
         self._owner: Owner | None = None
         self._gate: Callable[[], Awaitable[None]] | None = None
         self._nursery: trio.Nursery | None = None
@@ -79,11 +78,16 @@ class OwnConnection:
         self._failed = False
 
     def bind(
-        self, owner: Owner, nursery: trio.Nursery, gate: Callable[[], Awaitable[None]]
+        self,
+        owner: Owner,
+        nursery: trio.Nursery,
+        gate: Callable[[], Awaitable[None]],
+        report: ReportLimit,
     ) -> None:
-        """The session this connection is for, the nursery its tasks run in, and what its
-        reader waits on before each read (the client taking its answers)."""
-        self._owner, self._nursery, self._gate = owner, nursery, gate
+        """The session this connection is for, the nursery its tasks run in, what its reader
+        waits on before each read (the client taking its answers), and where a limit it
+        reaches is reported."""
+        self._owner, self._nursery, self._gate, self._report = owner, nursery, gate, report
 
     def newest(self) -> Pending | None:
         connection = self.connection

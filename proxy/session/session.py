@@ -150,7 +150,7 @@ class Session:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                self.own.bind(self, nursery, self._room.answers)
+                self.own.bind(self, nursery, self._room.answers, self.limits.report)
                 nursery.start_soon(self._client_reader)
                 nursery.start_soon(self.wire.run_flusher)
                 nursery.start_soon(self._watch_deadlines)

@@ -17,6 +17,7 @@ the client's decision.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
@@ -84,7 +85,7 @@ class UpstreamConnection:
         self._report = report
         self._gate = gate
         self._wire: Wire | None = None
-        self._deadline_changed: trio.Event | None = None
+        self._watcher = trio.CancelScope()
         self._closed_event = trio.Event()
         self.closed = False
         self.close_reason: str | None = None
@@ -155,7 +156,6 @@ class UpstreamConnection:
         if self.closed or wire is None:
             raise UpstreamFailed(self.close_reason or f"{self.name} is not connected")
         pending = Pending() if expects_response else None
-        was_idle = not self.protocol.waiting
         frame = self.protocol.send_frame(
             frame,
             api_key,
@@ -166,8 +166,6 @@ class UpstreamConnection:
             allowance=allowance,
         )
         self._write((frame,) if chunks is None else (frame, *chunks))
-        if was_idle and pending is not None:
-            self._deadline_moved()
         return pending
 
     def send_raw_nowait(self, frame: bytes) -> Pending:
@@ -214,7 +212,6 @@ class UpstreamConnection:
                 protocol.receive_data(data, trio.current_time())
                 while (response := protocol.next_response()) is not None:
                     response.tag.resolve(response.frame)  # type: ignore[attr-defined]
-                self._deadline_moved()
         except FrameTooLargeError as exc:
             reason = f"{self.name}: broker sent a response over limits.max_frame_bytes"
             self._frame_too_large(exc)
@@ -245,26 +242,29 @@ class UpstreamConnection:
 
     # Time -------------------------------------------------------------------------------
 
-    def _deadline_moved(self) -> None:
-        event, self._deadline_changed = self._deadline_changed, None
-        if event is not None:
-            event.set()
-
     async def _watch_deadline(self) -> None:
-        """Close the connection once its oldest request has waited past its deadline. Sleeps
-        until that deadline, or until the request becomes the oldest."""
+        """Close the connection once its oldest request has waited past its deadline.
+
+        Nothing wakes it per request: with requests in flight it sleeps until the oldest one's
+        deadline and asks again (an answer meanwhile only moves the deadline later); idle, it
+        sleeps one answer timeout, and a request sent meanwhile has its deadline no sooner
+        than that."""
         protocol = self.protocol
-        while not self.closed:
-            self._deadline_changed = trio.Event()
-            with trio.move_on_at(protocol.deadline()):
-                await self._deadline_changed.wait()
-            late = protocol.overdue(trio.current_time())
-            if late is not None:
-                waited = max(protocol.answer_timeout or 0.0, late.allowance)
-                self._close(
-                    f"{self.name}: no answer to {api_name(late.api_key)} v{late.api_version} "
-                    f"within {waited:g} s (the upstream answer timeout)"
-                )
+        idle_sleep = protocol.answer_timeout or DEFAULT_ANSWER_TIMEOUT_SECONDS
+        with self._watcher:
+            while not self.closed:
+                deadline = protocol.deadline()
+                if deadline == math.inf:
+                    await trio.sleep(idle_sleep)
+                    continue
+                await trio.sleep_until(deadline)
+                late = protocol.overdue(trio.current_time())
+                if late is not None:
+                    waited = max(protocol.answer_timeout or 0.0, late.allowance)
+                    self._close(
+                        f"{self.name}: no answer to {api_name(late.api_key)} "
+                        f"v{late.api_version} within {waited:g} s (the upstream answer timeout)"
+                    )
 
     # Closing ----------------------------------------------------------------------------
 
@@ -273,7 +273,7 @@ class UpstreamConnection:
             return
         self.closed = True
         self._closed_event.set()
-        self._deadline_moved()
+        self._watcher.cancel()
         self.close_reason = reason
         if self._wire is not None:
             self._wire.close()
