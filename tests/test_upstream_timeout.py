@@ -16,7 +16,8 @@ import trio
 from kipside.protocol import Address, ApiKey, FrameDecoder, build_frame, encode_request_header
 from kipside.protocol.headers import parse_request_header
 from kipside.proxy.core.answers import UpstreamFailed
-from kipside.proxy.upstream.connection import UpstreamConnection, answer_of
+from kipside.proxy.transport.waiting import answer_of
+from kipside.proxy.upstream.connection import UpstreamConnection
 
 TIMEOUT = 10
 ANSWER_TIMEOUT = 0.3

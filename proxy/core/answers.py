@@ -2,7 +2,7 @@
 
 `Pending` is a future without a loop: whoever is owed the answer registers a callback
 (`on_done`), which runs in whatever resolves it, with no task switch. A driver that must wait
-for it wraps the callback in its loop's own event (upstream.connection.answer_of).
+for it wraps the callback in its loop's own event (transport.waiting.answer_of).
 """
 
 from __future__ import annotations

@@ -62,6 +62,7 @@ __all__ = [
     "LimitReporter",
     "ReportLimit",
     "ServerLimits",
+    "answer_too_large",
 ]
 
 log = logging.getLogger("kipside.limits")
@@ -84,6 +85,18 @@ _DECODE_KEYS: Final = {
     "max_tagged_field_bytes": "max_tagged_field_bytes",
     "max_partitions": "max_partitions_per_request",
 }
+
+
+def answer_too_large(connection: str, request: str | None, size: int, cap: int) -> str:
+    """What a broker connection closed for an answer over limits.max_frame_bytes says."""
+    to = f" to {request}" if request else ""
+    return (
+        f"{connection}: the broker sent a response{to} of {size} bytes, over "
+        f"limits.max_frame_bytes ({cap}): closing the connection (the requests in flight on "
+        "it fail and their clients retry, and would meet it again). Raise "
+        "limits.max_frame_bytes above the largest answer the brokers send: a Fetch answer "
+        "reaches the consumer's fetch.max.bytes (50 MiB by default) and more"
+    )
 
 
 class LimitReporter:

@@ -1,4 +1,5 @@
-"""A session's reader: the client's socket into core.ClientSide, each request to the session.
+"""A session's reader and its clocks: the client's socket into core.ClientSide, each request to
+the session, the in-flight pause, and the idle and request-read deadlines.
 
 Before each request it checks what the client makes kipside hold (core.limits): past an
 in-flight limit it takes no more requests until that drops, as a broker mutes a connection; the
@@ -27,7 +28,7 @@ from kipside.proxy.core.limits import IN_FLIGHT, ClientLimits
 from kipside.proxy.security.client_sasl import ClientSasl
 from kipside.proxy.transport.wire import Wire
 
-__all__ = ["Reader", "Room", "read_requests"]
+__all__ = ["Reader", "Room", "read_requests", "watch_deadlines"]
 
 log = logging.getLogger("kipside.session")
 
@@ -39,9 +40,8 @@ class Reader(Protocol):
 
     def describe(self) -> str: ...
 
-    async def handle(self, header: RequestHeader, frame: bytes) -> None: ...
-
-    async def raw_token(self, frame: bytes) -> None: ...
+    async def handle(self, header: RequestHeader | None, frame: bytes) -> None:
+        """A request (header None: a legacy SASL token, which has no header)."""
 
 
 async def read_requests(session: Reader, side: ClientSide, wire: Wire, room: Room) -> bool:
@@ -61,10 +61,8 @@ async def read_requests(session: Reader, side: ClientSide, wire: Wire, room: Roo
                 frame = side.next_frame(raw_token_due=session.sasl.raw_token_due)
                 if frame is None:
                     break
-                if session.sasl.raw_token_due:
-                    await session.raw_token(frame)
-                    continue
-                await session.handle(side.header(frame), frame)
+                raw = session.sasl.raw_token_due
+                await session.handle(None if raw else side.header(frame), frame)
             except (FrameTooLargeError, LimitExceeded) as exc:
                 limits.refused(exc, frame if isinstance(exc, LimitExceeded) else None)
                 raise
@@ -128,3 +126,24 @@ class Room:
                 await self._event.wait()
             finally:
                 limits.wait(on_total, False)
+
+
+async def watch_deadlines(limits: ClientLimits) -> None:
+    """The client's idle and request-read deadlines (core.deadlines): sleep until the nearer
+    one, then ask; a reload asks again at once, a request starting to arrive brings the sleep's
+    end nearer. Returns once one expired (reported)."""
+    deadlines = limits.deadlines
+    while True:
+        changed = trio.Event()
+        limits.on_recheck = changed.set
+        with trio.move_on_at(deadlines.next_deadline()) as scope:
+
+            def sooner(scope: trio.CancelScope = scope) -> None:
+                scope.deadline = min(scope.deadline, deadlines.next_deadline())
+
+            limits.on_deadline_sooner = sooner
+            await changed.wait()
+        expired = deadlines.expired(trio.current_time())
+        if expired is not None:
+            limits.expired(*expired)
+            return

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Final
 
 import trio
 
@@ -31,23 +32,20 @@ from kipside.proxy.core.client_side import (
     Slot,
 )
 from kipside.proxy.core.decisions import (
-    Answer,
     ClientRequest,
     Close,
-    Decision,
-    ForwardLane,
-    ForwardOwn,
     Pipeline,
-    Take,
     Wait,
 )
 from kipside.proxy.core.identity import ANONYMOUS, Principal
 from kipside.proxy.core.limits import ServerLimits
 from kipside.proxy.security.client_sasl import ClientSasl
 from kipside.proxy.session.answers import AnswerWriter
+from kipside.proxy.session.carrying_out import carry_out
 from kipside.proxy.session.own_connection import OwnConnection
-from kipside.proxy.session.reading import Room, read_requests
+from kipside.proxy.session.reading import Room, read_requests, watch_deadlines
 from kipside.proxy.stages.sasl import raw_token
+from kipside.proxy.transport.waiting import answer_of
 from kipside.proxy.transport.wire import WRITE_GRACE_SECONDS, Wire
 
 log = logging.getLogger("kipside.session")
@@ -184,114 +182,46 @@ class Session:
         self.side.end(DRAINED)  # drained: close after the answers already owed
 
     async def _watch_deadlines(self) -> None:
-        """The idle and request-read deadlines (core.deadlines): sleeps until the nearer one,
-        then asks; a reload makes it ask again at once."""
-        deadlines = self.limits.deadlines
-        while True:
-            changed = trio.Event()
-            self.limits.on_recheck = changed.set
-            with trio.move_on_at(deadlines.next_deadline()) as scope:
-
-                def sooner(scope: trio.CancelScope = scope) -> None:
-                    scope.deadline = min(scope.deadline, deadlines.next_deadline())
-
-                self.limits.on_deadline_sooner = sooner
-                await changed.wait()
-            expired = deadlines.expired(trio.current_time())
-            if expired is not None:
-                self.limits.expired(*expired)
-                self._stop()
-                return
+        await watch_deadlines(self.limits)
+        self._stop()
 
     # Requests ---------------------------------------------------------------------------
 
-    async def handle(self, header: RequestHeader, frame: bytes) -> None:
-        """One whole request: decided by the pipeline, then carried out."""
+    async def handle(self, header: RequestHeader | None, frame: bytes) -> None:
+        """One whole request (header None: a legacy SASL token), decided and carried out."""
         started = time.perf_counter()
         took = self.limits.took(len(frame))
-        self.span = self.writer.request_span(self, header, frame)
-        request = ClientRequest(header, frame, self)
-        decision, request = self._pipeline().decide(request)
-        while type(decision) is Wait:
-            await self._wait(decision)
-            decision, request = self._pipeline().decide(request)
-        pending, raw = await self._carry_out(decision, request)
+        if header is None:
+            header = RAW_TOKEN_HEADER
+            self.span = None
+            decision, request = raw_token(self, frame), ClientRequest(header, frame, self)
+        else:
+            self.span = self.writer.request_span(self, header, frame)
+            decision, request = self._pipeline().decide(ClientRequest(header, frame, self))
+            while type(decision) is Wait:
+                await self._wait(decision)
+                decision, request = self._pipeline().decide(request)
+        pending, raw = await carry_out(decision, request, self.own)
         if pending is None:  # nothing is owed: the request holds nothing
             self.writer.finish(self.span)
             self.limits.written(trio.current_time(), took, 0)
         else:
+            key, version, correlation_id = header.api_key, header.api_version, header.correlation_id
+            span, merge = self.span, request.merge
             self.side.owe(
-                Slot(
-                    header.api_key,
-                    header.api_version,
-                    header.correlation_id,
-                    pending,
-                    raw,
-                    started,
-                    self.span,
-                    request.merge,
-                    took,
-                )
+                Slot(key, version, correlation_id, pending, raw, started, span, merge, took)
             )
         if type(decision) is Close:
             self.refuse(decision.reason, decision.level)
         elif request.close_after is not None:
             self.refuse(request.close_after, logging.INFO)
 
-    async def _carry_out(
-        self, decision: Decision, request: ClientRequest
-    ) -> tuple[Pending | None, bool]:
-        """The answer the decision owes the client (None: none), and whether it is a broker's
-        raw answer. Raises UpstreamFailed when the broker can't be reached."""
-        if type(decision) is Take:
-            return decision.pending, decision.raw
-        if type(decision) is ForwardOwn:
-            return await self.own.send(request), True
-        if type(decision) is ForwardLane:
-            header = request.header
-            pending = decision.lane.send(request.frame, header.api_key, header.api_version)
-            if pending is None:
-                pending = await decision.lane.dial_and_send(
-                    request.frame, header.api_key, header.api_version
-                )
-            return pending, True
-        return _local(decision), False
-
     async def _wait(self, wait: Wait) -> None:
         with trio.move_on_after(wait.limit) as limit:
-            done = trio.Event()
-            wait.pending.on_done(done.set)
-            await done.wait()
+            await answer_of(wait.pending)
         if limit.cancelled_caught:
             log.warning("%s: %s", self.describe(), wait.too_long)
             raise UpstreamFailed(wait.too_long)
-
-    async def raw_token(self, frame: bytes) -> None:
-        """A legacy SASL token (after SaslHandshake v0): answered here or carried as it is."""
-        took = self.limits.took(len(frame))
-        decision = raw_token(self, frame)
-        if type(decision) is ForwardOwn:
-            pending: Pending | None = await self.own.send_raw(frame)
-            raw = False
-        else:
-            pending, raw = _local(decision), False
-        if pending is not None:
-            key, version = ApiKey.SASL_AUTHENTICATE, 0
-            self.side.owe(
-                Slot(
-                    key,
-                    version,
-                    RAW_TOKEN_CORRELATION_ID,
-                    pending,
-                    raw,
-                    time.perf_counter(),
-                    None,
-                    None,
-                    took,
-                )
-            )
-        if type(decision) is Close:
-            self.refuse(decision.reason, decision.level)
 
     def refuse(self, reason: str, level: int) -> None:
         """Log the reason, stop reading, and close once the answers owed so far are written."""
@@ -321,10 +251,7 @@ class Session:
             self._stop()
 
 
-def _local(decision: Decision) -> Pending | None:
-    """kipside's own answer in a decision (Answer, or a Close that answers first), if any."""
-    if type(decision) is Answer:
-        return Pending.answered(decision.frame)
-    if type(decision) is Close and decision.answer is not None:
-        return Pending.answered(decision.answer)
-    return None
+RAW_TOKEN_HEADER: Final = RequestHeader(
+    ApiKey.SASL_AUTHENTICATE, 0, RAW_TOKEN_CORRELATION_ID, None, 0, 4
+)
+"""What a legacy SASL token is owed as: a SaslAuthenticate v0 answer with no correlation id."""

@@ -32,6 +32,7 @@ from kipside.protocol import (
     api_name,
 )
 from kipside.proxy.core.answers import Pending, UpstreamFailed
+from kipside.proxy.core.limits import ReportLimit, answer_too_large
 from kipside.proxy.transport.dial import Dial, plain_dial
 from kipside.proxy.transport.wire import BACKLOG_LIMIT_BYTES, Wire, WireBroken
 
@@ -40,20 +41,6 @@ log = logging.getLogger("kipside.upstream")
 DEFAULT_ANSWER_TIMEOUT_SECONDS: Final = 30.0
 """The answer timeout unless configured (--upstream-request-timeout): Apache Kafka clients'
 request.timeout.ms default."""
-
-ReportLimit = Callable[[str, str], None]
-"""(limit key, message): core.limits.LimitReporter.reached, counted and logged."""
-
-
-async def answer_of(pending: Pending) -> bytes:
-    """Wait for `pending` in trio; its frame, or UpstreamFailed."""
-    if not pending.done:
-        done = trio.Event()
-        pending.on_done(done.set)
-        await done.wait()
-    else:
-        await trio.lowlevel.checkpoint()
-    return pending.result()
 
 
 class UpstreamConnection:
@@ -226,15 +213,9 @@ class UpstreamConnection:
             self._close(reason)
 
     def _frame_too_large(self, exc: FrameTooLargeError) -> None:
-        waiting = self.protocol.oldest()
-        to = f" to {api_name(waiting.api_key)} v{waiting.api_version}" if waiting else ""
-        message = (
-            f"{self.name}: the broker sent a response{to} of {exc.size} bytes, over "
-            f"limits.max_frame_bytes ({exc.cap}): closing the connection (the requests in "
-            "flight on it fail and their clients retry, and would meet it again). Raise "
-            "limits.max_frame_bytes above the largest answer the brokers send: a Fetch answer "
-            "reaches the consumer's fetch.max.bytes (50 MiB by default) and more"
-        )
+        oldest = self.protocol.oldest()
+        what = None if oldest is None else f"{api_name(oldest.api_key)} v{oldest.api_version}"
+        message = answer_too_large(self.name, what, exc.size, exc.cap)
         if self._report is not None:
             self._report("max_frame_bytes", message)
         else:

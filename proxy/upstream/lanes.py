@@ -27,13 +27,13 @@ from kipside.protocol import (
 )
 from kipside.proxy.core.answers import Pending, UpstreamFailed
 from kipside.proxy.core.identity import ANONYMOUS, Principal
+from kipside.proxy.core.limits import ReportLimit
 from kipside.proxy.telemetry.stats import Stats
 from kipside.proxy.transport.dial import Dial, plain_dial
+from kipside.proxy.transport.waiting import answer_of
 from kipside.proxy.upstream.connection import (
     DEFAULT_ANSWER_TIMEOUT_SECONDS,
-    ReportLimit,
     UpstreamConnection,
-    answer_of,
 )
 
 log = logging.getLogger("kipside.lanes")
