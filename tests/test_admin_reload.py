@@ -15,6 +15,7 @@ import os
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import trio
@@ -126,7 +127,7 @@ async def test_apply_reaches_every_reader_of_the_rules(
     server = make_server(path, 9)
     coalescer = Coalescer(
         FeatureContext(
-            lambda node_id, principal: object(),  # type: ignore[arg-type,return-value]
+            lambda node_id, principal: SimpleNamespace(lanes=2, node_id=node_id),  # type: ignore[arg-type,return-value]
             server.default_node,
             lambda: server.rules,
             server.stats,
@@ -134,7 +135,7 @@ async def test_apply_reaches_every_reader_of_the_rules(
         ),
         server.nodes,
     )
-    existing_lane = coalescer._lane(111, ANONYMOUS, 0)
+    existing_lanes = coalescer.lanes(111, ANONYMOUS)
     assert server.versions.lower_transaction_version is False
 
     path.write_text(
@@ -147,8 +148,7 @@ async def test_apply_reaches_every_reader_of_the_rules(
     new = server.rules
     assert new.coalescing.lanes == 5 and new.transactions
     assert coalescer.rules is new.coalescing
-    assert existing_lane.rules is new.coalescing  # linger/max bytes of running lanes follow
-    assert coalescer._lane(111, ANONYMOUS, 1).rules is new.coalescing
+    assert existing_lanes.rules is new.coalescing  # linger/max bytes of running lanes follow
     assert not coalescer.rules.applies("audit.x", "c")
     assert server.versions.lower_transaction_version is True
     assert "coalescing.lanes changed from 2 to 5" in caplog.text

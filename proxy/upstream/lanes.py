@@ -169,6 +169,13 @@ class LanePool:
         assert pending is not None
         return await answer_of(pending)
 
+    async def close_lane(self, index: int) -> None:
+        """Close one lane's connection (redialled on next use)."""
+        connection = self._connections[index]
+        self._connections[index] = None
+        if connection is not None:
+            await connection.aclose()
+
     def count(self, api_key: int) -> None:
         self._stats.upstream_requests[api_key] += 1
 

@@ -20,9 +20,9 @@ from kipside.protocol import (
 )
 from kipside.proxy.core.decisions import ClientHandle
 from kipside.proxy.core.identity import Principal
-from kipside.proxy.stages.coalescing.client_produce import ClientProduce, Submitted
-from kipside.proxy.stages.coalescing.lane import ProduceLane, QueuedBatch
-from kipside.proxy.stages.coalescing.placement import LanePlacement
+from kipside.proxy.core.produce_scheduler import Batch
+from kipside.proxy.stages.coalescing.client_produce import Submitted
+from kipside.proxy.stages.coalescing.lanes import ProduceLanes, QueuedBatch
 from kipside.proxy.stages.context import FeatureContext
 from kipside.proxy.upstream.nodes import NodeMap
 from kipside.rules import CoalescingRules
@@ -51,8 +51,7 @@ class Coalescer:
         self.context = context
         self.nodes = nodes
         """Where the answers' node endpoints are learned and rewritten."""
-        self.placement = LanePlacement()
-        self._lanes: dict[tuple[int, Principal, int], ProduceLane] = {}
+        self._lanes: dict[tuple[int, Principal], ProduceLanes] = {}
 
     @property
     def rules(self) -> CoalescingRules:
@@ -60,15 +59,19 @@ class Coalescer:
         (the lane count of existing pools doesn't change)."""
         return self.context.rules().coalescing
 
-    def _lane(self, node_id: int, principal: Principal, index: int) -> ProduceLane:
-        key = (node_id, principal, index)
-        lane = self._lanes.get(key)
-        if lane is None:
+    def lanes(self, node_id: int, principal: Principal) -> ProduceLanes:
+        """The produce lanes to a node for a principal (their scheduler), made on first use."""
+        key = (node_id, principal)
+        lanes = self._lanes.get(key)
+        if lanes is None:
             pool = self.context.pools(node_id, principal)
-            lane = ProduceLane(self.context, self.placement, pool, index)
-            self._lanes[key] = lane
-            self.context.nursery.start_soon(lane.run)
-        return lane
+            lanes = self._lanes[key] = ProduceLanes(self.context, pool, self.nodes)
+            self.context.nursery.start_soon(lanes.run)
+        return lanes
+
+    def outstanding(self) -> int:
+        """Batches queued or in flight on every node's lanes."""
+        return sum(lanes.scheduler.outstanding() for lanes in self._lanes.values())
 
     def eligible(self, header: RequestHeader) -> bool:
         return (
@@ -110,20 +113,16 @@ class Coalescer:
         queued. Raises UpstreamFailed if a passed-through request's connection breaks."""
         assert plan.partitions is not None and plan.coalesce
         acks, timeout_ms = plan.acks, plan.timeout_ms
-        lanes = self.context.pools(node_id, principal).lanes
-        place = self.placement.place
-        indexes = [place(client, node_id, p.topic, p.partition, acks, lanes) for p in plan.batches]
-        batches = [QueuedBatch(p, acks, timeout_ms, None, client) for p in plan.batches]
-        if self.context.tracer is None and indexes.count(indexes[0]) == len(indexes):
-            lane = self._lane(node_id, principal, indexes[0])
-            passed = lane.pass_through(frame, header, acks, batches)
-            if passed is not None:
-                return passed
-        owner = None
-        if acks != 0:
-            keys = list(plan.partitions)
-            owner = ClientProduce(header.correlation_id, header.api_version, keys, self.nodes)
-        for item, index in zip(batches, indexes, strict=True):
-            item.owner, item.span = owner, span
-            self._lane(node_id, principal, index).submit(item)
-        return Submitted(owner.pending if owner is not None else None, raw=False)
+        batches = [
+            Batch(
+                client,
+                p.topic,
+                p.partition,
+                len(p.records) if p.records is not None else 0,
+                acks,
+                timeout_ms,
+                QueuedBatch(p, None, client, span),
+            )
+            for p in plan.batches
+        ]
+        return self.lanes(node_id, principal).submit(batches, frame, header, acks)
