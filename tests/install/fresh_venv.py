@@ -17,6 +17,7 @@ PYSPARK_PYTHON; `activated=True` puts the venv's bin/ first on PATH as `bin/acti
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -92,9 +93,11 @@ def _run(args: list[str]) -> None:
 
 
 class FreshVenvs:
-    """One fresh venv per extra of EXTRAS under `root`, installed concurrently from `wheel`."""
+    """One fresh venv per extra of EXTRAS under `root`, installed concurrently from `wheel`;
+    close() removes them (the pipeline's is about 1 GB)."""
 
     def __init__(self, wheel: Path, root: Path) -> None:
+        self._root = root
         self._pool = ThreadPoolExecutor(max_workers=len(EXTRAS), thread_name_prefix="venv")
         self._installs: dict[str, Future[FreshVenv]] = {
             extra: self._pool.submit(install, wheel, extra, root / (extra or "base"))
@@ -107,3 +110,4 @@ class FreshVenvs:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        shutil.rmtree(self._root, ignore_errors=True)

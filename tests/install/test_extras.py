@@ -52,6 +52,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 GOLDEN = Path(__file__).resolve().parents[1] / "captures" / "golden" / "coalescing"
 PARTITIONS = 2
 COMMAND_TIMEOUT = 60.0
+# A fresh venv compiles its modules' bytecode on first import (install.fresh_venv), so the first
+# start of kipside takes longer than the harness's usual READY_TIMEOUT on a busy machine.
+READY_TIMEOUT = 60.0
 SPARK_TIMEOUT = 150.0  # under the suite's per-test watchdog (tests/conftest.py)
 
 
@@ -82,7 +85,9 @@ def _round_trip(bootstrap: str, prefix: str) -> None:
 def test_serve_alone_passes_traffic(fresh_venvs: FreshVenvs, tmp_path: Path) -> None:
     venv = fresh_venvs.get("")
     with start_tansu() as broker:
-        ks = start_kipside(broker, tmp_path, binary=venv.kipside, env=venv.env())
+        ks = start_kipside(
+            broker, tmp_path, timeout=READY_TIMEOUT, binary=venv.kipside, env=venv.env()
+        )
         try:
             _round_trip(ks.bootstrap, "alone-serve")
         finally:
@@ -96,7 +101,9 @@ def test_dev_alone_runs_the_readme_demo(fresh_venvs: FreshVenvs, tmp_path: Path)
     venv = fresh_venvs.get("")
     lines = tmp_path / "lines"
     lines.write_text("".join(f"{n}\n" for n in range(1, 20_001)))
-    dev = start_kipside_dev(tmp_path / "dev", binary=venv.kipside, env=venv.env())
+    dev = start_kipside_dev(
+        tmp_path / "dev", timeout=READY_TIMEOUT, binary=venv.kipside, env=venv.env()
+    )
     try:
         produce = [kcat, "-b", dev.bootstrap, "-P", "-t", "demo"]
         produce += ["-X", "linger.ms=0", "-X", "batch.num.messages=50"]
