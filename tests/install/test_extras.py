@@ -23,6 +23,7 @@ import json
 import re
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -96,7 +97,8 @@ def test_serve_alone_passes_traffic(fresh_venvs: FreshVenvs, tmp_path: Path) -> 
 
 
 def test_dev_alone_runs_the_readme_demo(fresh_venvs: FreshVenvs, tmp_path: Path) -> None:
-    """The README's traffic: four kcat producers of 20,000 lines, one kcat consumer counting."""
+    """The README's traffic: four kcat producers of 20,000 lines, one kcat consumer counting;
+    and the status page it names (package data the wheel must carry)."""
     kcat = tools.find("kcat", "the README's demo through `kipside dev`")
     venv = fresh_venvs.get("")
     lines = tmp_path / "lines"
@@ -120,6 +122,11 @@ def test_dev_alone_runs_the_readme_demo(fresh_venvs: FreshVenvs, tmp_path: Path)
         read = subprocess.run(consume, capture_output=True, timeout=COMMAND_TIMEOUT, check=False)
         assert read.returncode == 0, read.stderr.decode(errors="replace")
         assert len(read.stdout.splitlines()) == 80_000
+        page = re.search(r"status page (http://\S+/) ", dev.stdout_path.read_text())
+        assert page is not None, dev.stdout_path.read_text()
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(page.group(1), timeout=5) as reply:
+            assert reply.status == 200 and b"<html" in reply.read().lower()
     finally:
         code = dev.stop()
     assert code == 0, tail(dev.log())
