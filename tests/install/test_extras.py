@@ -1,7 +1,7 @@
 """Each extra, installed alone from a wheel of the checkout into a fresh venv, runs what it is for.
 
-The dev venv holds every extra, so a module that only another extra (or the test extra)
-installs is found here, before a user finds it:
+The dev venv holds every extra, so there a module that only another extra (or the test extra)
+installs goes unnoticed; here it fails a test before a user finds it:
 
 - no extra (the sidecar): `kipside serve` in front of Tansu and `kipside dev` get to `kipside:
   ready` and pass real traffic (confluent-kafka from this process; the README's kcat demo for
