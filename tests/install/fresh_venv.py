@@ -11,13 +11,13 @@ reading the same configuration, indexes and cache that a user's `pip install` he
 which makes the installs about three times faster and changes nothing that runs.
 
 `env()` is the environment a user has: nothing of the dev venv on PATH or in PYTHONPATH, no
-PYSPARK_PYTHON; `activated=True` puts the venv's bin/ first on PATH as `bin/activate` does.
+PYSPARK_PYTHON, bytecode written as Python does by default; `activated=True` puts the venv's
+bin/ first on PATH as `bin/activate` does.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -30,8 +30,17 @@ __all__ = ["EXTRAS", "INSTALL_TIMEOUT", "FreshVenv", "FreshVenvs"]
 EXTRAS = ("", "pcap", "pipeline")
 """What a user installs alone: the sidecar (no extra), and each user-facing extra."""
 INSTALL_TIMEOUT = 600.0
-# What would make a venv see something other than what was installed in it.
-_LEAKS = ("PYTHONPATH", "PYTHONHOME", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_HOME")
+# What would make a venv run other than a user's: modules from elsewhere, another Python for
+# Spark's workers, and no bytecode ever written (the venvs are installed without it, so every
+# Python process Spark starts would compile every module it imports again).
+_LEAKS = (
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONDONTWRITEBYTECODE",
+    "PYSPARK_PYTHON",
+    "PYSPARK_DRIVER_PYTHON",
+    "SPARK_HOME",
+)
 
 
 @dataclass(frozen=True)
@@ -93,11 +102,11 @@ def _run(args: list[str]) -> None:
 
 
 class FreshVenvs:
-    """One fresh venv per extra of EXTRAS under `root`, installed concurrently from `wheel`;
-    close() removes them (the pipeline's is about 1 GB)."""
+    """One fresh venv per extra of EXTRAS under `root`, installed concurrently from `wheel`.
+    They stay where they are (about 1.2 GB together) for pytest's own clean-up of old temporary
+    folders: removing them costs tens of seconds of a busy disk."""
 
     def __init__(self, wheel: Path, root: Path) -> None:
-        self._root = root
         self._pool = ThreadPoolExecutor(max_workers=len(EXTRAS), thread_name_prefix="venv")
         self._installs: dict[str, Future[FreshVenv]] = {
             extra: self._pool.submit(install, wheel, extra, root / (extra or "base"))
@@ -110,4 +119,3 @@ class FreshVenvs:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
-        shutil.rmtree(self._root, ignore_errors=True)

@@ -25,8 +25,7 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.dataset as ds
@@ -53,10 +52,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 GOLDEN = Path(__file__).resolve().parents[1] / "captures" / "golden" / "coalescing"
 PARTITIONS = 2
 COMMAND_TIMEOUT = 60.0
-# A fresh venv compiles its modules' bytecode on first import (install.fresh_venv), so the first
+# A fresh venv writes its modules' bytecode on first import (install.fresh_venv), so the first
 # start of kipside takes longer than the harness's usual READY_TIMEOUT on a busy machine.
 READY_TIMEOUT = 60.0
-SPARK_TIMEOUT = 150.0  # under the suite's per-test watchdog (tests/conftest.py)
+# The three Spark applications run at once, each to its end, within the module fixture (the
+# suite's per-test watchdog, tests/conftest.py, does not cover it): on 2 busy cores each takes
+# minutes.
+SPARK_TIMEOUT = 360.0
 
 
 def _run(
@@ -189,43 +191,45 @@ spark.stop()
 """
 
 
-@dataclass
-class SparkApp:
-    """One Spark application of the pipeline venv, started in the background."""
+@dataclass(frozen=True)
+class Finished:
+    """A Spark application of the pipeline venv, once it has exited."""
 
     name: str
-    proc: subprocess.Popen[str]
-    started: float = field(default_factory=time.monotonic)
-    _done: tuple[int, str, str, float] | None = None
-
-    def wait(self) -> tuple[int, str, str]:
-        """Its exit code, stdout and stderr, once it has exited (killed at SPARK_TIMEOUT)."""
-        if self._done is None:
-            try:
-                out, err = self.proc.communicate(timeout=SPARK_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                out, err = self.proc.communicate(timeout=10)
-                raise AssertionError(
-                    f"{self.name} still running after {SPARK_TIMEOUT} s\n{tail(err)}"
-                ) from None
-            self._done = (self.proc.returncode, out, err, time.monotonic() - self.started)
-        code, out, err, _ = self._done
-        return code, out, err
+    code: int | None
+    """None: still running at SPARK_TIMEOUT, and killed."""
+    stdout: str
+    stderr: str
+    seconds: float
 
     def spark_log(self) -> str:
         """What Spark logged: its log file (named by kipside's CLI), else its stderr."""
-        _, _, err = self.wait()
-        named = re.search(r"Spark's log: (\S+)", err)
-        return Path(named.group(1)).read_text(errors="replace") if named else err
+        named = re.search(r"Spark's log: (\S+)", self.stderr)
+        if named is None or not Path(named.group(1)).exists():
+            return self.stderr
+        return Path(named.group(1)).read_text(errors="replace")
 
     def explain(self) -> str:
-        code, out, err = self.wait()
+        how = f"exited {self.code}" if self.code is not None else "was killed"
         errors = [ln for ln in self.spark_log().splitlines() if "Error" in ln][:20]
         return (
-            f"{self.name} exited {code}\n--- stdout ---\n{out[-3000:]}\n--- stderr ---\n"
-            f"{err[-3000:]}\n--- errors in Spark's log ---\n" + "\n".join(errors)
+            f"{self.name} {how} after {self.seconds:.0f} s\n--- stdout ---\n{self.stdout[-3000:]}"
+            f"\n--- stderr ---\n{self.stderr[-3000:]}\n--- errors in Spark's log ---\n"
+            + "\n".join(errors)
         )
+
+
+def _finish(name: str, proc: subprocess.Popen[str], started: float) -> Finished:
+    """Wait for `proc` until SPARK_TIMEOUT after `started`; kill it then."""
+    code: int | None
+    try:
+        out, err = proc.communicate(timeout=max(1.0, started + SPARK_TIMEOUT - time.monotonic()))
+        code = proc.returncode
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate(timeout=10)
+        code = None
+    return Finished(name, code, out, err, time.monotonic() - started)
 
 
 @dataclass(frozen=True)
@@ -235,9 +239,9 @@ class PipelineRuns:
     """The source's records that read_committed readers must see: (offset, record) by partition."""
     dest: Broker
     lake_out: Path
-    mirror: SparkApp
-    lake: SparkApp
-    plain_read: SparkApp
+    mirror: Finished
+    lake: Finished
+    plain_read: Finished
 
 
 @pytest.fixture(scope="module")
@@ -245,12 +249,11 @@ def pipeline_runs(
     fresh_venvs: FreshVenvs, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[PipelineRuns]:
     """A small topic, then the mirror, the lake and a plain session's read of it, all at once
-    from the pipeline venv."""
+    from the pipeline venv, each to its end (the tests check what they left)."""
     tools.find("java", "Spark")
     venv = fresh_venvs.get("pipeline")
     tmp = tmp_path_factory.mktemp("pipeline")
-    with ExitStack() as stack:
-        source, dest = stack.enter_context(start_tansu()), stack.enter_context(start_tansu())
+    with start_tansu() as source, start_tansu() as dest:
         topic = fresh_topic(source.bootstrap, "alone-pipeline", PARTITIONS)
         data = produce_json_dataset(source.bootstrap, topic, PARTITIONS, per_codec=20)
         aborted = set(data.aborted)
@@ -260,58 +263,56 @@ def pipeline_runs(
         }
         schema = tmp / "orders.json"
         schema.write_text(json.dumps(JSON_SCHEMA))
-
-        def start(name: str, args: Sequence[str | Path], activated: bool = False) -> SparkApp:
-            proc = subprocess.Popen(
-                [str(a) for a in args],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=venv.env(activated=activated),
-                cwd=tmp,
-            )
-            procs.track(proc)
-            stack.callback(procs.stop, proc)
-            return SparkApp(name, proc)
-
         once = ["--topics", re.escape(topic), "--once"]
         clusters = ["--source", source.bootstrap, "--dest", dest.bootstrap]
-        mirror = start(
-            "kipside mirror",
-            [venv.kipside, "mirror", *clusters, *once, "--checkpoint", tmp / "mirror-ck"],
-        )
         table: list[str | Path] = ["--schema", schema, "--out", tmp / "lake"]
         table += ["--checkpoint", tmp / "lake-ck"]
-        lake = start(
-            "kipside lake", [venv.kipside, "lake", "--bootstrap", source.bootstrap, *once, *table]
-        )
-        # A user's PySpark finds the workers' Python on PATH: the activated venv's.
-        plain = start(
-            "format('kipside')",
-            [venv.python, "-c", PLAIN_READ, source.bootstrap, topic],
-            activated=True,
-        )
+        apps: dict[str, tuple[list[str | Path], bool]] = {
+            "kipside mirror": (
+                [venv.kipside, "mirror", *clusters, *once, "--checkpoint", tmp / "mirror-ck"],
+                False,
+            ),
+            "kipside lake": (
+                [venv.kipside, "lake", "--bootstrap", source.bootstrap, *once, *table],
+                False,
+            ),
+            # A user's PySpark finds the workers' Python on PATH: the activated venv's.
+            "format('kipside')": ([venv.python, "-c", PLAIN_READ, source.bootstrap, topic], True),
+        }
+        started = time.monotonic()
+        running = {
+            name: procs.track(
+                subprocess.Popen(
+                    [str(a) for a in args],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    env=venv.env(activated=activated),
+                    cwd=tmp,
+                )
+            )
+            for name, (args, activated) in apps.items()
+        }
+        mirror, lake, plain = (_finish(name, proc, started) for name, proc in running.items())
         yield PipelineRuns(data, committed, dest, tmp / "lake", mirror, lake, plain)
 
 
 @pytest.mark.spark
 def test_mirror_alone_copies_the_committed_records(pipeline_runs: PipelineRuns) -> None:
     runs = pipeline_runs
-    code, _, err = runs.mirror.wait()
-    assert code == 0, runs.mirror.explain()
+    assert runs.mirror.code == 0, runs.mirror.explain()
     got = records_of(consume_all(runs.dest.bootstrap, runs.data.topic, PARTITIONS))
     want = {p: [r for _, r in records] for p, records in runs.committed.items()}
     assert got == want
     count = sum(map(len, want.values()))
-    assert f"{count:,} records" in err, err
+    assert f"{count:,} records" in runs.mirror.stderr, runs.mirror.stderr
 
 
 @pytest.mark.spark
 def test_lake_alone_lands_every_row(pipeline_runs: PipelineRuns) -> None:
     runs = pipeline_runs
-    code, _, _ = runs.lake.wait()
-    assert code == 0, runs.lake.explain()
+    assert runs.lake.code == 0, runs.lake.explain()
     rows = ds.dataset(str(runs.lake_out), format="parquet", partitioning="hive").to_table()
     assert sorted(rows.column("id").to_pylist()) == sorted(v["id"] for _, v, _ in runs.data.good)
     quarantine = ds.dataset(str(runs.lake_out / "_quarantine"), format="parquet").to_table()
@@ -321,9 +322,8 @@ def test_lake_alone_lands_every_row(pipeline_runs: PipelineRuns) -> None:
 @pytest.mark.spark
 def test_a_plain_pyspark_session_reads_format_kipside(pipeline_runs: PipelineRuns) -> None:
     runs = pipeline_runs
-    code, out, _ = runs.plain_read.wait()
-    assert code == 0, runs.plain_read.explain()
-    rows = json.loads(out.strip().splitlines()[-1])
+    assert runs.plain_read.code == 0, runs.plain_read.explain()
+    rows = json.loads(runs.plain_read.stdout.strip().splitlines()[-1])
     got = {(p, offset, value) for p, offset, value in rows}
     want = {
         (p, offset, r.value.hex() if r.value is not None else None)
