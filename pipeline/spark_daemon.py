@@ -1,11 +1,15 @@
 """Spark's Python worker daemon, with the modules kipside's tasks need loaded before forking.
 
 Spark forks a Python worker from its daemon for every task, and each one would otherwise
-import PySpark's worker modules, pandas, pyarrow and kipside's own modules again: about a
-second of CPU per task, more than a micro-batch of the shallow mirror costs otherwise
-(docs/performance.md, "Shallow mirror", has the profile).
+import PySpark's worker modules, pyarrow, kipside's own modules and (where it is installed)
+pandas again: about a second of CPU per task, more than a micro-batch of the shallow mirror
+costs otherwise (docs/performance.md, "Shallow mirror", has the profile).
 `spark.python.daemon.module=pipeline.spark_daemon` (set by pipeline.spark) imports them once in
 the daemon, and every fork shares them.
+
+The daemon imports only what the pipeline extra installs: pandas is not in it, and kipside's
+tasks never need it. pyarrow imports pandas when it is there (on its first scalar, in every
+worker), so it is preloaded only where it is installed.
 
 Two things PySpark's own daemon is careful about, handled here:
 - Forking a process with threads leaves the child without them, holding whatever lock they
@@ -21,6 +25,7 @@ Two things PySpark's own daemon is careful about, handled here:
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 
@@ -31,11 +36,11 @@ PRELOAD = (
     "pyspark.sql.worker.write_into_data_source",
     "pyarrow",
     "numpy",
-    "pandas",
     "kipside.pipeline.source.datasource",
     "kipside.pipeline.mirror.sink",
     "kio.schema.errors",
 )
+PRELOAD_IF_INSTALLED = ("pandas",)
 THREADLESS_ENV = {
     "JE_ARROW_MALLOC_CONF": "background_thread:false",
     "OPENBLAS_NUM_THREADS": "1",
@@ -66,6 +71,9 @@ def _pip_pyspark_home() -> str | None:
 def preload() -> None:
     for name in PRELOAD:
         importlib.import_module(name)
+    for name in PRELOAD_IF_INSTALLED:
+        if importlib.util.find_spec(name) is not None:
+            importlib.import_module(name)
 
 
 if __name__ == "__main__":
