@@ -45,6 +45,8 @@ __all__ = ["DEFAULT_WINDOW", "Batch", "Placed", "ProduceScheduler", "Request"]
 DEFAULT_WINDOW: Final = 5
 """Requests in flight on one lane at most: the Java producer's max.in.flight default."""
 DEFAULT_IDLE_CLOSE_SECONDS: Final = 300.0
+EWMA: Final = 0.1
+"""Weight of the newest sample in the scheduler's running averages."""
 
 
 def stable_lane(topic: str, partition: int, lanes: int) -> int:
@@ -81,6 +83,7 @@ class Request:
     timeout_ms: int
     whole: bool = False
     """The one client request it carries goes as the client sent it (passed through)."""
+    sent_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +135,11 @@ class ProduceScheduler:
         self._outstanding: dict[tuple[Hashable, str, int], list[int]] = {}
         """(client, topic, partition) -> [lane, batches outstanding]."""
         self.sent_requests = 0
+        self._rtt = 0.0
+        """Recent answer times (an average that follows them)."""
+        self._arrivals_per_second = 0.0
+        """Recent batch arrivals a second (an average that follows them)."""
+        self._last_arrival = -math.inf
 
     # Placing ----------------------------------------------------------------------------
 
@@ -139,6 +147,7 @@ class ProduceScheduler:
         """Place one client request's batches (all of one acks value). `Placed.whole` says the
         request may pass through as it is; else its batches are queued and `ready` says when
         they leave."""
+        self._arrived(now)
         if len(batches) == 1:  # the usual case, on the hot path
             batch = batches[0]
             lane = self._place(batch, now)
@@ -166,7 +175,7 @@ class ProduceScheduler:
         lane = self._lanes[placed.lane]
         for batch in batches:
             self._count(batch, lane)
-        request = Request(lane.index, batches, batches[0].acks, batches[0].timeout_ms, True)
+        request = Request(lane.index, batches, batches[0].acks, batches[0].timeout_ms, True, now)
         lane.in_flight.append(request)
         lane.last_used = now
         self.sent_requests += 1
@@ -181,21 +190,52 @@ class ProduceScheduler:
             # Nothing tells when an acks=0 batch is written to the log: the next one of its
             # partition must follow it on the same connection, so each partition keeps a lane.
             return self._lane(stable_lane(batch.topic, batch.partition, self.lane_cap))
-        best: _Lane | None = None
-        best_score = (2, math.inf)
+        idle: _Lane | None = None
+        join: _Lane | None = None
+        join_wait = math.inf
+        fallback: _Lane | None = None
+        fallback_load = math.inf
         for lane in self._lanes:
             if lane.idle:
-                return lane
-            clash = any(
-                b.partition == batch.partition and b.topic == batch.topic for b in lane.queue
-            )
-            score = (1 if clash else 0, lane.load)
-            if score < best_score:
-                best, best_score = lane, score
+                if idle is None:
+                    idle = lane
+                continue
+            if lane.load < fallback_load:
+                fallback, fallback_load = lane, lane.load
+            if len(lane.in_flight) >= self.window or _holds(lane, batch):
+                continue
+            wait = self._wait(lane, now)
+            if wait < join_wait:
+                join, join_wait = lane, wait
+        if join is not None and (idle is None or self._worth_joining(join, join_wait)):
+            return join
+        if idle is not None:
+            return idle
         if len(self._lanes) < self.lane_cap:
             return self._lane(len(self._lanes))
-        assert best is not None
-        return best
+        assert fallback is not None
+        return fallback
+
+    def _wait(self, lane: _Lane, now: float) -> float:
+        """How long a batch joining this busy lane's next request may wait: until the answer
+        to its oldest request in flight, as recent answers went."""
+        if not lane.in_flight:
+            return 0.0
+        return max(self._rtt - (now - lane.in_flight[0].sent_at), 0.0)
+
+    def _worth_joining(self, lane: _Lane, wait: float) -> bool:
+        """Whether waiting `wait` for a busy lane gains something over an idle lane now: the
+        request it joins carries others already, or more are due before it leaves."""
+        return bool(lane.queue) or wait * self._arrivals_per_second >= 1.0
+
+    def _arrived(self, now: float) -> None:
+        gap = now - self._last_arrival
+        self._last_arrival = now
+        if gap > 0:
+            rate = 1.0 / gap
+            self._arrivals_per_second += (rate - self._arrivals_per_second) * EWMA
+        else:
+            self._arrivals_per_second *= 1 + EWMA
 
     def _lane(self, index: int) -> _Lane:
         while len(self._lanes) <= index:
@@ -260,7 +300,7 @@ class ProduceScheduler:
                 size += batch.size
             lane.queue = rest
             timeout_ms = max(batch.timeout_ms for batch in taken)
-            request = Request(lane.index, taken, acks, timeout_ms)
+            request = Request(lane.index, taken, acks, timeout_ms, sent_at=now)
             lane.in_flight.append(request)
             lane.last_used = now
             self.sent_requests += 1
@@ -285,6 +325,7 @@ class ProduceScheduler:
 
     def answered(self, request: Request, now: float) -> None:
         """The broker answered `request` (the driver gives each batch its part first)."""
+        self._rtt += (now - request.sent_at - self._rtt) * EWMA
         self._finished(request)
 
     def _finished(self, request: Request) -> None:
@@ -341,3 +382,8 @@ class ProduceScheduler:
         lane = self._lanes[index]
         lane.open = True
         lane.last_used = now
+
+
+def _holds(lane: _Lane, batch: Batch) -> bool:
+    """Whether the lane's next request already holds a batch of this batch's partition."""
+    return any(b.partition == batch.partition and b.topic == batch.topic for b in lane.queue)
