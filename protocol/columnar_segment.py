@@ -287,11 +287,7 @@ def open_segment(
     if footer > len(data) - 12 or footer > max_bytes:
         raise ColumnarError(f"the segment's footer claims {footer:,} bytes of {len(data):,}")
     try:
-        file = pq.ParquetFile(
-            pa.BufferReader(pa.py_buffer(data)),
-            thrift_string_size_limit=max_bytes,
-            thrift_container_size_limit=max(1000, max_bytes // 64),
-        )
+        file = _parquet_file(data, max_bytes)
         metadata = file.metadata
         meta = SegmentMeta.from_json((metadata.metadata or {}).get(META_KEY))
         schema = file.schema_arrow
@@ -331,17 +327,14 @@ def read_segment(
     out instead (a reader without the key gets what it can read)."""
     file, meta = open_segment(data, rows, max_bytes)
     columns = None
-    if meta.encrypted and (keys is None or keys.key(meta.key_id or "") is None):
-        if not readable_only:
-            raise _key_error(meta, keys, "")
-        columns = [n for n in file.schema_arrow.names if n not in meta.encrypted]
-        file = pq.ParquetFile(pa.BufferReader(pa.py_buffer(data)))
-    elif meta.encrypted:
-        assert keys is not None
-        file = pq.ParquetFile(
-            pa.BufferReader(pa.py_buffer(data)), decryption_properties=decryption_properties(keys)
-        )
     try:
+        if meta.encrypted and (keys is None or keys.key(meta.key_id or "") is None):
+            if not readable_only:
+                raise _key_error(meta, keys, "")
+            columns = [n for n in file.schema_arrow.names if n not in meta.encrypted]
+        elif meta.encrypted:
+            assert keys is not None
+            file = _parquet_file(data, max_bytes, decryption_properties(keys))
         table = file.read(columns=columns)
     except _MissingKey as exc:
         raise _key_error(meta, keys, exc.key_id) from None
@@ -350,6 +343,17 @@ def read_segment(
     except (OSError, pa.ArrowException, ValueError) as exc:
         raise ColumnarError(f"the Parquet segment is corrupt: {exc}") from None
     return table, meta
+
+
+def _parquet_file(
+    data: bytes | memoryview, max_bytes: int, decryption: pq.FileDecryptionProperties | None = None
+) -> pq.ParquetFile:
+    return pq.ParquetFile(
+        pa.BufferReader(pa.py_buffer(data)),
+        thrift_string_size_limit=max_bytes,
+        thrift_container_size_limit=max(1000, max_bytes // 64),
+        decryption_properties=decryption,
+    )
 
 
 def _key_error(

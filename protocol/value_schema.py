@@ -404,6 +404,12 @@ class _DdlReader:
             fields, _ = self.fields(">")
             self.expect(">", "closing STRUCT<...>")
             return StructOf(tuple(fields))
+        if token.kind != "word":
+            raise self.fail(
+                f"expected a type, found {token.text!r} (a schema is a list of fields: "
+                "`name TYPE, name TYPE`)",
+                token,
+            )
         raise self.fail(
             f"type {token.text!r} is not supported here (use BOOLEAN, TINYINT, SMALLINT, INT, "
             "BIGINT, FLOAT, DOUBLE, DECIMAL(p, s), STRING, BINARY, DATE, TIMESTAMP, "

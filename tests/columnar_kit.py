@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -164,10 +165,14 @@ def kafka_validates(
     return in_place, why
 
 
-def kafka_rebuilds(batch: bytes, codec: str) -> bytes:
+Edit = Callable[[int, bytes | None, bytes | None, list[Any]], tuple[Any, Any, Any]]
+
+
+def kafka_rebuilds(batch: bytes, codec: str, edit: Edit | None = None) -> bytes:
     """The batch as Kafka writes it when it can't keep it (buildRecordsAndAssignOffsets): the
     same producer fields and records (key, value, headers, timestamp), sequential offsets, the
-    topic's codec."""
+    topic's codec. `edit(index, key, value, headers)` may change records on the way (to make bad
+    carriers)."""
     view = RecordBatchView.from_buffer(batch)
     theirs = DefaultRecordBatch(batch)
     builder = DefaultRecordBatchBuilder(
@@ -180,13 +185,10 @@ def kafka_rebuilds(batch: bytes, codec: str) -> bytes:
         batch_size=1 << 30,
     )
     for i, record in enumerate(theirs):
-        builder.append(
-            i,
-            timestamp=record.timestamp,
-            key=record.key,
-            value=record.value,
-            headers=record.headers,
-        )
+        key, value, headers = record.key, record.value, list(record.headers)
+        if edit is not None:
+            key, value, headers = edit(i, key, value, headers)
+        builder.append(i, timestamp=record.timestamp, key=key, value=value, headers=headers)
     return with_base_offset(bytes(builder.build()), view.base_offset)
 
 

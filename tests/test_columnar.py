@@ -56,7 +56,11 @@ from kipside.protocol import (
 
 ENCODER = ColumnarEncoder(SCHEMA)
 LOSSLESS = ColumnarEncoder(SCHEMA, ColumnarOptions(lossless=True))
-SLOW = settings(max_examples=int(os.environ.get("KIPSIDE_COLUMNAR_EXAMPLES", "60")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SLOW = settings(
+    max_examples=int(os.environ.get("KIPSIDE_COLUMNAR_EXAMPLES", "60")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 
 def encoded(batch: bytes, encoder: ColumnarEncoder = ENCODER) -> bytes:
