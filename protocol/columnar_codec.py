@@ -163,7 +163,8 @@ class _Header:
         """A batch of this header around an uncompressed records section, compressed with
         `codec` (the attributes' codec bits set to it), with its length and CRC-32C."""
         compress = _COMPRESS[codec]
-        body = bytes(compress(records)) if compress is not None else bytes(records)
+        raw = records if isinstance(records, bytes) else records.tobytes()
+        body = bytes(compress(raw)) if compress is not None else raw
         attributes = (self.attributes & ~_CODEC_BITS) | int(codec)
         covered = _COVERED.pack(
             attributes,

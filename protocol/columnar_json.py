@@ -372,7 +372,7 @@ def _line_starts(values: Binary, replaced: dict[int, bytes]) -> list[int]:
         lengths[i] = len(raw)
     starts = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths + 1, out=starts[1:])
-    return starts.tolist()  # type: ignore[no-any-return]
+    return [int(x) for x in starts]
 
 
 def _value(values: Binary, replaced: dict[int, bytes], i: int) -> bytes:
@@ -396,7 +396,7 @@ def _chunks(column: pa.ChunkedArray) -> Iterator[tuple[int, pa.Array]]:
 
 def _null_rows(array: pa.Array) -> Mask:
     """Rows of `array` with a null anywhere inside them."""
-    rows = array.is_null().to_numpy(zero_copy_only=False).copy()
+    rows: Mask = np.array(array.is_null().to_numpy(zero_copy_only=False), dtype=np.bool_)
     kind = array.type
     if pa.types.is_struct(kind):
         for i in range(kind.num_fields):
@@ -503,7 +503,8 @@ def _parse_error(text: pa.Array, kind: pa.DataType) -> str | None:
 def _differs(rendered: pa.Array, text: pa.Array) -> Mask:
     same = pc.equal(rendered, text)
     # Both null is the same value; a null on one side only can't happen (the parse keeps nulls).
-    return ~(same.fill_null(True).to_numpy(zero_copy_only=False))
+    differs: Mask = ~np.asarray(same.fill_null(True).to_numpy(zero_copy_only=False), np.bool_)
+    return differs
 
 
 def _best_style(typed: pa.Array, text: pa.Array, naive: bool) -> tuple[str, Mask]:

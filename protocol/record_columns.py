@@ -388,7 +388,7 @@ def _put_varint(out: U8, pos: int, value: int) -> int:
 def _field_size(offsets: I64, valid: npt.NDArray[np.bool_], i: int) -> int:
     if not valid[i]:
         return 1  # -1
-    n = offsets[i + 1] - offsets[i]
+    n = int(offsets[i + 1] - offsets[i])
     return _varint_size(n) + n
 
 
@@ -398,7 +398,7 @@ def _put_field(
 ) -> int:
     if not valid[i]:
         return _put_varint(out, pos, -1)
-    start, end = offsets[i], offsets[i + 1]
+    start, end = int(offsets[i]), int(offsets[i + 1])
     pos = _put_varint(out, pos, end - start)
     out[pos : pos + end - start] = data[start:end]
     return pos + end - start

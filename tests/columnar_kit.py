@@ -195,7 +195,7 @@ def kafka_rebuilds(batch: bytes, codec: str, edit: Edit | None = None) -> bytes:
 # ---- hypothesis -----------------------------------------------------------------------------
 
 _YEAR_9999_END: Final = 315_537_897_599_999_999  # microseconds from 0001-01-01
-_text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
+_text = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=12)
 
 
 @st.composite

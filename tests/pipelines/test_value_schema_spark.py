@@ -42,6 +42,7 @@ def without_metadata(value: Any) -> Any:
 def test_the_same_fields_as_spark(spark: Any, ddl: str) -> None:
     ours = parse_ddl_schema(ddl, "s.ddl")
     theirs = StructType.fromDDL(ddl)
+    assert isinstance(theirs, StructType)
     as_spark = spark_type(ours.struct)
     # The lake makes top-level fields nullable and keeps NOT NULL as `required`. A COMMENT is
     # field metadata to Spark; kipside reads it and drops it.
@@ -55,7 +56,9 @@ def test_the_same_fields_as_spark(spark: Any, ddl: str) -> None:
 @pytest.mark.parametrize("ddl", DDLS)
 def test_the_same_arrow_schema_as_pyspark(spark: Any, ddl: str) -> None:
     ours = parse_ddl_schema(ddl, "s.ddl").to_arrow()
-    theirs = to_arrow_schema(StructType.fromDDL(ddl), timezone="UTC")
+    spark_struct = StructType.fromDDL(ddl)
+    assert isinstance(spark_struct, StructType)
+    theirs = to_arrow_schema(spark_struct, timezone="UTC")
     assert [f.name for f in ours] == theirs.names
     for mine, spark_field in zip(ours, theirs, strict=True):
         assert mine.type.equals(spark_field.type), (mine, spark_field)
