@@ -336,6 +336,8 @@ def read_segment(
             assert keys is not None
             file = _parquet_file(data, max_bytes, decryption_properties(keys))
         table = file.read(columns=columns)
+        # Parquet readers take a string column's bytes as they are: check them (UTF-8, offsets).
+        table.validate(full=True)
     except _MissingKey as exc:
         raise _key_error(meta, keys, exc.key_id) from None
     except InvalidTag:
