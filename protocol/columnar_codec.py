@@ -302,20 +302,26 @@ class ColumnarEncoder:
             ],
             fields=list(HEADERS_TYPE.value_type),
         )
-        arrays = [
-            *values.columns,
-            _arrow_binary(columns.key),
-            pa.ListArray.from_arrays(pa.array(list_offsets), pairs, type=HEADERS_TYPE),
-            pa.array(columns.timestamp * 1000, pa.timestamp("us", tz="UTC")),
-            pa.array(columns.offset - columns.offset[0], pa.int32()),
-        ]
-        names = [*values.column_names, *SEGMENT_COLUMNS[:4]]
+        # A key column only if some record has a key, a headers column only if some record has a
+        # header: in a segment of a few records each column costs more than its data.
+        arrays, names = list(values.columns), list(values.column_names)
+        if columns.key.valid.any():
+            arrays.append(_arrow_binary(columns.key))
+            names.append("kafka_key")
+        if counts.any():
+            arrays.append(
+                pa.ListArray.from_arrays(pa.array(list_offsets), pairs, type=HEADERS_TYPE)
+            )
+            names.append("kafka_headers")
+        arrays.append(pa.array(columns.timestamp * 1000, pa.timestamp("us", tz="UTC")))
+        arrays.append(pa.array(columns.offset - columns.offset[0], pa.int32()))
+        names += ["kafka_timestamp", "kafka_offset_delta"]
         if self.options.lossless or verbatim.any():
             kept = _arrow_binary(columns.value)
             if not self.options.lossless:
                 kept = pc.if_else(pa.array(verbatim), kept, pa.nulls(n, pa.binary()))
             arrays.append(kept)
-            names.append(SEGMENT_COLUMNS[4])
+            names.append("kafka_value")
         return pa.Table.from_arrays(arrays, names=names)
 
 
@@ -476,10 +482,24 @@ def _decode_segment(
         base_offset + deltas,
         timestamps,
         timestamp_type,
-        table.column("kafka_key").combine_chunks(),
+        _column_or(table, "kafka_key", pa.nulls(n, pa.binary())),
         values,
-        table.column("kafka_headers").combine_chunks(),
+        _column_or(table, "kafka_headers", _no_headers(n)),
     )
+
+
+def _column_or(table: pa.Table, name: str, missing: pa.Array) -> pa.Array:
+    if name not in table.column_names:
+        return missing
+    return table.column(name).combine_chunks()
+
+
+def _no_headers(n: int) -> pa.Array:
+    pairs = pa.StructArray.from_arrays(
+        [pa.array([], pa.string()), pa.array([], pa.binary())],
+        fields=list(HEADERS_TYPE.value_type),
+    )
+    return pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), pairs, type=HEADERS_TYPE)
 
 
 def _records(decoded: _Decoded) -> list[ColumnarRecord]:
@@ -609,8 +629,9 @@ def read_columnar_segment(
     segment: bytes, keys: ColumnarKeys | None = None, *, max_bytes: int = DEFAULT_MAX_DECODED_BYTES
 ) -> pa.Table:
     """A segment (a carrier's first value, or a landed file's bytes) as its table: the value's
-    fields, then kafka_key, kafka_headers, kafka_timestamp, kafka_offset_delta and, if written,
-    kafka_value. Without the key its encrypted columns are left out. Raises ColumnarError."""
+    fields, then kafka_key (if a record has a key), kafka_headers (if one has a header),
+    kafka_timestamp, kafka_offset_delta and kafka_value (if a value is kept whole). Without the
+    key its encrypted columns are left out. Raises ColumnarError."""
     table, _ = read_segment(segment, keys, max_bytes, readable_only=True)
     return table
 

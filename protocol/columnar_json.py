@@ -112,6 +112,14 @@ def _check_type(kind: pa.DataType, path: str) -> None:
         )
 
 
+def _has_floats(kind: pa.DataType) -> bool:
+    if pa.types.is_struct(kind):
+        return any(_has_floats(f.type) for f in kind)
+    if pa.types.is_list(kind):
+        return _has_floats(kind.value_type)
+    return bool(pa.types.is_floating(kind))
+
+
 def _as_text_type(kind: pa.DataType) -> pa.DataType:
     """`kind` with timestamps and dates as strings: what the JSON reader is asked for (it can't
     read dates, and the text is needed to check the rendering)."""
@@ -146,9 +154,12 @@ class JsonPlan:
     """What the JSON reader is asked for."""
     required: tuple[str, ...]
     names: tuple[str, ...] = field(init=False)
+    floats: bool = field(init=False)
+    """Whether any column holds doubles (which the JSON reader fills with NaN too)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "names", tuple(self.target.names))
+        object.__setattr__(self, "floats", any(_has_floats(f.type) for f in self.target))
 
     @classmethod
     def of(cls, schema: pa.Schema) -> JsonPlan:
@@ -184,7 +195,8 @@ def _lines(values: Binary, replaced: dict[int, bytes]) -> bytes:
 
 
 def _read(lines: bytes, schema: pa.Schema, unexpected: str) -> pa.Table:
-    read = pj.ReadOptions(use_threads=False, block_size=max(1 << 20, len(lines) + 1))
+    # One block for the whole batch; a bigger one only costs its allocation.
+    read = pj.ReadOptions(use_threads=False, block_size=max(4096, len(lines) + 1))
     parse = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior=unexpected)
     return pj.read_json(pa.py_buffer(lines), read_options=read, parse_options=parse)
 
@@ -329,7 +341,7 @@ def to_columns(plan: JsonPlan, values: Binary) -> Typed | Misfit:
         if column.null_count:
             row = int(np.argmax(column.is_null().to_numpy(zero_copy_only=False)))
             return Misfit(row, f"required field {name!r} is missing or null")
-    for column in table.columns:
+    for column in table.columns if plan.floats else ():
         odd_numbers = _rows_with_non_finite(column.combine_chunks())
         if odd_numbers.any():
             row = int(np.argmax(odd_numbers))
@@ -397,8 +409,11 @@ def _chunks(column: pa.ChunkedArray) -> Iterator[tuple[int, pa.Array]]:
 
 def _null_rows(array: pa.Array) -> Mask:
     """Rows of `array` with a null anywhere inside them."""
-    rows: Mask = np.array(array.is_null().to_numpy(zero_copy_only=False), dtype=np.bool_)
     kind = array.type
+    if array.null_count:
+        rows: Mask = np.array(array.is_null().to_numpy(zero_copy_only=False), dtype=np.bool_)
+    else:
+        rows = np.zeros(len(array), dtype=np.bool_)
     if pa.types.is_struct(kind):
         for i in range(kind.num_fields):
             rows |= _null_rows(array.field(i))
@@ -414,8 +429,10 @@ def _rows_with_non_finite(array: pa.Array) -> Mask:
     """Rows of `array` with a NaN or infinite double anywhere inside them."""
     kind = array.type
     if pa.types.is_floating(kind):
-        odd = pc.invert(pc.is_finite(array)).fill_null(False)
-        return np.asarray(odd.to_numpy(zero_copy_only=False), dtype=np.bool_)
+        finite = pc.is_finite(array).fill_null(True)
+        if pc.all(finite).as_py():
+            return np.zeros(len(array), dtype=np.bool_)
+        return ~np.asarray(finite.to_numpy(zero_copy_only=False), dtype=np.bool_)
     rows = np.zeros(len(array), dtype=np.bool_)
     if pa.types.is_struct(kind):
         for i in range(kind.num_fields):

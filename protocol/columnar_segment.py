@@ -76,6 +76,8 @@ META_TYPES: Final = {
 }
 assert tuple(META_TYPES) == SEGMENT_COLUMNS
 _CACHE: Final = timedelta(hours=1)
+STATISTICS_ROWS: Final = 1000
+"""Segments of at least this many rows carry min/max statistics of the value's columns."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,30 +201,44 @@ def _leaves(array: pa.Array, path: str) -> Iterator[tuple[str, pa.Array]]:
         yield path, array
 
 
-def _encodings(table: pa.Table) -> tuple[list[str], dict[str, str]]:
-    """Which leaf columns get a dictionary, and the encoding of the others."""
+_DICTIONARY: Final = "dictionary"
+_RESAMPLE: Final = 256
+"""A topic's encodings are looked at again every this many segments (data changes)."""
+
+
+def _encoding_of(leaf: pa.Array) -> str | None:
+    """A leaf column's encoding, from how often its first values repeat (None: the default)."""
+    kind = leaf.type
+    if pa.types.is_boolean(kind):
+        return None
+    sample = leaf.slice(0, _SAMPLE).drop_null()
+    ratio = pc.count_distinct(sample).as_py() / len(sample) if len(sample) else 0.0
+    if pa.types.is_integer(kind) or pa.types.is_temporal(kind):
+        return _DICTIONARY if ratio <= 0.25 else "DELTA_BINARY_PACKED"
+    if pa.types.is_floating(kind):
+        return _DICTIONARY if ratio <= 0.25 else "BYTE_STREAM_SPLIT"
+    if pa.types.is_string(kind) or pa.types.is_binary(kind):
+        return _DICTIONARY if ratio <= 0.5 else "DELTA_BYTE_ARRAY"
+    return _DICTIONARY
+
+
+def _encodings(
+    table: pa.Table, known: dict[str, str | None], fresh: bool
+) -> tuple[list[str], dict[str, str]]:
+    """Which leaf columns get a dictionary, and the encoding of the others: what `known` says
+    (a topic's choices so far), looked at again for columns it lacks or when `fresh`."""
     dictionary: list[str] = []
     encoding: dict[str, str] = {}
     for name, column in zip(table.column_names, table.columns, strict=True):
         chunk = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
         for path, leaf in _leaves(chunk, name):
-            kind = leaf.type
-            sample = leaf.slice(0, _SAMPLE).drop_null()
-            ratio = pc.count_distinct(sample).as_py() / len(sample) if len(sample) else 0.0
-            if pa.types.is_boolean(kind):
-                continue
-            if pa.types.is_integer(kind) or pa.types.is_temporal(kind):
-                repeats, other = ratio <= 0.25, "DELTA_BINARY_PACKED"
-            elif pa.types.is_floating(kind):
-                repeats, other = ratio <= 0.25, "BYTE_STREAM_SPLIT"
-            elif pa.types.is_string(kind) or pa.types.is_binary(kind):
-                repeats, other = ratio <= 0.5, "DELTA_BYTE_ARRAY"
-            else:
-                repeats, other = True, ""
-            if repeats:
+            if fresh or path not in known:
+                known[path] = _encoding_of(leaf)
+            choice = known[path]
+            if choice == _DICTIONARY:
                 dictionary.append(path)
-            else:
-                encoding[path] = other
+            elif choice is not None:
+                encoding[path] = choice
     return dictionary, encoding
 
 
@@ -233,6 +249,9 @@ class SegmentWriter:
         self.options = options
         self._crypto = _factory(options.keys) if options.encrypt else None
         self._kms = pe.KmsConnectionConfig()
+        self._encodings: dict[str, str | None] = {}
+        self._written = 0
+        self._sampled_rows = 0
 
     def encrypted(self, names: list[str]) -> tuple[str, ...]:
         """The columns of a segment with these columns that are encrypted."""
@@ -242,7 +261,12 @@ class SegmentWriter:
         return tuple(n for n in names if n in wanted)
 
     def write(self, table: pa.Table, meta: SegmentMeta) -> bytes:
-        dictionary, encoding = _encodings(table)
+        # Choices made on a segment of a few rows are made again on the next bigger one.
+        fresh = self._written % _RESAMPLE == 0 or table.num_rows >= 4 * self._sampled_rows
+        if fresh:
+            self._sampled_rows = table.num_rows
+        self._written += 1
+        dictionary, encoding = _encodings(table, self._encodings, fresh)
         options = self.options
         properties = None
         if self._crypto is not None and meta.encrypted:
@@ -264,7 +288,13 @@ class SegmentWriter:
             compression_level=options.compression_level,
             use_dictionary=dictionary,
             column_encoding=encoding or None,
-            write_statistics=list(table.column_names[: meta.value_columns]),
+            # Statistics let lake queries skip files; in a small segment they would cost more
+            # footer than the rows they describe.
+            write_statistics=(
+                list(table.column_names[: meta.value_columns])
+                if table.num_rows >= STATISTICS_ROWS
+                else False
+            ),
             store_schema=False,
             encryption_properties=properties,
         ) as writer:
@@ -303,7 +333,12 @@ def open_segment(
             f"the segment's columns claim {claimed:,} bytes, over the {max_bytes:,} allowed"
         )
     own = schema.names[meta.value_columns :]
-    if not 0 < meta.value_columns < len(schema.names) or any(n not in META_TYPES for n in own):
+    in_order = [n for n in META_TYPES if n in own]
+    if (
+        not 0 < meta.value_columns < len(schema.names)
+        or own != in_order
+        or not {"kafka_timestamp", "kafka_offset_delta"} <= set(own)
+    ):
         raise ColumnarError(f"the segment's columns {schema.names} are not a carrier's")
     for name in own:
         if not schema.field(name).type.equals(META_TYPES[name]):
