@@ -360,23 +360,78 @@ def to_columns(plan: JsonPlan, values: Binary) -> Typed | Misfit:
     check &= ~verbatim
     omit_nulls = False
     if check.any():
-        rows = np.flatnonzero(check)
-        originals = []
-        for i in rows.tolist():
-            try:
-                originals.append(_loads(_value(values, replaced, i)))
-            except ValueError as exc:
-                return Misfit(i, f"the value is not JSON: {exc}")
-        subset = typed.take(pa.array(rows))
-        fits = {}
-        for omit in (False, True):
-            texts = json_texts(subset, styles, omit).to_pylist()
-            fits[omit] = np.array(
-                [json.loads(t) == o for t, o in zip(texts, originals, strict=True)]
-            )
-        omit_nulls = bool(fits[True].sum() > fits[False].sum())
-        verbatim[rows[~fits[omit_nulls]]] = True
+        # Which rows come back equal with nulls left out (omit) or written (write): decided in
+        # bulk where the text shows it, by Python's json module only for the rest.
+        fits = {False: np.zeros(n, np.bool_), True: np.zeros(n, np.bool_)}
+        unknown = check.copy()
+        if not extras:
+            text = _as_text(values)
+            # No `null` anywhere in the text: every null is a field left out.
+            fits[True] = check & ~_flags(pc.match_substring(text, "null"))
+            fits[False] = check & _only_explicit_nulls(typed, text, plan)
+            unknown &= ~(fits[True] | fits[False])
+        rows = np.flatnonzero(unknown)
+        if len(rows):
+            originals = []
+            for i in rows.tolist():
+                try:
+                    originals.append(_loads(_value(values, replaced, i)))
+                except ValueError as exc:
+                    return Misfit(i, f"the value is not JSON: {exc}")
+            subset = typed.take(pa.array(rows))
+            for omit in (False, True):
+                texts = json_texts(subset, styles, omit).to_pylist()
+                fits[omit][rows] = [
+                    json.loads(t) == o for t, o in zip(texts, originals, strict=True)
+                ]
+        omit_nulls = bool(fits[True][check].sum() > fits[False][check].sum())
+        verbatim[check & ~fits[omit_nulls]] = True
     return Typed(typed, verbatim, omit_nulls, styles)
+
+
+def _as_text(values: Binary) -> pa.Array:
+    """The values as an Arrow string array (they are checked UTF-8 by then)."""
+    offsets = pa.py_buffer(values.offsets.astype(np.int32, copy=False))
+    data = pa.py_buffer(values.data)
+    return pa.Array.from_buffers(pa.string(), len(values.valid), [None, offsets, data])
+
+
+def _flags(array: pa.Array) -> Mask:
+    return np.asarray(array.fill_null(False).to_numpy(zero_copy_only=False), dtype=np.bool_)
+
+
+def _nested_names(kind: pa.DataType, depth: int = 0) -> set[str]:
+    names: set[str] = set()
+    if pa.types.is_struct(kind):
+        for f in kind:
+            if depth:
+                names.add(f.name)
+            names |= _nested_names(f.type, depth + 1)
+    elif pa.types.is_list(kind):
+        names |= _nested_names(kind.value_type, depth + 1)
+    return names
+
+
+def _only_explicit_nulls(typed: pa.Table, text: pa.Array, plan: JsonPlan) -> Mask:
+    """Rows whose every null is a top-level field the text writes as `"name": null`. A name
+    that is also a nested field's, or that JSON would escape, is never decided here: the
+    pattern could match the nested one."""
+    nested = set().union(*(_nested_names(f.type, 1) for f in plan.target))
+    ok = np.ones(typed.num_rows, dtype=np.bool_)
+    for f in plan.target:
+        column = typed.column(f.name).combine_chunks()
+        top = _flags(column.is_null()) if column.null_count else np.zeros(len(column), np.bool_)
+        if pa.types.is_struct(f.type) or pa.types.is_list(f.type):
+            ok &= ~(_null_rows(column) & ~top)  # a null inside: not decided here
+        if not top.any():
+            continue
+        plain = json.dumps(f.name, ensure_ascii=False)[1:-1] == f.name
+        if f.name in nested or not plain:
+            ok &= ~top
+            continue
+        pattern = '"' + re.escape(f.name) + r'"\s*:\s*null'
+        ok &= ~top | _flags(pc.match_substring_regex(text, pattern))
+    return ok
 
 
 def _line_starts(values: Binary, replaced: dict[int, bytes]) -> npt.NDArray[np.int64]:

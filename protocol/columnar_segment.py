@@ -29,7 +29,6 @@ from datetime import timedelta
 from typing import Any, Final
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pyarrow.parquet.encryption as pe
 from cryptography.exceptions import InvalidTag
@@ -58,7 +57,7 @@ META_KEY: Final = b"kipside.columnar"
 _MAGIC: Final = b"PAR1"
 _WRAP_PREFIX: Final = "kipside-aes-gcm-v1:"
 _NONCE: Final = 12
-_SAMPLE: Final = 512
+_SAMPLE: Final = 1024
 # The segment's own columns, typed as the lake types what it adds (Spark's Kafka source types).
 HEADERS_TYPE: Final = pa.list_(
     pa.field(
@@ -206,24 +205,54 @@ _RESAMPLE: Final = 256
 """A topic's encodings are looked at again every this many segments (data changes)."""
 
 
-def _encoding_of(leaf: pa.Array) -> str | None:
-    """A leaf column's encoding, from how often its first values repeat (None: the default)."""
-    kind = leaf.type
-    if pa.types.is_boolean(kind):
-        return None
-    sample = leaf.slice(0, _SAMPLE).drop_null()
-    ratio = pc.count_distinct(sample).as_py() / len(sample) if len(sample) else 0.0
-    if pa.types.is_integer(kind) or pa.types.is_temporal(kind):
-        return _DICTIONARY if ratio <= 0.25 else "DELTA_BINARY_PACKED"
+_CANDIDATES: Final = {
+    "integer": (_DICTIONARY, "DELTA_BINARY_PACKED", "PLAIN"),
+    "floating": (_DICTIONARY, "BYTE_STREAM_SPLIT", "PLAIN"),
+    "text": (_DICTIONARY, "DELTA_BYTE_ARRAY", "DELTA_LENGTH_BYTE_ARRAY", "PLAIN"),
+}
+
+
+def _kind(kind: pa.DataType) -> str | None:
+    if pa.types.is_integer(kind) or pa.types.is_date(kind) or pa.types.is_timestamp(kind):
+        return "integer"
     if pa.types.is_floating(kind):
-        return _DICTIONARY if ratio <= 0.25 else "BYTE_STREAM_SPLIT"
+        return "floating"
     if pa.types.is_string(kind) or pa.types.is_binary(kind):
-        return _DICTIONARY if ratio <= 0.5 else "DELTA_BYTE_ARRAY"
-    return _DICTIONARY
+        return "text"
+    return None
+
+
+def _encoding_of(leaf: pa.Array, options: ColumnarOptions) -> str | None:
+    """A leaf column's encoding: whichever candidate writes its first values smallest with the
+    topic's codec (None: the writer's default). Which is best depends on the data (byte-stream
+    split suits doubles of full precision, plain text suits doubles written with a few decimals,
+    a dictionary suits anything that repeats), so it is measured, not guessed."""
+    kind = _kind(leaf.type)
+    if kind is None:
+        return _DICTIONARY if not pa.types.is_boolean(leaf.type) else None
+    sample = pa.table({"c": leaf.slice(0, _SAMPLE)})
+    best, best_size = None, None
+    for candidate in _CANDIDATES[kind]:
+        sink = pa.BufferOutputStream()
+        dictionary = candidate == _DICTIONARY
+        pq.write_table(
+            sample,
+            sink,
+            compression=options.compression,
+            compression_level=options.compression_level,
+            use_dictionary=dictionary,
+            column_encoding=None if dictionary else {"c": candidate},
+            write_statistics=False,
+            store_schema=False,
+        )
+        size = sink.tell()
+        if best_size is None or size < best_size:
+            best, best_size = candidate, size
+    return best
 
 
 def _encodings(
-    table: pa.Table, known: dict[str, str | None], fresh: bool
+    table: pa.Table, known: dict[str, str | None], fresh: bool, options: ColumnarOptions
 ) -> tuple[list[str], dict[str, str]]:
     """Which leaf columns get a dictionary, and the encoding of the others: what `known` says
     (a topic's choices so far), looked at again for columns it lacks or when `fresh`."""
@@ -233,7 +262,7 @@ def _encodings(
         chunk = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
         for path, leaf in _leaves(chunk, name):
             if fresh or path not in known:
-                known[path] = _encoding_of(leaf)
+                known[path] = _encoding_of(leaf, options)
             choice = known[path]
             if choice == _DICTIONARY:
                 dictionary.append(path)
@@ -266,7 +295,7 @@ class SegmentWriter:
         if fresh:
             self._sampled_rows = table.num_rows
         self._written += 1
-        dictionary, encoding = _encodings(table, self._encodings, fresh)
+        dictionary, encoding = _encodings(table, self._encodings, fresh, self.options)
         options = self.options
         properties = None
         if self._crypto is not None and meta.encrypted:

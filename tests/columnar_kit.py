@@ -195,7 +195,11 @@ def kafka_rebuilds(batch: bytes, codec: str, edit: Edit | None = None) -> bytes:
 # ---- hypothesis -----------------------------------------------------------------------------
 
 _YEAR_9999_END: Final = 315_537_897_599_999_999  # microseconds from 0001-01-01
-_text = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=12)
+# Random text, and text that looks like JSON's own tokens (which must stay text).
+_text = st.one_of(
+    st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=12),
+    st.sampled_from(["null", '"name":null', "{,", "\\", '"', "\n", "\u2028"]),
+)
 
 
 @st.composite

@@ -370,3 +370,51 @@ def test_an_encoder_refuses_what_it_cannot_do() -> None:
     keys = ColumnarKeys.of({"k": b"0" * 16}, "k")
     with pytest.raises(ValueError, match="not a top-level field"):
         ColumnarEncoder(SCHEMA, ColumnarOptions(encrypt=("nope",), keys=keys))
+
+
+# ---- nulls: written, left out, and text that looks like them ---------------------------------
+
+SMALL = pa.schema(
+    [
+        pa.field("id", pa.int64(), False),
+        ("name", pa.string()),
+        ("amount", pa.float64()),
+        ("customer", pa.struct([("name", pa.string()), ("zip", pa.string())])),
+        ("tags", pa.list_(pa.field("element", pa.string()))),
+        ("items", pa.list_(pa.field("element", pa.struct([("sku", pa.string())])))),
+        ("sku", pa.string()),
+    ]
+)
+ALL_NULL = b'"name":null,"amount":null,"customer":null,"tags":null,"items":null,"sku":null}'
+NULL_STYLES = {
+    # A producer that writes every field (Jackson's default): nulls written, nothing kept whole.
+    "written": ([b'{"id":%d,' % i + ALL_NULL for i in range(20)], 0),
+    # One that leaves empty fields out (Go's omitempty): nothing kept whole either.
+    "left out": ([b'{"id":%d,"amount":1.5}' % i for i in range(20)], 0),
+    # Both in one batch: the batch takes the commoner way, the others are kept whole.
+    "mixed": ([b'{"id":1,' + ALL_NULL, b'{"id":2,' + ALL_NULL, b'{"id":3}'], 1),
+    # `null` inside a string is no null: the row is decided by the json module.
+    "null in a string": ([b'{"id":1,"name":"null"}', b'{"id":2,"name":"x"}'], 0),
+    # A nested field named like a missing top-level one must not pass for it.
+    "nested namesake": (
+        [b'{"id":1,"items":[{"sku":null}]}', b'{"id":2,"items":[{"sku":"a"}],"sku":null}'],
+        None,
+    ),
+    "nested nulls": (
+        [b'{"id":1,"customer":{"name":null,"zip":"1"}}', b'{"id":2,"customer":{"zip":"2"}}'],
+        1,
+    ),
+    "null list element": ([b'{"id":1,"tags":["a",null]}', b'{"id":2,"tags":[]}'], 0),
+    "spaces": ([b'{"id": 1, "name" :  null, "amount":\tnull}'], None),
+}
+
+
+@pytest.mark.parametrize(("values", "kept"), NULL_STYLES.values(), ids=list(NULL_STYLES))
+def test_nulls_come_back_as_they_were_written(values: list[bytes], kept: int | None) -> None:
+    client = ClientBatch(tuple(ClientRecord(None, v) for v in values))
+    result = ColumnarEncoder(SMALL).encode(client.build())
+    assert isinstance(result, Encoded), result
+    records = decode_columnar_batch(result.batch)
+    assert [json.loads(r.value) for r in records] == [json.loads(v) for v in values]
+    if kept is not None:
+        assert result.verbatim == kept
