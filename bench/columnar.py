@@ -1,6 +1,7 @@
 """Columnar carriers against zstd record batches: broker log bytes and codec CPU, by rows per batch.
 
-    .venv/bin/python bench/columnar.py [--records 100000] [--rows 10,100,1000,10000] [--quick]
+    .venv/bin/python bench/columnar.py [--records 100000] [--rows 10,100,1000,10000]
+        [--lake-records 1000000] [--quick]
 
 Two datasets, each written by confluent-kafka (zstd) into one partition per rows-per-batch
 setting (librdkafka's batch.num.messages), plus once as bench/lake.py writes it (its producer
@@ -53,6 +54,7 @@ LOAD = REPO / "bench" / "_data_load.py"
 OPTIONS: dict[str, tuple[Any, Any, str]] = {
     "--records": (int, 100_000, "records per dataset and setting"),
     "--rows": (listed(int), [10, 100, 1000, 10_000], "rows per batch to measure"),
+    "--lake-records": (int, 1_000_000, "records written as bench/lake.py writes them"),
 }
 SHAPES = {"orders": json_schema(), "readings": readings_schema()}
 LAKE = 0  # rows-load's "as bench/lake.py writes it"
@@ -205,14 +207,17 @@ def cpu_table(found: Sequence[Found]) -> Table:
 
 
 def main() -> int:
-    args = parse_args(__doc__, OPTIONS, {"records": 20_000, "rows": [10, 1000]})
+    args = parse_args(
+        __doc__, OPTIONS, {"records": 20_000, "rows": [10, 1000], "lake_records": 50_000}
+    )
     found: list[Found] = []
     with start_tansu() as broker:
         address = Address.parse(broker.bootstrap, what="bootstrap")
         with KafkaClient([address], role="bench cluster", config=ClientConfig()) as client:
             for shape in SHAPES:
                 for rows in [*args.rows, LAKE]:
-                    found.append(measure(client, broker.bootstrap, shape, rows, args.records))
+                    records = args.lake_records if rows == LAKE else args.records
+                    found.append(measure(client, broker.bootstrap, shape, rows, records))
                     print(rows_table(found[-1:]).markdown(), file=sys.stderr)
     lake = [f for f in found if f.rows == LAKE]
     targets = [
@@ -242,7 +247,8 @@ def main() -> int:
         ),
     ]
     data = (
-        f"Data: {args.records:,} records per dataset and setting; `orders` "
+        f"Data: {args.records:,} records per dataset and rows-per-batch setting, "
+        f"{args.lake_records:,} written as bench/lake.py writes them; `orders` "
         f"{found[0].values / found[0].records:.0f} B of JSON on average, `readings` "
         f"{lake[-1].values / lake[-1].records:.0f} B. Log bytes: every stored batch of the "
         "topic as Tansu returns it."
