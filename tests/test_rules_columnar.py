@@ -255,3 +255,17 @@ def test_the_example_file(monkeypatch: pytest.MonkeyPatch) -> None:
     orders = rules.columnar_for("orders.placed")
     assert orders is not None and orders.encrypt is not None
     assert orders.value_schema.struct.names()[:3] == ["id", "user", "amount"]
+
+
+def test_the_documented_error_is_real() -> None:
+    bad = (
+        '{\n  "type": "object",\n  "properties": {\n    "id": {"type": "integer"},\n'
+        '    "amount": {"type": "decimal"}\n  }\n}\n'
+    )
+    text = (
+        "topics:\n  - topic: orders.audit\n  - topic: \"orders.*\"\n    columnar:\n"
+        "      encoding: parquet\n      compression: zstd\n      schema: orders.json\n"
+    )
+    with pytest.raises(RuleError) as info:
+        parse_rules(text, "kipside.yaml", read_file={"orders.json": bad}.__getitem__)
+    assert str(info.value) in (REPO / "docs" / "rules.md").read_text().splitlines()
