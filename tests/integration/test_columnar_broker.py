@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from columnar_kit import SCHEMA, ClientBatch, ClientRecord
@@ -81,6 +82,7 @@ def test_carriers_and_ordinary_batches_through_the_broker(
     for view, (batch, _, carrier) in zip(stored, sent, strict=True):
         assert view.base_offset == offset  # n records took n offsets
         assert columnar_version(view) == (1 if carrier else None)
+        records: list[tuple[Any, ...]]
         if carrier:
             records = [
                 (r.offset, r.timestamp, r.key, json.loads(r.value), r.headers)
