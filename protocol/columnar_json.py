@@ -315,7 +315,7 @@ def to_columns(plan: JsonPlan, values: Binary) -> Typed | Misfit:
             try:
                 rows = read(start, stop, unexpected).num_rows
             except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
-                return _reason(exc)
+                return f"the value does not fit the schema: {_reason(exc)}"
             return None if rows == stop - start else "the value holds more than one JSON document"
 
         return run

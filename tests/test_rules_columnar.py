@@ -263,7 +263,7 @@ def test_the_documented_error_is_real() -> None:
         '    "amount": {"type": "decimal"}\n  }\n}\n'
     )
     text = (
-        "topics:\n  - topic: orders.audit\n  - topic: \"orders.*\"\n    columnar:\n"
+        'topics:\n  - topic: orders.audit\n  - topic: "orders.*"\n    columnar:\n'
         "      encoding: parquet\n      compression: zstd\n      schema: orders.json\n"
     )
     with pytest.raises(RuleError) as info:
