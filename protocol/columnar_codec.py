@@ -251,6 +251,7 @@ class ColumnarEncoder:
         if refused is not None:
             return refused
         try:
+            _check_count(view, max_bytes)
             columns, _ = decode_columns([view], max_bytes)
         except RecordBatchError as exc:
             return NotEncodable(NotEncodableKind.MALFORMED, str(exc))
@@ -325,6 +326,19 @@ class ColumnarEncoder:
         return pa.Table.from_arrays(arrays, names=names)
 
 
+# What reading one record costs the kernels at most (its positions, its share of the columns):
+# a count beyond max_bytes / this is refused before anything is allocated for it.
+_BYTES_PER_RECORD: Final = 96
+
+
+def _check_count(view: RecordBatchView, max_bytes: int) -> None:
+    if view.records_count > max_bytes // _BYTES_PER_RECORD:
+        raise RecordBatchError(
+            f"the batch at offset {view.base_offset} claims {view.records_count:,} records; "
+            f"reading that many would take more than {max_bytes:,} bytes"
+        )
+
+
 def _view(batch: Buffer | RecordBatchView) -> RecordBatchView:
     return batch if isinstance(batch, RecordBatchView) else RecordBatchView.from_buffer(batch)
 
@@ -379,6 +393,7 @@ def _open(batch: Buffer | RecordBatchView, max_bytes: int) -> _Carrier:
         view = _view(batch)
         if not view.crc_valid():
             raise ColumnarError(f"the carrier at offset {view.base_offset}: its CRC does not match")
+        _check_count(view, max_bytes)
         columns, _ = decode_columns([view], max_bytes)
     except RecordBatchError as exc:
         raise ColumnarError(f"not a readable record batch: {exc}") from None
@@ -433,6 +448,7 @@ def columnar_version(
         view = _view(batch)
         if view.is_control:
             return None
+        _check_count(view, max_bytes)
         columns, _ = decode_columns([view], max_bytes)
     except RecordBatchError as exc:
         raise ColumnarError(f"not a readable record batch: {exc}") from None

@@ -9,10 +9,12 @@ kipside must read it as the same records.
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 from typing import Any
 
 import cramjam
+import crc32c
 import pytest
 from columnar_kit import BASE_TIMESTAMP, ClientBatch, ClientRecord, kafka_rebuilds, read_back
 from hypothesis import HealthCheck, given, settings
@@ -220,3 +222,31 @@ def test_a_corrupted_segment_raises_only_columnar_error(data: st.DataObject) -> 
     except ColumnarError:
         return
     assert len(records) == 2  # a flip in bytes nothing reads (a statistic, padding)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_a_corrupted_carrier_raises_only_columnar_error(data: st.DataObject) -> None:
+    # Anywhere after the CRC (attributes, counts, timestamps, the compressed records), with the
+    # CRC made to match: what a broken writer, not a broken disk, would send.
+    batch = bytearray(GOLDEN)
+    flips = data.draw(
+        st.lists(st.tuples(st.integers(21, len(batch) - 1), st.integers(1, 255)), min_size=1)
+    )
+    for position, xor in flips:
+        batch[position] ^= xor
+    struct.pack_into(">I", batch, 17, crc32c.crc32c(bytes(batch[21:])))
+    for decode in (decode_columnar_batch, reencode_columnar_batch):
+        try:
+            decode(bytes(batch))
+        except ColumnarError:
+            pass
+
+
+def test_the_cap_on_the_record_count() -> None:
+    # A count far beyond what the bytes hold is refused before the kernels allocate for it.
+    batch = bytearray(GOLDEN)
+    struct.pack_into(">i", batch, 57, 50_000_000)
+    struct.pack_into(">i", batch, 23, 50_000_000 - 1)
+    struct.pack_into(">I", batch, 17, crc32c.crc32c(bytes(batch[21:])))
+    assert "claims 50,000,000 records" in decode_fails(bytes(batch))
