@@ -8,6 +8,7 @@ kipside must read it as the same records.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import struct
 from pathlib import Path
@@ -237,10 +238,8 @@ def test_a_corrupted_carrier_raises_only_columnar_error(data: st.DataObject) -> 
         batch[position] ^= xor
     struct.pack_into(">I", batch, 17, crc32c.crc32c(bytes(batch[21:])))
     for decode in (decode_columnar_batch, reencode_columnar_batch):
-        try:
+        with contextlib.suppress(ColumnarError):
             decode(bytes(batch))
-        except ColumnarError:
-            pass
 
 
 def test_the_cap_on_the_record_count() -> None:
