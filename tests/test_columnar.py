@@ -5,6 +5,8 @@ What a round trip must keep: every record's offset, timestamp, key and headers e
 equal as JSON (byte for byte with `lossless`), and the carrier's header fields that idempotence,
 retries and transactions rely on (record count, last offset delta, producer id, epoch, base
 sequence, transactional bit).
+
+KIPSIDE_COLUMNAR_EXAMPLES=N runs the hypothesis round trips with N examples each (default 60).
 """
 
 from __future__ import annotations
