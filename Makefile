@@ -29,7 +29,7 @@ $(LAYOUT): FORCE | $(BIN)/python
 	@cmp -s $@.new $@ && rm $@.new || mv $@.new $@
 
 $(STAMP): pyproject.toml $(LAYOUT) | $(BIN)/python
-	$(BIN)/python -m pip install -qq -e '.[test,bench,pipeline,pcap]' --config-settings editable_mode=strict
+	$(BIN)/python -m pip install -qq -e '.[test,bench,pipeline,columnar,pcap]' --config-settings editable_mode=strict
 	touch $(BASE_STAMP) $(STAMP)
 
 $(BASE_STAMP): pyproject.toml $(LAYOUT) | $(BIN)/python

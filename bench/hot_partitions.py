@@ -113,9 +113,7 @@ def main() -> int:
             sources[f"kipside@{ref}"] = partial(at_ref, ref, Path(tmp) / f"ref{i}")
         paths = expand(args.paths, args.baseline_refs)
         args.codes = {p: make() for p, make in sources.items() if p in paths}
-        cases = {
-            f"{w} {p}": partial(workload, w, p, args) for w in args.workloads for p in paths
-        }
+        cases = {f"{w} {p}": partial(workload, w, p, args) for w in args.workloads for p in paths}
         runs, med = BENCH.run(args, cases)
         code = {p: c.label for p, c in args.codes.items()}
         BENCH.report(args, runs, med, code=code).publish(args)

@@ -1,4 +1,4 @@
-"""Records of magic-v2 batches decoded in bulk into columns (NumPy arrays), sans-I/O.
+"""Records of magic-v2 batches decoded in bulk into columns (NumPy arrays) and back, sans-I/O.
 
 Lake ingestion reads millions of records; one Python object per record would cost more than
 everything else together (KIP-1008's point). So a batch's records section is decompressed in
@@ -7,7 +7,9 @@ where every key, value and header lies, and a second kernel gathers those bytes 
 column buffers, ready to become Arrow arrays without a copy. Python touches each batch, never
 each record. Record layout (Kafka's DefaultRecord): length, attributes (int8), timestampDelta,
 offsetDelta, keyLength, key, valueLength, value, header count, then per header keyLength, key,
-valueLength, value; every length and delta a zigzag varint, -1 meaning null.
+valueLength, value; every length and delta a zigzag varint, -1 meaning null. The way back,
+:func:`encode_records`, writes columns as a records section by a third kernel (the columnar
+carrier's placeholders, and the ordinary batches a carrier becomes again).
 
 Never does I/O; raises RecordBatchError (with the batch's offset) on anything malformed.
 """
@@ -25,7 +27,15 @@ from numba import njit
 
 from .records import Compression, RecordBatchError, RecordBatchView, TimestampType
 
-__all__ = ["Columns", "decode_batch_records", "decode_columns", "decompress"]
+__all__ = [
+    "Binary",
+    "Columns",
+    "DecompressionLimit",
+    "decode_batch_records",
+    "decode_columns",
+    "decompress",
+    "encode_records",
+]
 
 I64 = npt.NDArray[np.int64]
 U8 = npt.NDArray[np.uint8]
@@ -43,7 +53,15 @@ _MESSAGES: Final = {
 }
 
 
-def _xerial(data: bytes | memoryview) -> bytes:
+class DecompressionLimit(RecordBatchError):
+    """A batch's records decompress to more bytes than the caller's cap."""
+
+
+# cramjam's words when an output buffer is too small (as opposed to corrupt input).
+_BUFFER_FULL: Final = "failed to write whole buffer"
+
+
+def _xerial(data: bytes | memoryview, cap: int | None) -> bytes:
     """Snappy in xerial framing (what Java's producer writes): a header, then
     (int32 length, raw snappy block) chunks."""
     view = memoryview(data)
@@ -52,28 +70,68 @@ def _xerial(data: bytes | memoryview) -> bytes:
     while pos < len(view):
         size = int.from_bytes(view[pos : pos + 4], "big")
         pos += 4
-        out += bytes(cramjam.snappy.decompress_raw(view[pos : pos + size]))
+        out += _capped(cramjam.snappy, view[pos : pos + size], _cap_left(cap, len(out)), raw=True)
         pos += size
     return bytes(out)
 
 
-def decompress(batch: RecordBatchView) -> bytes | memoryview:
-    """The batch's records section, decompressed (the view itself when uncompressed)."""
+def _cap_left(cap: int | None, used: int) -> int | None:
+    return None if cap is None else cap - used
+
+
+def _capped(module: object, body: bytes | memoryview, cap: int | None, raw: bool = False) -> bytes:
+    """`module`'s decompression of `body`, refusing to produce more than `cap` bytes: into a
+    buffer that doubles from a guess up to the cap, so a small batch that claims, or expands to,
+    gigabytes costs at most the cap."""
+    name = "decompress_raw" if raw else "decompress"
+    if cap is None:
+        return bytes(getattr(module, name)(body))
+    into = getattr(module, name + "_into")
+    size = min(cap + 1, max(4096, 8 * len(body)))
+    while True:
+        out = np.empty(size, dtype=np.uint8)
+        try:
+            written = int(into(body, out))
+        except Exception as exc:
+            if _BUFFER_FULL not in str(exc) or size > cap:
+                raise
+            size = min(cap + 1, size * 4)
+            continue
+        if written > cap:
+            raise DecompressionLimit(f"decompresses to more than {cap:,} bytes")
+        return out[:written].tobytes()
+
+
+def decompress(batch: RecordBatchView, max_bytes: int | None = None) -> bytes | memoryview:
+    """The batch's records section, decompressed (the view itself when uncompressed).
+
+    With `max_bytes`, a batch whose records would decompress to more raises DecompressionLimit
+    (a RecordBatchError) having allocated at most about that much.
+    """
     body = batch.records
     codec = batch.compression
     try:
         if codec == Compression.NONE:
             return body
         if codec == Compression.GZIP:
-            return bytes(cramjam.gzip.decompress(body))
+            return _capped(cramjam.gzip, body, max_bytes)
         if codec == Compression.SNAPPY:
             if bytes(body[: len(_XERIAL_MAGIC)]) == _XERIAL_MAGIC:
-                return _xerial(body)
-            return bytes(cramjam.snappy.decompress_raw(body))
+                return _xerial(body, max_bytes)
+            return _capped(cramjam.snappy, body, max_bytes, raw=True)
         if codec == Compression.LZ4:
-            return bytes(cramjam.lz4.decompress(body))
-        return bytes(cramjam.zstd.decompress(body))
+            return _capped(cramjam.lz4, body, max_bytes)
+        return _capped(cramjam.zstd, body, max_bytes)
+    except DecompressionLimit as exc:
+        raise DecompressionLimit(
+            f"the {codec.name.lower()} batch at offset {batch.base_offset} {exc}"
+        ) from None
     except Exception as exc:  # cramjam raises its own DecompressionError types
+        if _BUFFER_FULL in str(exc):
+            raise DecompressionLimit(
+                f"the {codec.name.lower()} batch at offset {batch.base_offset} decompresses to "
+                f"more than {max_bytes:,} bytes"
+            ) from None
         raise RecordBatchError(
             f"cannot decompress the {codec.name.lower()} batch at offset {batch.base_offset}: {exc}"
         ) from exc
@@ -197,8 +255,8 @@ def _binary(buf: U8, starts: I64, lengths: I64) -> Binary:
     return Binary(offsets.astype(np.int32), out, lengths >= 0)
 
 
-def _scan_batch(batch: RecordBatchView) -> tuple[U8, I64, I64]:
-    raw = decompress(batch)
+def _scan_batch(batch: RecordBatchView, max_bytes: int | None = None) -> tuple[U8, I64, I64]:
+    raw = decompress(batch, max_bytes)
     buf = np.frombuffer(raw, dtype=np.uint8)
     count = batch.records_count
     if count < 0 or count > buf.shape[0]:
@@ -218,12 +276,15 @@ def _scan_batch(batch: RecordBatchView) -> tuple[U8, I64, I64]:
     return buf, fields, headers[:used]
 
 
-def decode_columns(batches: Sequence[RecordBatchView]) -> tuple[Columns, list[U8]]:
+def decode_columns(
+    batches: Sequence[RecordBatchView], max_bytes: int | None = None
+) -> tuple[Columns, list[U8]]:
     """Every record of `batches` (data batches, in order) as columns.
 
     Also returns the decompressed buffers, which callers may drop: the columns own copies.
+    `max_bytes` caps each batch's decompressed records (see decompress).
     """
-    parts = [_scan_batch(b) for b in batches]
+    parts = [_scan_batch(b, max_bytes) for b in batches]
     if not parts:
         empty = np.zeros(0, dtype=np.int64)
         none = Binary(
@@ -296,4 +357,144 @@ def decode_batch_records(batch: RecordBatchView) -> list[tuple[bytes | None, byt
         key = bytes(k.data[k.offsets[i] : k.offsets[i + 1]]) if k.valid[i] else None
         value = bytes(v.data[v.offsets[i] : v.offsets[i + 1]]) if v.valid[i] else None
         out.append((key, value))
+    return out
+
+
+# ---- the way back: columns to a records section -------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def _varint_size(value: int) -> int:
+    zigzag = (value << 1) ^ (value >> 63)
+    size = 1
+    while zigzag >= 0x80 or zigzag < 0:
+        zigzag = (zigzag >> 7) & 0x01FFFFFFFFFFFFFF
+        size += 1
+    return size
+
+
+@njit(cache=True, nogil=True)
+def _put_varint(out: U8, pos: int, value: int) -> int:
+    zigzag = (value << 1) ^ (value >> 63)
+    while zigzag >= 0x80 or zigzag < 0:
+        out[pos] = (zigzag & 0x7F) | 0x80
+        zigzag = (zigzag >> 7) & 0x01FFFFFFFFFFFFFF
+        pos += 1
+    out[pos] = zigzag
+    return pos + 1
+
+
+@njit(cache=True, nogil=True)
+def _field_size(offsets: I64, valid: npt.NDArray[np.bool_], i: int) -> int:
+    if not valid[i]:
+        return 1  # -1
+    n = int(offsets[i + 1] - offsets[i])
+    return _varint_size(n) + n
+
+
+@njit(cache=True, nogil=True)
+def _put_field(
+    out: U8, pos: int, offsets: I64, data: U8, valid: npt.NDArray[np.bool_], i: int
+) -> int:
+    if not valid[i]:
+        return _put_varint(out, pos, -1)
+    start, end = int(offsets[i]), int(offsets[i + 1])
+    pos = _put_varint(out, pos, end - start)
+    out[pos : pos + end - start] = data[start:end]
+    return pos + end - start
+
+
+@njit(cache=True, nogil=True)
+def _record_sizes(
+    ts: I64,
+    od: I64,
+    k_off: I64,
+    k_valid: npt.NDArray[np.bool_],
+    v_off: I64,
+    v_valid: npt.NDArray[np.bool_],
+    h_first: I64,
+    hk_off: I64,
+    hv_off: I64,
+    hv_valid: npt.NDArray[np.bool_],
+    sizes: I64,
+) -> int:
+    """Each record's body size (without its length prefix) into sizes; the section's total."""
+    total = 0
+    for i in range(ts.shape[0]):
+        size = 1 + _varint_size(ts[i]) + _varint_size(od[i])
+        size += _field_size(k_off, k_valid, i) + _field_size(v_off, v_valid, i)
+        size += _varint_size(h_first[i + 1] - h_first[i])
+        for j in range(h_first[i], h_first[i + 1]):
+            size += _varint_size(hk_off[j + 1] - hk_off[j]) + hk_off[j + 1] - hk_off[j]
+            size += _field_size(hv_off, hv_valid, j)
+        sizes[i] = size
+        total += _varint_size(size) + size
+    return total
+
+
+@njit(cache=True, nogil=True)
+def _write_records(
+    ts: I64,
+    od: I64,
+    k_off: I64,
+    k_data: U8,
+    k_valid: npt.NDArray[np.bool_],
+    v_off: I64,
+    v_data: U8,
+    v_valid: npt.NDArray[np.bool_],
+    h_first: I64,
+    hk_off: I64,
+    hk_data: U8,
+    hv_off: I64,
+    hv_data: U8,
+    hv_valid: npt.NDArray[np.bool_],
+    sizes: I64,
+    out: U8,
+) -> int:
+    pos = 0
+    for i in range(ts.shape[0]):
+        pos = _put_varint(out, pos, sizes[i])
+        out[pos] = 0  # attributes: unused
+        pos = _put_varint(out, pos + 1, ts[i])
+        pos = _put_varint(out, pos, od[i])
+        pos = _put_field(out, pos, k_off, k_data, k_valid, i)
+        pos = _put_field(out, pos, v_off, v_data, v_valid, i)
+        pos = _put_varint(out, pos, h_first[i + 1] - h_first[i])
+        for j in range(h_first[i], h_first[i + 1]):
+            start, end = hk_off[j], hk_off[j + 1]
+            pos = _put_varint(out, pos, end - start)
+            out[pos : pos + end - start] = hk_data[start:end]
+            pos += end - start
+            pos = _put_field(out, pos, hv_off, hv_data, hv_valid, j)
+    return pos
+
+
+def encode_records(
+    timestamp_deltas: I64,
+    offset_deltas: I64,
+    key: Binary,
+    value: Binary,
+    header_counts: npt.NDArray[np.int32] | I64,
+    header_key: Binary,
+    header_value: Binary,
+) -> U8:
+    """A records section (uncompressed) holding one record per row: Kafka's DefaultRecord
+    layout, as decode_columns reads it. Header keys are never null (Kafka's rule)."""
+    n = int(timestamp_deltas.shape[0])
+    h_first = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(header_counts, out=h_first[1:])
+    ts = timestamp_deltas.astype(np.int64, copy=False)
+    od = offset_deltas.astype(np.int64, copy=False)
+    k_off, v_off = key.offsets.astype(np.int64), value.offsets.astype(np.int64)
+    hk_off, hv_off = header_key.offsets.astype(np.int64), header_value.offsets.astype(np.int64)
+    sizes = np.empty(n, dtype=np.int64)
+    total = _record_sizes(
+        ts, od, k_off, key.valid, v_off, value.valid, h_first, hk_off, hv_off,
+        header_value.valid, sizes,
+    )  # fmt: skip
+    out = np.empty(total, dtype=np.uint8)
+    _write_records(
+        ts, od, k_off, key.data, key.valid, v_off, value.data, value.valid, h_first,
+        hk_off, header_key.data, hv_off, header_value.data, header_value.valid, sizes, out,
+    )  # fmt: skip
     return out

@@ -21,7 +21,7 @@ import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from kipside.proxy.core.produce_scheduler import Batch, ProduceScheduler, Request
 
@@ -132,7 +132,9 @@ class Producer:
 
     def send(self) -> None:
         self.seq += 1
-        self.route(Message(self.index, self.rng.randrange(self.partitions), self.seq, self.clock.now))
+        self.route(
+            Message(self.index, self.rng.randrange(self.partitions), self.seq, self.clock.now)
+        )
         if self.rate:
             self.clock.after(self.rng.expovariate(self.rate), self.send)
 
@@ -175,12 +177,11 @@ def run(
     fleet = [Producer(i, clock, rng, partitions, rate) for i in range(producers)]
     if path == "direct":
         for producer in fleet:
-            own = Connection(model, lambda r, p=producer: [p.acknowledged(m) for m in r])
-            producer.route = lambda m, own=own: own.send([m])
+            direct(producer, model)
     else:
         lanes_ = ModelLanes(clock, model, lanes, linger)
         for producer in fleet:
-            producer.route = lambda m, p=producer: clock.after(hop, lanes_.submit, p, m, hop)
+            through(producer, lanes_, hop)
     for producer in fleet:
         producer.start()
     clock.run(seconds)
@@ -194,15 +195,37 @@ def run(
     )
 
 
+def direct(producer: Producer, broker: Broker) -> None:
+    """The producer on a connection of its own."""
+
+    def answered(messages: list[Message]) -> None:
+        for message in messages:
+            producer.acknowledged(message)
+
+    own = Connection(broker, answered)
+
+    def send(message: Message) -> None:
+        own.send([message])
+
+    producer.route = send
+
+
+def through(producer: Producer, lanes: ModelLanes, hop: float) -> None:
+    """The producer through kipside: `hop` to reach it, `hop` for the answer to come back."""
+
+    def send(message: Message) -> None:
+        lanes.clock.after(hop, lanes.submit, producer, message, hop)
+
+    producer.route = send
+
+
 class ModelLanes:
     """The scheduler's driver in the model: lanes as model connections, answers split back."""
 
     def __init__(self, clock: Clock, broker: Broker, lanes: int, linger: float) -> None:
         self.clock = clock
         self.scheduler = ProduceScheduler(lanes=lanes, max_request_bytes=1 << 20, linger=linger)
-        self.connections = [
-            Connection(broker, lambda r, i=i: self._answered(i, r)) for i in range(lanes)
-        ]
+        self.connections = [Connection(broker, self._answer_of(i)) for i in range(lanes)]
         self._requests: dict[int, deque[Request]] = {i: deque() for i in range(lanes)}
         self._timer_at = math.inf
 
@@ -216,7 +239,8 @@ class ModelLanes:
 
     def _send(self, request: Request) -> None:
         self._requests[request.lane].append(request)
-        self.connections[request.lane].send([b.item[1] for b in request.batches])  # type: ignore[index]
+        messages = [cast(tuple[Producer, Message, float], b.item)[1] for b in request.batches]
+        self.connections[request.lane].send(messages)
 
     def _flush(self) -> None:
         for request in self.scheduler.ready(self.clock.now):
@@ -230,10 +254,13 @@ class ModelLanes:
         self._timer_at = math.inf
         self._flush()
 
-    def _answered(self, lane: int, _messages: list[Message]) -> None:
-        request = self._requests[lane].popleft()  # a connection answers in order
-        self.scheduler.answered(request, self.clock.now)
-        for batch in request.batches:
-            producer, message, hop = batch.item  # type: ignore[misc]
-            self.clock.after(hop, producer.acknowledged, message)
-        self._flush()
+    def _answer_of(self, lane: int) -> Callable[[list[Message]], None]:
+        def answered(_messages: list[Message]) -> None:
+            request = self._requests[lane].popleft()  # a connection answers in order
+            self.scheduler.answered(request, self.clock.now)
+            for batch in request.batches:
+                producer, message, hop = cast(tuple[Producer, Message, float], batch.item)
+                self.clock.after(hop, producer.acknowledged, message)
+            self._flush()
+
+        return answered
