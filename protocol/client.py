@@ -52,20 +52,38 @@ UNANSWERED_MEMORY: Final = 1024
 """Correlation ids of requests that expect no answer, remembered in case a broker answers."""
 
 
-@dataclass(frozen=True, slots=True)
 class Response:
     """One whole response, matched to the request it answers."""
 
-    api_key: int
-    api_version: int
-    correlation_id: int
-    frame: bytes
-    """The frame as received (size prefix included); for a request sent with `send_frame`,
-    under that frame's own correlation id again."""
-    body_offset: int
-    """Where the body starts in `frame` (after the response header; 4 for a raw token)."""
-    tag: object = None
-    """What the caller attached to the request (`send_request`, `send_frame`)."""
+    __slots__ = ("_body_offset", "api_key", "api_version", "correlation_id", "frame", "tag")
+
+    def __init__(
+        self, api_key: int, api_version: int, correlation_id: int, frame: bytes, tag: object
+    ) -> None:
+        self.api_key = api_key
+        self.api_version = api_version
+        self.correlation_id = correlation_id
+        self.frame = frame
+        """The frame as received (size prefix included); for a request sent with
+        `send_frame`, under that frame's own correlation id again."""
+        self.tag = tag
+        """What the caller attached to the request (`send_request`, `send_frame`)."""
+        self._body_offset = 4 if api_key == RAW else -1
+
+    def __repr__(self) -> str:
+        return (
+            f"Response({api_name(self.api_key) if self.api_key >= 0 else 'raw'} "
+            f"v{self.api_version}, correlation id {self.correlation_id}, {len(self.frame)} bytes)"
+        )
+
+    @property
+    def body_offset(self) -> int:
+        """Where the body starts in `frame` (after the response header; 4 for a raw token).
+        Read on first use: a proxy that only passes the frame on never needs it."""
+        if self._body_offset < 0:
+            header = parse_response_header(self.frame, self.api_key, self.api_version)
+            self._body_offset = header.body_offset
+        return self._body_offset
 
     def decode(self) -> Message:
         """The body through kio (for the small APIs; Produce and Fetch have their own codecs)."""
@@ -252,7 +270,7 @@ class ClientConnection:
             if not self._raw_due:
                 self._decoder.min_frame_bytes = 4
             raw = self._in_flight.popleft()
-            return Response(RAW, 0, RAW, frame, 4, raw.tag)
+            return Response(RAW, 0, RAW, frame, raw.tag)
         correlation_id = response_correlation_id(frame)
         if not self._in_flight or self._in_flight[0].correlation_id != correlation_id:
             if correlation_id in self._unanswered:
@@ -271,17 +289,9 @@ class ClientConnection:
                 "order, the connection can't be trusted"
             )
         asked = self._in_flight.popleft()
-        header = parse_response_header(frame, asked.api_key, asked.api_version)
         if asked.original_id != correlation_id:
             frame = with_response_correlation_id(frame, asked.original_id)
-        return Response(
-            asked.api_key,
-            asked.api_version,
-            asked.original_id,
-            frame,
-            header.body_offset,
-            asked.tag,
-        )
+        return Response(asked.api_key, asked.api_version, asked.original_id, frame, asked.tag)
 
     # Time -------------------------------------------------------------------------------
 

@@ -48,6 +48,7 @@ class Slot:
     raw: bool
     """A broker's answer, which still needs kipside's rewrites; kipside's own need none."""
     started: float
+    """When the request was read (the driver's clock): its latency is counted from then."""
     span: object
     """The request's trace span (the driver's), finished when the answer is written."""
     merge: Callable[[bytes], bytes] | None = None
@@ -108,7 +109,11 @@ class ClientSide:
         FrameError (FrameTooLargeError, NotKafkaError) when the bytes can't be Kafka: the
         connection must then be closed."""
         decoder = self._decoder
-        decoder.min_frame_bytes = 0 if raw_token_due else 8
+        if raw_token_due:
+            decoder.min_frame_bytes = 0
+            frame = decoder.next_frame()
+            decoder.min_frame_bytes = 8
+            return frame
         return decoder.next_frame()
 
     def header(self, frame: bytes) -> RequestHeader:

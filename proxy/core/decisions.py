@@ -95,6 +95,8 @@ class ClientRequest:
     header: RequestHeader
     frame: bytes
     client: ClientHandle
+    received_at: float = 0.0
+    """When the request was read, on the driver's clock."""
     merge: Callable[[bytes], bytes] | None = None
     """Set once a stage narrowed the request: turns the broker's answer to what is left into
     the answer the client is owed."""

@@ -139,6 +139,9 @@ class ServerLimits:
     def __init__(self, limits: Callable[[], Limits], stats: Stats) -> None:
         self.limits = limits
         """The limits in force (read per event)."""
+        self.current = limits()
+        """The limits in force as of the last reload (`rules_changed`): what the per-request
+        checks read, with no call."""
         self.stats = stats
         self.reporter = LimitReporter(stats)
         self.clients = 0
@@ -177,6 +180,7 @@ class ServerLimits:
     def rules_changed(self, old: RuleSet, new: RuleSet) -> None:
         """After a reload (operations.reload's on_applied): every paused client checks its
         in-flight limits again, every connection its deadlines, under the new limits."""
+        self.current = self.limits()
         for key in _RELOADED_AT_ONCE:
             before, after = getattr(old.limits, key), getattr(new.limits, key)
             if before != after:
@@ -253,7 +257,7 @@ class ClientLimits:
     @property
     def decode(self) -> DecodeLimits:
         """The caps kipside's readers apply to this client's requests."""
-        return self._server.limits().decode_limits
+        return self._server.current.decode_limits
 
     # Counting -------------------------------------------------------------------------
 
@@ -328,7 +332,7 @@ class ClientLimits:
         if held is None:
             held = self.held
         server = self._server
-        limits = server.limits()
+        limits = server.current
         if held <= limits.max_in_flight_bytes_per_client and (
             server.stats.in_flight_bytes <= limits.max_in_flight_bytes
         ):

@@ -9,7 +9,6 @@ client's SASL); a narrowed request's answer gets the refused partitions back fir
 from __future__ import annotations
 
 import logging
-import time
 from typing import Protocol
 
 import trio
@@ -129,17 +128,18 @@ class AnswerWriter:
         return stop
 
     def _count(self, client: Client, written: list[Slot], frames: list[bytes]) -> None:
-        now = time.perf_counter()
+        now = trio.current_time()  # slots start at the time their request was read
         stats = self.stats
+        response_bytes, observe = stats.client_response_bytes, stats.observe_latency
         request_bytes = answer_bytes = 0
         for slot, frame in zip(written, frames, strict=True):
             request_bytes += slot.request_bytes
             answer_bytes += slot.answer_bytes
-            stats.client_response_bytes[slot.api_key] += len(frame)
-            stats.observe_latency(slot.api_key, now - slot.started)
+            response_bytes[slot.api_key] += len(frame)
+            observe(slot.api_key, now - slot.started)
             if slot.span is not None:
                 finish(slot.span, slot.pending.error_name)  # type: ignore[arg-type]
-        client.limits.written(trio.current_time(), request_bytes, answer_bytes)
+        client.limits.written(now, request_bytes, answer_bytes)
 
     def _answer(self, client: Client, slot: Slot) -> bytes | None:
         """The frame to send for an answered slot; None if the session must close instead."""
@@ -162,7 +162,6 @@ class AnswerWriter:
         """The answer as the client must see it (a raw one is the broker's: rewritten; a merged
         one gets the refused partitions first); None if it can't be rewritten (logged: the
         session closes rather than pass a broker address through)."""
-        who = client.describe()
         if slot.merge is not None:
             try:
                 frame = slot.merge(frame)
@@ -170,7 +169,7 @@ class AnswerWriter:
                 log.error(
                     "%s: cannot read the broker's %s v%d answer to add the partitions the "
                     "principals rules refused (%s); closing the connection",
-                    who,
+                    client.describe(),
                     api_name(slot.api_key),
                     slot.api_version,
                     exc,
@@ -193,7 +192,7 @@ class AnswerWriter:
                 "%s: the broker's %s v%d answer cannot be read (%s); kipside never passes "
                 "broker addresses through, so the connection is closed. If the broker is a "
                 "real Kafka broker, report this with its version",
-                who,
+                client.describe(),
                 api_name(slot.api_key),
                 slot.api_version,
                 exc,

@@ -40,8 +40,8 @@ class Reader(Protocol):
 
     def describe(self) -> str: ...
 
-    async def handle(self, header: RequestHeader | None, frame: bytes) -> None:
-        """A request (header None: a legacy SASL token, which has no header)."""
+    async def handle(self, header: RequestHeader | None, frame: bytes, now: float) -> None:
+        """A request (header None: a legacy SASL token, which has no header) read at `now`."""
 
 
 async def read_requests(session: Reader, side: ClientSide, wire: Wire, room: Room) -> bool:
@@ -53,6 +53,7 @@ async def read_requests(session: Reader, side: ClientSide, wire: Wire, room: Roo
         if not data:
             return True
         side.receive_data(data)
+        now = trio.current_time()
         while True:
             frame = None
             try:
@@ -62,7 +63,7 @@ async def read_requests(session: Reader, side: ClientSide, wire: Wire, room: Roo
                 if frame is None:
                     break
                 raw = session.sasl.raw_token_due
-                await session.handle(None if raw else side.header(frame), frame)
+                await session.handle(None if raw else side.header(frame), frame, now)
             except (FrameTooLargeError, LimitExceeded) as exc:
                 limits.refused(exc, frame if isinstance(exc, LimitExceeded) else None)
                 raise
@@ -72,7 +73,7 @@ async def read_requests(session: Reader, side: ClientSide, wire: Wire, room: Roo
                 raise
         # Every whole request is taken: what is left starts (or continues) the next one,
         # which must be whole within limits.request_read_timeout_ms.
-        limits.read(trio.current_time(), side.buffered)
+        limits.read(now, side.buffered)
 
 
 class Room:

@@ -15,7 +15,6 @@ client sees as a broker disconnect and retries. One session's failure never touc
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Final
 
@@ -35,6 +34,7 @@ from kipside.proxy.core.decisions import (
     ClientRequest,
     Close,
     Pipeline,
+    Take,
     Wait,
 )
 from kipside.proxy.core.identity import ANONYMOUS, Principal
@@ -92,6 +92,7 @@ class Session:
         self._nursery: trio.Nursery | None = None
         self._drained = trio.Event()
         self._gone = False
+        self._closing = False
 
     # The handle the stages see ----------------------------------------------------------
 
@@ -113,7 +114,7 @@ class Session:
 
     def disconnect(self, reason: str) -> None:
         """Close the client connection now, as a broker would on a lost connection."""
-        if self._nursery is not None and not self._nursery.cancel_scope.cancel_called:
+        if self._nursery is not None and not self._closing:
             log.info("%s: %s; closing so the client resends", self.describe(), reason)
             self._stop()
 
@@ -131,6 +132,7 @@ class Session:
 
     def _stop(self) -> None:
         if self._nursery is not None:
+            self._closing = True
             self._nursery.cancel_scope.cancel()
 
     def _client_broken(self, reason: str) -> None:
@@ -187,30 +189,31 @@ class Session:
 
     # Requests ---------------------------------------------------------------------------
 
-    async def handle(self, header: RequestHeader | None, frame: bytes) -> None:
-        """One whole request (header None: a legacy SASL token), decided and carried out."""
-        started = time.perf_counter()
+    async def handle(self, header: RequestHeader | None, frame: bytes, now: float) -> None:
+        """One whole request (header None: a legacy SASL token), read at `now`, decided and
+        carried out."""
         took = self.limits.took(len(frame))
         if header is None:
             header = RAW_TOKEN_HEADER
             self.span = None
-            decision, request = raw_token(self, frame), ClientRequest(header, frame, self)
+            decision, request = raw_token(self, frame), ClientRequest(header, frame, self, now)
         else:
             self.span = self.writer.request_span(self, header, frame)
-            decision, request = self._pipeline().decide(ClientRequest(header, frame, self))
+            decision, request = self._pipeline().decide(ClientRequest(header, frame, self, now))
             while type(decision) is Wait:
                 await self._wait(decision)
                 decision, request = self._pipeline().decide(request)
-        pending, raw = await carry_out(decision, request, self.own)
+        if type(decision) is Take:  # the usual produce: no await
+            pending, raw = decision.pending, decision.raw
+        else:
+            pending, raw = await carry_out(decision, request, self.own)
         if pending is None:  # nothing is owed: the request holds nothing
             self.writer.finish(self.span)
-            self.limits.written(trio.current_time(), took, 0)
+            self.limits.written(now, took, 0)
         else:
             key, version, correlation_id = header.api_key, header.api_version, header.correlation_id
             span, merge = self.span, request.merge
-            self.side.owe(
-                Slot(key, version, correlation_id, pending, raw, started, span, merge, took)
-            )
+            self.side.owe(Slot(key, version, correlation_id, pending, raw, now, span, merge, took))
         if type(decision) is Close:
             self.refuse(decision.reason, decision.level)
         elif request.close_after is not None:
@@ -237,7 +240,7 @@ class Session:
 
     def flush(self) -> None:
         """Write every answer ready at the head of those owed, in order, in one call."""
-        if self._nursery is not None and self._nursery.cancel_scope.cancel_called:
+        if self._closing:
             return  # closing: nothing more is written
         ready, marker = self.side.ready()
         stop = self.writer.write(self, ready) if ready else False

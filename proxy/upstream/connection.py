@@ -133,6 +133,7 @@ class UpstreamConnection:
         expects_response: bool = True,
         chunks: Sequence[Buffer] | None = None,
         allowance: float = 0.0,
+        now: float | None = None,
     ) -> Pending | None:
         """Send a request frame now; its answer comes back under the frame's own correlation
         id. With `chunks`, `frame` is only the frame's head (size prefix and request header)
@@ -149,7 +150,7 @@ class UpstreamConnection:
             api_version,
             expects_response=expects_response,
             tag=pending,
-            now=trio.current_time(),
+            now=trio.current_time() if now is None else now,
             allowance=allowance,
         )
         self._write((frame,) if chunks is None else (frame, *chunks))

@@ -47,10 +47,10 @@ def test_an_unexpected_error_closes_one_connection_and_kipside_serves_on(
     host, port = kipside.bootstrap.rsplit(":", 1)
     handle = Session.handle
 
-    async def faulty(self: Session, header: RequestHeader, frame: bytes) -> None:
+    async def faulty(self: Session, header: RequestHeader, frame: bytes, now: float) -> None:
         if self.client_id == "trips-a-bug":
             raise RuntimeError("a bug in kipside")
-        await handle(self, header, frame)
+        await handle(self, header, frame, now)
 
     monkeypatch.setattr(Session, "handle", faulty)
     with caplog.at_level(logging.ERROR, logger="kipside.server"):

@@ -25,7 +25,7 @@ from kipside.proxy.stages.coalescing.client_produce import Submitted
 from kipside.proxy.stages.coalescing.lanes import ProduceLanes, QueuedBatch
 from kipside.proxy.stages.context import FeatureContext
 from kipside.proxy.upstream.nodes import NodeMap
-from kipside.rules import CoalescingRules
+from kipside.rules import CoalescingRules, RuleSet
 
 
 class ProducePlan(NamedTuple):
@@ -73,31 +73,33 @@ class Coalescer:
         """Batches queued or in flight on every node's lanes."""
         return sum(lanes.scheduler.outstanding() for lanes in self._lanes.values())
 
-    def eligible(self, header: RequestHeader) -> bool:
-        return (
-            self.rules.enabled and PRODUCE_MIN_VERSION <= header.api_version <= PRODUCE_MAX_VERSION
-        )
-
-    def plan(self, frame: bytes, header: RequestHeader, client_id: str | None) -> ProducePlan:
-        """Whether this ProduceRequest coalesces under the rules in force, and its partitions.
+    def plan(
+        self, frame: bytes, header: RequestHeader, client_id: str | None, rules: RuleSet
+    ) -> ProducePlan:
+        """Whether this ProduceRequest coalesces under `rules` (those in force), and its
+        partitions.
 
         Synchronous, and `take` after it must be too: a reload between them would split the
         request's decision from the rules that made it."""
-        if not self.eligible(header):
+        coalescing = rules.coalescing
+        version = header.api_version
+        if not coalescing.enabled or not PRODUCE_MIN_VERSION <= version <= PRODUCE_MAX_VERSION:
             return UNREAD
         request = parse_produce_request(
-            frame, header.body_offset, header.api_version, self.context.rules().limits.decode_limits
+            frame, header.body_offset, version, rules.limits.decode_limits
         )
-        keys = tuple((p.topic, p.partition) for p in request.partitions)
-        plan = ProducePlan(keys)
-        if request.transactional_id is not None or not request.partitions:
-            return plan
-        if len(set(keys)) != len(keys) or any(p.records is None for p in request.partitions):
-            return plan  # let the broker answer malformed requests itself
-        rules = self.rules
-        if not all(rules.applies(p.topic, client_id or "") for p in request.partitions):
-            return plan
-        return ProducePlan(keys, True, request.partitions, request.acks, request.timeout_ms)
+        partitions = request.partitions
+        keys = tuple([(p.topic, p.partition) for p in partitions])
+        if request.transactional_id is not None or not partitions:
+            return ProducePlan(keys)
+        if len(keys) > 1 and len(set(keys)) != len(keys):
+            return ProducePlan(keys)  # let the broker answer malformed requests itself
+        for p in partitions:
+            if p.records is None or (
+                coalescing.rules and not coalescing.applies(p.topic, client_id or "")
+            ):
+                return ProducePlan(keys)
+        return ProducePlan(keys, True, partitions, request.acks, request.timeout_ms)
 
     def take(
         self,
@@ -107,7 +109,9 @@ class Coalescer:
         frame: bytes,
         header: RequestHeader,
         client: ClientHandle,
-        span: Span | None = None,
+        span: Span | None,
+        now: float,
+        rules: CoalescingRules,
     ) -> Submitted:
         """Take a planned request's batches: passed through unchanged to an idle lane, or
         queued. Raises UpstreamFailed if a passed-through request's connection breaks."""
@@ -125,4 +129,4 @@ class Coalescer:
             )
             for p in plan.batches
         ]
-        return self.lanes(node_id, principal).submit(batches, frame, header, acks)
+        return self.lanes(node_id, principal).submit(batches, frame, header, acks, now, rules)

@@ -100,14 +100,15 @@ class ProduceLanes:
         frame: bytes,
         header: RequestHeader,
         acks: int,
+        now: float,
+        rules: CoalescingRules,
     ) -> Submitted:
-        """Place a client request's batches; passed through unchanged to an idle lane, or
-        queued. Raises UpstreamFailed if a passed-through request's connection breaks."""
+        """Place a client request's batches (read at `now`, under `rules`); passed through
+        unchanged to an idle lane, or queued. Raises UpstreamFailed if a passed-through
+        request's connection breaks."""
         scheduler = self.scheduler
-        rules = self.rules
         scheduler.linger = rules.linger_ms / 1000
         scheduler.max_request_bytes = rules.max_request_bytes
-        now = trio.current_time()
         placed = scheduler.submit(batches, now)
         if placed.whole:
             passed = self._pass_through(placed, batches, frame, header, acks, now)
@@ -135,7 +136,7 @@ class ProduceLanes:
         """Forward the client's request unchanged when it goes upstream alone anyway (an idle
         lane, no linger, the broker speaks the client's version, no span to link): no
         re-encoding, and the broker's answer goes back as it came. None when it can't."""
-        if self.context.tracer is not None or self.rules.linger_ms > 0:
+        if self.context.tracer is not None:
             return None
         connection = self.pool.live(placed.lane)
         versions = self.pool.produce_versions
@@ -154,6 +155,7 @@ class ProduceLanes:
                 header.api_version,
                 expects_response=acks != 0,
                 allowance=request.timeout_ms / 1000,
+                now=now,
             )
         except UpstreamFailed:
             self._lane_failed(placed.lane, "the connection broke")

@@ -39,7 +39,8 @@ class CoalescingStage:
             order.sent_own(client, None)
             return FORWARD_OWN
         coalescer = self.coalescer
-        plan = coalescer.plan(request.frame, header, client.client_id)
+        rules = self.context.rules()
+        plan = coalescer.plan(request.frame, header, client.client_id, rules)
         earlier = order.earlier(client, plan.partitions, plan.coalesce)
         if earlier is not None:
             self.context.stats.produce_route_waits += 1
@@ -63,6 +64,8 @@ class CoalescingStage:
             header,
             client,
             client.span,  # type: ignore[arg-type]
+            request.received_at,
+            rules.coalescing,
         )
         order.sent_to_lanes(client, plan.partitions, taken.pending)
         return Take(taken.pending, raw=taken.raw)
