@@ -45,6 +45,9 @@ class Handle:
     def newest_own(self) -> Pending | None:
         return None
 
+    def own_barrier(self) -> Pending:
+        return Pending.answered(b"")
+
     def describe(self) -> str:
         return "client test"
 

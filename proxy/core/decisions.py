@@ -77,6 +77,11 @@ class ClientHandle(Protocol):
     def newest_own(self) -> Pending | None:
         """The answer to the newest request in flight on the client's own connection."""
 
+    def own_barrier(self) -> Pending:
+        """A request of kipside's own sent on the client's own connection now, behind what
+        it carries: its answer comes once the broker has handled all of that (acks=0
+        requests included)."""
+
     def describe(self) -> str: ...
 
     def disconnect(self, reason: str) -> None:

@@ -90,16 +90,17 @@ class Coalescer:
         )
         partitions = request.partitions
         keys = tuple([(p.topic, p.partition) for p in partitions])
+        acks = request.acks
         if request.transactional_id is not None or not partitions:
-            return ProducePlan(keys)
+            return ProducePlan(keys, acks=acks)
         if len(keys) > 1 and len(set(keys)) != len(keys):
-            return ProducePlan(keys)  # let the broker answer malformed requests itself
+            return ProducePlan(keys, acks=acks)  # the broker answers malformed requests itself
         for p in partitions:
             if p.records is None or (
                 coalescing.rules and not coalescing.applies(p.topic, client_id or "")
             ):
-                return ProducePlan(keys)
-        return ProducePlan(keys, True, partitions, request.acks, request.timeout_ms)
+                return ProducePlan(keys, acks=acks)
+        return ProducePlan(keys, True, partitions, acks, request.timeout_ms)
 
     def take(
         self,
