@@ -25,6 +25,8 @@ usual request timeout, after which the client has given up on those requests its
 
 
 class CoalescingStage:
+    api_keys = frozenset({ApiKey.PRODUCE})
+
     def __init__(self, context: FeatureContext, coalescer: Coalescer) -> None:
         self.context = context
         self.coalescer = coalescer
