@@ -13,11 +13,14 @@ decides which upstream requests to send on which lane, as Apache Kafka's rules a
   travel in parallel.
 - **Several requests in flight per lane**, up to `window` (a producer's max.in.flight).
 - **Placement that keeps order but not queues.** A batch with nothing outstanding of its
-  (client, partition) goes to an idle lane (nothing queued, nothing in flight), opening one on
-  demand up to the lane cap; if every lane is busy, to the busy lane whose next request does
-  not yet hold its partition and that has the least outstanding; only then behind its own
-  partition. acks=0 batches are the exception: no answer says when one is in the log, so each
-  partition's acks=0 batches keep one lane (a stable hash of the partition).
+  (client, partition) joins a busy lane's next request when more batches are expected before
+  that lane's answer (the busy lane, not holding its partition, that answers soonest by recent
+  answer times; arrivals by their recent rate): it then shares a request instead of costing
+  one. Otherwise it goes to an idle lane (nothing queued, nothing in flight), or to a new lane,
+  opened on demand up to the lane cap; with every lane open and busy, to the busy lane that
+  answers soonest, or else to the least loaded one. acks=0 batches are the exception: no
+  answer says when one is in the log, so each partition's acks=0 batches keep one lane (a
+  stable hash of the partition).
 - **When to send.** An idle lane sends at once: waiting would gain nothing. A lane with requests
   in flight lets what arrives meanwhile gather into its next request, which leaves when the
   lane has nothing in flight any more (natural batching: the busier the broker, the bigger the

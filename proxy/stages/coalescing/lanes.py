@@ -146,8 +146,8 @@ class ProduceLanes:
         now: float,
     ) -> Submitted | None:
         """Forward the client's request unchanged when it goes upstream alone anyway (an idle
-        lane, no linger, the broker speaks the client's version, no span to link): no
-        re-encoding, and the broker's answer goes back as it came. None when it can't."""
+        lane with its connection up, the broker speaks the client's version, no span to link):
+        no re-encoding, and the broker's answer goes back as it came. None when it can't."""
         if self.context.tracer is not None:
             return None
         connection = self.pool.live(placed.lane)
