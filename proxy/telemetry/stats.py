@@ -60,7 +60,8 @@ class Stats:
     """Partition batches sent upstream inside coalesced ProduceRequests."""
     produce_route_waits: int = 0
     """ProduceRequests that waited for the same client's earlier batches of their partitions on
-    another route (the lanes or its own broker connection) before going (stages.coalescing.order)."""
+    another route (the lanes or its own broker connection) before going
+    (stages.coalescing.order)."""
     client_connections: int = 0
     upstream_connections: int = 0
     lane_failures: int = 0
