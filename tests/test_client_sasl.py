@@ -43,7 +43,7 @@ from kipside.protocol import (
 )
 from kipside.proxy.core.identity import Principal
 from kipside.proxy.security.client_sasl import (
-    FAILED_MESSAGE,
+    failed_message,
     FORWARD,
     ClientSasl,
     SaslStep,
@@ -331,12 +331,14 @@ def test_wrong_credentials_get_kafkas_failure_answer_then_a_close(
     assert reply == AuthenticateReply(
         2 + len(steps) - 1,
         ErrorCode.sasl_authentication_failed,
-        FAILED_MESSAGE.format(mechanism),
+        failed_message(mechanism),
         b"",
         0,
     )
     assert reply.error_message == (
-        "Authentication failed during authentication due to invalid credentials with SASL "
+        "Authentication failed: Invalid username or password"
+        if mechanism == "PLAIN"
+        else "Authentication failed during authentication due to invalid credentials with SASL "
         f"mechanism {mechanism}"
     )
     assert failed.close is not None
