@@ -43,11 +43,11 @@ from kipside.protocol import (
 )
 from kipside.proxy.core.identity import Principal
 from kipside.proxy.security.client_sasl import (
-    failed_message,
     FORWARD,
     ClientSasl,
     SaslStep,
     Termination,
+    failed_message,
 )
 from kipside.proxy.security.sasl_messages import SASL_APIS
 
