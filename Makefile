@@ -103,8 +103,12 @@ unit: $(STAMP)
 integration: $(STAMP) system-deps
 	$(BIN)/pytest -m integration $(PYTEST_ARGS)
 
+# Two pytest-xdist workers: the Spark cases (tests/pipelines) and the install tests each stay on
+# one worker (tests/conftest.py groups them), the rest spread over both. PYTEST_WORKERS= runs
+# the suite in one process.
+PYTEST_WORKERS ?= -n 2 --dist loadgroup
 test: $(STAMP) system-deps lint typecheck
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # Every benchmark in turn; each rewrites its section of docs/performance.md. One of them:
 # `make bench BENCH=coalesce`; a smoke run that writes nothing: `make bench BENCH_ARGS="--quick --no-doc"`.

@@ -36,7 +36,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pytest
 from testkit import procs, tools
@@ -298,6 +298,21 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     procs.kill_all()
+
+
+# Folders whose tests share a session-wide Spark session, brokers or fresh venvs: under
+# pytest-xdist (`make test` runs two workers) each folder goes whole to one worker, so those are
+# started once, and the heavy Spark work runs beside the lighter tests instead of against itself.
+_WORKER_GROUPS: Final = {"pipelines": "spark", "install": "install"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(__file__).resolve().parent
+    for item in items:
+        parts = item.path.resolve().relative_to(root).parts
+        group = _WORKER_GROUPS.get(parts[0]) if len(parts) > 1 else None
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 # kipside inside the test process (spans, Stats); see tests/inprocess.py.
