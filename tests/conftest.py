@@ -301,18 +301,29 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 # Folders whose tests share a session-wide Spark session, brokers or fresh venvs: under
-# pytest-xdist (`make test` runs two workers) each folder goes whole to one worker, so those are
-# started once, and the heavy Spark work runs beside the lighter tests instead of against itself.
-_WORKER_GROUPS: Final = {"pipelines": "spark", "install": "install"}
+# pytest-xdist (`make test` runs two workers with --dist loadgroup) each goes whole to one
+# worker, so those start once, and the heavy Spark work runs beside the lighter tests instead of
+# against itself. Every other test is a unit of its own. (xdist's own loadgroup marks a test by
+# rewriting its node id, which this pytest no longer reads; the scheduler below groups by folder.)
+_WORKER_GROUPS: Final = {"tests/pipelines/": "spark", "tests/install/": "install"}
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    root = Path(__file__).resolve().parent
-    for item in items:
-        parts = item.path.resolve().relative_to(root).parts
-        group = _WORKER_GROUPS.get(parts[0]) if len(parts) > 1 else None
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
+
+    class FolderGroups(LoadScopeScheduling):  # type: ignore[misc]
+        """Largest groups first (xdist's scope reordering), so Spark's starts at once."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            for folder, group in _WORKER_GROUPS.items():
+                if nodeid.startswith(folder):
+                    return group
+            return nodeid
+
+    return FolderGroups(config, log)
 
 
 # kipside inside the test process (spans, Stats); see tests/inprocess.py.
