@@ -65,6 +65,7 @@ __all__ = [
     "encode_columnar_batch",
     "read_columnar_segment",
     "reencode_columnar_batch",
+    "reencode_if_carrier",
 ]
 
 _HEAD: Final = struct.Struct(">qiib")  # baseOffset, batchLength, partitionLeaderEpoch, magic
@@ -389,8 +390,19 @@ class _Carrier:
 
 
 def _open(batch: Buffer | RecordBatchView, max_bytes: int) -> _Carrier:
+    carrier = _open_if_carrier(batch, max_bytes)
+    if carrier is None:
+        raise ColumnarError(
+            f"the batch at offset {_view(batch).base_offset} is not a columnar carrier"
+        )
+    return carrier
+
+
+def _open_if_carrier(batch: Buffer | RecordBatchView, max_bytes: int) -> _Carrier | None:
     try:
         view = _view(batch)
+        if view.is_control:
+            return None
         if not view.crc_valid():
             raise ColumnarError(f"the carrier at offset {view.base_offset}: its CRC does not match")
         _check_count(view, max_bytes)
@@ -403,7 +415,7 @@ def _open(batch: Buffer | RecordBatchView, max_bytes: int) -> _Carrier:
         raise ColumnarError(f"{where} has {len(columns)} records for a count of {n}")
     version = _version(columns)
     if version is None:
-        raise ColumnarError(f"the batch at offset {view.base_offset} is not a columnar carrier")
+        return None
     if version != COLUMNAR_VERSION:
         raise ColumnarError(
             f"{where} is carrier version {version}; this kipside reads version "
@@ -623,7 +635,26 @@ def reencode_columnar_batch(
     """A carrier as the ordinary batch its producer sent: the same header (offsets, leader epoch,
     timestamps, producer id, epoch, sequence, transactional bit), the records back, compressed
     with `compression`, a new CRC. What kipside hands a consumer. Raises ColumnarError."""
-    carrier = _open(batch, max_bytes)
+    return _reencoded(_open(batch, max_bytes), keys, compression, max_bytes)
+
+
+def reencode_if_carrier(
+    batch: Buffer | RecordBatchView,
+    keys: ColumnarKeys | None = None,
+    *,
+    compression: Compression = Compression.NONE,
+    max_bytes: int = DEFAULT_MAX_DECODED_BYTES,
+) -> bytes | None:
+    """reencode_columnar_batch for a batch that may be ordinary: None for an ordinary batch (or
+    a control batch), which a columnar topic holds too (batches left alone). Raises
+    ColumnarError for a carrier it can't decode, or a batch it can't read."""
+    carrier = _open_if_carrier(batch, max_bytes)
+    return None if carrier is None else _reencoded(carrier, keys, compression, max_bytes)
+
+
+def _reencoded(
+    carrier: _Carrier, keys: ColumnarKeys | None, compression: Compression, max_bytes: int
+) -> bytes:
     decoded = _of_carrier(carrier, keys, max_bytes)
     view = carrier.view
     headers = decoded.headers

@@ -6,6 +6,7 @@ connection) and stages.pipeline's order and which stages are in force. No socket
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from test_session import heartbeat_request, request
 
@@ -120,14 +121,16 @@ def stages(rules: RuleSet, shared: bool = False) -> Stages:
         stage(None, [], "coalescing"),
         stage(None, [], "short_apis"),
         built.own_connection,
+        columnar=built.columnar,
     )
 
 
-def test_stages_off_are_left_out_and_the_order_is_stage_order() -> None:
+def test_stages_off_are_left_out_and_the_order_is_stage_order(tmp_path: Path) -> None:
     assert STAGE_ORDER == (
         "sasl",
         "principals",
         "versions",
+        "columnar",
         "transactions",
         "coalescing",
         "short_apis",
@@ -142,10 +145,14 @@ def test_stages_off_are_left_out_and_the_order_is_stage_order() -> None:
         plain.short_apis,
         plain.own_connection,
     )
+    (tmp_path / "s.json").write_text(
+        '{"type": "object", "properties": {"id": {"type": "integer"}}}'
+    )
     ruled = parse_rules(
         "principals:\n  - {principal: 'User:a', topics: [x]}\n"
-        "transactions:\n  - {transactional_id: t, outputs: [{topic: x}]}\n",
-        "r.yaml",
+        "transactions:\n  - {transactional_id: t, outputs: [{topic: x}]}\n"
+        "topics:\n  - {topic: c, columnar: {schema: s.json}}\n",
+        str(tmp_path / "r.yaml"),
     )
     everything = stages(ruled, shared=True)
     assert everything.pipeline(ruled).stages == tuple(

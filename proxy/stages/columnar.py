@@ -1,0 +1,46 @@
+"""The columnar stage: Produce to columnar topics as carriers, their Fetch answers back as the
+producers' batches (core.columnar says how, docs/columnar.md what users see).
+
+In the pipeline only while a topic rule is columnar, after principals (what a principal may
+not send is refused first) and before the stages that route a ProduceRequest (they carry the
+carriers as they would the client's batches). A ProduceRequest with batches to convert is a
+`Convert`: the encoding runs off the event loop and the request goes on narrowed to its
+carriers. A Fetch goes on unchanged, its answer marked for conversion (`convert`), which the
+session runs off the event loop when the answer holds records of a columnar topic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kipside.protocol import ApiKey
+from kipside.proxy.core.columnar import ColumnarTopics
+from kipside.proxy.core.decisions import ClientRequest, Convert, Decision, Narrow
+from kipside.proxy.telemetry.stats import Stats
+from kipside.rules import RuleSet
+
+__all__ = ["ColumnarStage"]
+
+
+class ColumnarStage:
+    def __init__(self, rules: Callable[[], RuleSet], stats: Stats) -> None:
+        self.rules = rules
+        self.topics = ColumnarTopics(stats.columnar)
+
+    def __call__(self, request: ClientRequest) -> Decision | None:
+        header = request.header
+        key = header.api_key
+        if key == ApiKey.PRODUCE:
+            rules = self.rules()
+            work = self.topics.produce_work(
+                rules,
+                request.frame,
+                header,
+                rules.limits.decode_limits,
+                request.client.describe,
+            )
+            return None if work is None else Convert(work, self)
+        if key == ApiKey.FETCH:
+            convert = self.topics.fetch_convert(self.rules(), request.frame, header)
+            return None if convert is None else Narrow(request.frame, convert=convert)
+        return None
