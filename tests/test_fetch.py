@@ -408,7 +408,7 @@ def test_response_round_trip(case: tuple[int, list[tuple[str, list[dict[str, Any
 def test_replaced_records_are_what_kio_would_have_written(version: int) -> None:
     old = data_batch(base_offset=5)
     new = data_batch(base_offset=5, values=(b"a" * 300, b"b")) * 2  # longer: a wider length
-    tagged = {"leader": (4, 17)} if version >= FLEXIBLE else {}
+    tagged: dict[str, Any] = {"leader": (4, 17)} if version >= FLEXIBLE else {}
     topics = [
         ("a", [partition(0, aborted=[(7, 5)], records=old), partition(1, records=old)]),
         ("b", [partition(2, records=None), partition(3, records=old, **tagged)]),
