@@ -203,7 +203,7 @@ def kcat(args: list[str], stdin: str | None = None) -> str:
 def kcat_produce(bootstrap: str, topic: str, msgs: Sequence[Msg]) -> None:
     """kcat -P, one partition at a time (it has no per-line partition), key|value lines."""
     for p in range(PARTITIONS):
-        lines = [f"{m.key.decode()}|{m.value.decode()}" for m in msgs if m.partition == p]
+        lines = [f"{(m.key or b'').decode()}|{m.value.decode()}" for m in msgs if m.partition == p]
         args = ["-b", bootstrap, "-P", "-t", topic, "-p", str(p), "-K|", "-X", "linger.ms=50"]
         kcat(args, stdin="\n".join(lines) + "\n")
 
