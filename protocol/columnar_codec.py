@@ -20,6 +20,7 @@ Imports pyarrow, numpy and the record kernels (kipside.protocol loads it on firs
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -62,6 +63,7 @@ __all__ = [
     "columnar_version",
     "decode_columnar_batch",
     "decode_columnar_record",
+    "decode_producer_columns",
     "encode_columnar_batch",
     "read_columnar_segment",
     "reencode_columnar_batch",
@@ -670,6 +672,48 @@ def _reencoded(
         _binary_of(pairs.field("value")),
     )
     return _Header.of(view).around(records, compression)
+
+
+def decode_producer_columns(
+    batches: Sequence[RecordBatchView],
+    keys: ColumnarKeys | None = None,
+    *,
+    max_bytes: int = DEFAULT_MAX_DECODED_BYTES,
+) -> Columns:
+    """decode_columns for a topic that may hold carriers: the records as their producers sent
+    them, each carrier's in place of its segment and placeholders, ordinary batches as they
+    are. Decodes once when there is no carrier among `batches` (the marker is looked up in the
+    columns); a chunk with carriers is decoded again with them re-encoded. Raises
+    ColumnarError (ColumnarKeyError for encrypted columns without their key)."""
+    columns, _ = decode_columns(batches, max_bytes)
+    carriers = _carriers_among(batches, columns)
+    if not carriers:
+        return columns
+    ordinary = [
+        RecordBatchView.from_buffer(reencode_columnar_batch(b, keys, max_bytes=max_bytes))
+        if i in carriers
+        else b
+        for i, b in enumerate(batches)
+    ]
+    return decode_columns(ordinary, max_bytes)[0]
+
+
+def _carriers_among(batches: Sequence[RecordBatchView], columns: Columns) -> set[int]:
+    """The positions of the batches whose first record carries the marker header."""
+    header_starts = np.zeros(len(columns) + 1, dtype=np.int64)
+    np.cumsum(columns.header_counts, out=header_starts[1:])
+    marker = np.frombuffer(COLUMNAR_HEADER.encode(), np.uint8)
+    key = columns.header_key
+    found, first = set(), 0
+    for i, batch in enumerate(batches):
+        if first < len(columns) and columns.header_counts[first] > 0 and not batch.is_control:
+            for h in range(int(header_starts[first]), int(header_starts[first + 1])):
+                name = key.data[key.offsets[h] : key.offsets[h + 1]]
+                if len(name) == len(marker) and np.array_equal(name, marker):
+                    found.add(i)
+                    break
+        first += batch.records_count
+    return found
 
 
 def read_columnar_segment(
