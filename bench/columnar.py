@@ -268,7 +268,10 @@ def sidecar(records: int, logdir: Path) -> dict[str, float]:
                 window.close()
                 proxy, broker = window.proxy_broker()
                 if got["records"] != records or digest not in (None, got["digest"]):
-                    raise HarnessError(f"{direction} {key}: the values read are not those written")
+                    raise HarnessError(
+                        f"{direction} {key}: {got['records']:,} values of {records:,}, "
+                        f"{'not ' if digest != got['digest'] else ''}those written"
+                    )
                 digest = got["digest"]
                 name = f"{direction}_{key}"
                 out |= {

@@ -79,6 +79,7 @@ __all__ = [
     "REFUSED",
     "ColumnarTopics",
     "has_columnar_topics",
+    "warm_up",
 ]
 
 log = logging.getLogger("kipside.columnar")
@@ -108,6 +109,22 @@ whatever codec libraries it was built with."""
 def has_columnar_topics(rules: RuleSet) -> bool:
     """Whether any topic rule is columnar (else the stage is left out of the pipeline)."""
     return any(rule.columnar is not None for rule in rules.topics)
+
+
+def warm_up() -> float:
+    """Load the columnar codec (pyarrow, the compiled record kernels) and run it once on a
+    one-record batch, so that a client's first batch doesn't wait a second or more for it.
+    Returns the seconds it took."""
+    started = time.monotonic()
+    import pyarrow as pa
+
+    from kipside.protocol import ColumnarEncoder, Record, encode_batch, reencode_if_carrier
+
+    encoder = ColumnarEncoder(pa.schema([pa.field("id", pa.int64(), nullable=False)]))
+    carrier = encoder.encode(encode_batch([Record(b"k", b'{"id":1}')], base_timestamp=0))
+    assert isinstance(carrier, Encoded), carrier
+    reencode_if_carrier(carrier.batch)
+    return time.monotonic() - started
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,21 +11,33 @@ session runs off the event loop when the answer holds records of a columnar topi
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable
 
 from kipside.protocol import ApiKey
-from kipside.proxy.core.columnar import ColumnarTopics
+from kipside.proxy.core.columnar import ColumnarTopics, warm_up
 from kipside.proxy.core.decisions import ClientRequest, Convert, Decision, Narrow
 from kipside.proxy.telemetry.stats import Stats
 from kipside.rules import RuleSet
 
 __all__ = ["ColumnarStage"]
 
+log = logging.getLogger("kipside.columnar")
+
 
 class ColumnarStage:
     def __init__(self, rules: Callable[[], RuleSet], stats: Stats) -> None:
         self.rules = rules
         self.topics = ColumnarTopics(stats.columnar)
+        self._warming: threading.Thread | None = None
+
+    def warm_up(self) -> None:
+        """Load the codec in a thread of its own, once, when the rules first name a columnar
+        topic (at start or on a reload), before a client's batch needs it."""
+        if self._warming is None:
+            self._warming = threading.Thread(target=_warm_up, name="columnar warm-up", daemon=True)
+            self._warming.start()
 
     def __call__(self, request: ClientRequest) -> Decision | None:
         header = request.header
@@ -44,3 +56,10 @@ class ColumnarStage:
             convert = self.topics.fetch_convert(self.rules(), request.frame, header)
             return None if convert is None else Narrow(request.frame, convert=convert)
         return None
+
+
+def _warm_up() -> None:
+    try:
+        log.info("columnar codec loaded in %.1f s", warm_up())
+    except Exception:  # a broken install: the first batch will say so, in its client's terms
+        log.exception("loading the columnar codec failed")

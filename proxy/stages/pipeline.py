@@ -123,5 +123,7 @@ class Stages:
             off.add("transactions")
         if not has_columnar_topics(rules):
             off.add("columnar")
+        elif isinstance(self.columnar, ColumnarStage):
+            self.columnar.warm_up()
         stages = (getattr(self, name) for name in STAGE_ORDER if name not in off)
         return Pipeline(tuple(stage for stage in stages if stage is not None))
