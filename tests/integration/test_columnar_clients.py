@@ -10,10 +10,12 @@ One kipside with a columnar rule file serves the module, in front of the session
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import confluent_kafka as ck
@@ -41,6 +43,7 @@ from .clients_aiokafka import aio_consume_assigned, aio_produce
 from .clients_confluent import ck_config, ck_consumer, ck_produce, group_committed
 from .clients_kafka_python import kp_produce
 from .clients_read_back import consume_assigned
+from .fault_kit.stack import fault_stack
 from .raw_batches import fetch_partition
 
 pytestmark = [pytest.mark.integration, needs_kipside("columnar topics are kipside's")]
@@ -401,3 +404,43 @@ def test_encrypted_fields_need_the_key(stack: Stack) -> None:
     first = bytes(columns.value.data[columns.value.offsets[0] : columns.value.offsets[1]])
     assert "user" not in read_columnar_segment(first).column_names
     assert b"user-" not in first  # no plaintext of the field in the broker's bytes
+
+
+def test_an_idempotent_producer_through_faults_writes_each_record_once(tmp_path: Path) -> None:
+    """Through kipside killed and restarted, then its broker connections cut, mid-traffic: an
+    idempotent producer's retried batches become carriers again with the same sequence numbers,
+    so the broker keeps each record once, in order."""
+    (tmp_path / "orders.json").write_text(json.dumps(SCHEMA))
+    (tmp_path / "keys.yaml").write_text(KEYS)
+    with fault_stack(tmp_path, RULES) as faults:
+        topic = unique_name("col")
+        create_topics(faults.bootstrap, [topic], PARTITIONS)
+        sent = orders(3000)
+        errors: list[str] = []
+        producer = ck.Producer(
+            ck_config(
+                faults.bootstrap,
+                **{
+                    "enable.idempotence": True,
+                    "linger.ms": 20,
+                    "message.timeout.ms": 60000,
+                    "on_delivery": lambda err, _msg: err is None or errors.append(str(err)),
+                },
+            )
+        )
+
+        def write(part: Sequence[Msg]) -> None:  # not flushed: batches are in flight
+            for m in part:
+                headers = list(m.headers)
+                producer.produce(topic, m.value, m.key, partition=m.partition, headers=headers)
+                producer.poll(0)
+
+        write(sent[:1000])
+        faults.restart(signal.SIGKILL, down_for=0.3)
+        write(sent[1000:2000])
+        faults.inject(faults.relay.cut, 0.3, faults.relay.restore)
+        write(sent[2000:])
+        assert producer.flush(60) == 0 and not errors, errors[:3]
+        got, _ = consume_assigned(faults.bootstrap, topic, PARTITIONS, len(sent))
+        assert_exactly_once_in_order(sent, got)
+        assert_stored_as_carriers(faults.broker, topic, sent)
