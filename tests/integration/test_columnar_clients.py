@@ -424,14 +424,14 @@ def test_an_idempotent_producer_through_faults_writes_each_record_once(tmp_path:
                     "enable.idempotence": True,
                     "linger.ms": 20,
                     "message.timeout.ms": 60000,
-                    "on_delivery": lambda err, _msg: err is None or errors.append(str(err)),
+                    "on_delivery": lambda err, _msg: errors.extend([str(err)] if err else []),
                 },
             )
         )
 
         def write(part: Sequence[Msg]) -> None:  # not flushed: batches are in flight
             for m in part:
-                headers = list(m.headers)
+                headers: list[tuple[str, str | bytes | None]] = list(m.headers)
                 producer.produce(topic, m.value, m.key, partition=m.partition, headers=headers)
                 producer.poll(0)
 
