@@ -136,7 +136,10 @@ def test_batches_of_columnar_topics_leave_as_carriers(rules: RuleSet, version: i
     assert read_back(out["kept", 0]) != read_back(big)  # the records hold a segment now
     assert read_back(reencode_columnar_batch(out["kept", 0])) == read_back(big)
     assert out["kept", 1] == small and out["plain", 0] == big  # byte for byte
-    assert request.header == parse_request_header(frame) and request.merge is None
+    assert request.header == parse_request_header(frame)
+    broker = ProduceResponseData(tuple(PartitionResult(t, p, 0) for t, p in out))
+    answer = answer_frame(request.header, encode_produce_response(version, broker))
+    assert request.merge is not None and request.merge(answer) == answer  # as the broker gave it
     tally = stats.columnar.snapshot()
     assert dict(tally.batches) == {("produce", "converted"): 1, ("produce", "small"): 1}
     assert tally.records["produce"] == 30 and tally.ordinary_bytes["produce"] == len(big)
@@ -328,3 +331,26 @@ def test_narrowed_twice_the_answer_goes_back_through_both_stages() -> None:
     _, request = Pipeline(stages).decide(client_request(frame))
     assert request.merge is not None and request.merge(b"") == b"secondfirst"
     assert request.close_after == "why"
+
+
+def test_carriers_the_broker_refuses_are_explained_once(
+    rules: RuleSet, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Apache Kafka refuses a carrier on a compacted topic (its placeholders have no key): the
+    producer gets the broker's answer as it is, and kipside's log says why, once per topic."""
+    pipeline = Pipeline((ColumnarStage(lambda: rules, Stats()), own))
+    _, request = decided(pipeline, produce_frame(9, [("kept", 0, batch(20))]))
+    refused = PartitionResult(
+        "kept",
+        0,
+        ErrorCode.invalid_record,
+        error_message="Compacted topic cannot accept message without key",
+    )
+    answer = answer_frame(
+        parse_request_header(request.frame),
+        encode_produce_response(9, ProduceResponseData((refused,))),
+    )
+    assert request.merge is not None
+    assert request.merge(answer) == answer and request.merge(answer) == answer
+    lines = [r.getMessage() for r in caplog.records if "refused carriers" in r.getMessage()]
+    assert len(lines) == 1 and "cleanup.policy=compact" in lines[0]

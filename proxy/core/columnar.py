@@ -61,11 +61,12 @@ from kipside.protocol import (
     merge_produce_response,
     parse_fetch_response,
     parse_produce_request,
+    parse_produce_response,
     parse_response_header,
     replace_fetch_records,
     response_frame,
 )
-from kipside.proxy.core.decisions import Answer, Decision, Narrow
+from kipside.proxy.core.decisions import Answer, Decision, Narrow, chain
 from kipside.proxy.telemetry.stats import ColumnarCounts, ColumnarTally
 from kipside.rules import ColumnarRule, RuleSet
 
@@ -285,7 +286,40 @@ class ColumnarTopics:
         self.counts.add(tally)
         if not changed and not refused:
             return None
-        return _produce_decision(frame, header, produce, sent, refused)
+        decision = _produce_decision(frame, header, produce, sent, refused)
+        if type(decision) is Narrow and produce.acks != 0 and changed:
+            carriers = frozenset(
+                (b.topic, b.partition)
+                for item in converting
+                if (b := sent[item.index]) is not produce.partitions[item.index]
+            )
+            watch = functools.partial(self._answered, header.api_version, carriers)
+            merge = decision.merge
+            decision = Narrow(decision.frame, watch if merge is None else chain(watch, merge))
+        return decision
+
+    def _answered(self, version: int, carriers: frozenset[tuple[str, int]], answer: bytes) -> bytes:
+        """The broker's answer, as it is, after a look for carriers it refused as invalid (a
+        compacted topic refuses them: their placeholders have no key), logged once per topic."""
+        try:
+            head = parse_response_header(answer, ApiKey.PRODUCE, version)
+            results = parse_produce_response(answer, head.body_offset, version).partitions
+        except DecodeError:
+            return answer  # the client reads the broker's answer as it can
+        for r in results:
+            refused = (
+                r.error_code == ErrorCode.invalid_record and (r.topic, r.partition) in carriers
+            )
+            if refused and self._once.first(r.topic, "broker refused"):
+                log.warning(
+                    "the broker refused carriers of columnar topic %s as invalid records "
+                    "(%s); a compacted topic (cleanup.policy=compact) refuses them, as their "
+                    "placeholder records have no key: exempt such a topic from the columnar "
+                    "rule with an entry without columnar before it",
+                    r.topic,
+                    r.error_message or "INVALID_RECORD, no message",
+                )
+        return answer
 
     def _note(
         self,

@@ -54,6 +54,7 @@ __all__ = [
     "Stage",
     "Take",
     "Wait",
+    "chain",
 ]
 
 
@@ -184,7 +185,7 @@ class Narrow(Decision):
         assert self.frame is not None
         merge, convert = self.merge, self.convert
         if request.merge is not None:
-            merge = request.merge if merge is None else _then(merge, request.merge)
+            merge = request.merge if merge is None else chain(merge, request.merge)
         if request.convert is not None:
             # The conversion runs before every merge, so only the last stage to change an
             # answer may convert it (the columnar stage, after principals).
@@ -194,9 +195,11 @@ class Narrow(Decision):
         return replace(request, frame=self.frame, merge=merge, close_after=close, convert=convert)
 
 
-def _then(
+def chain(
     first: Callable[[bytes], bytes], second: Callable[[bytes], bytes]
 ) -> Callable[[bytes], bytes]:
+    """One merge of two: `first`, then `second` on what it gave."""
+
     def both(answer: bytes) -> bytes:
         return second(first(answer))
 
