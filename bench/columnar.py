@@ -280,6 +280,8 @@ def sidecar(records: int, logdir: Path) -> dict[str, float]:
                 }
                 out |= {f"{name}_broker_cpu_s": broker, f"{name}_wall_s": got["wall_s"]}
                 out |= {f"{name}_mb": got["bytes"] / 1e6}
+                noise = window.noise_cores(got["cpu_s"])
+                out["noise_cores"] = max(out.get("noise_cores", 0.0), noise)
                 if who == "kipside":
                     out[f"{name}_kipside_cpu_s"] = proxy
         assert stack.admin is not None
@@ -382,9 +384,9 @@ def publish_sidecar(args: argparse.Namespace) -> None:
     ]
     noisy = sum(r.noise > 0.25 for r in ok)
     data = (
-        f"Data: {args.sidecar_records:,} `orders` records (about 200 B of JSON) per run, "
-        f"{len(ok)} repetitions, {noisy} of them with more than a quarter of a core busy with "
-        "other work."
+        f"Data: {args.sidecar_records:,} `orders` records (about 200 B of JSON) per run; "
+        f"{len(ok)} repetitions, in {noisy} of which a step shared the machine with more than a "
+        "quarter of a core of other work."
     )
     errors = [r.error for r in runs if not r.ok]
     Report(
