@@ -18,6 +18,7 @@ from kipside.proxy.core.decisions import (
     Answer,
     ClientRequest,
     Close,
+    Convert,
     Decision,
     Narrow,
     Pipeline,
@@ -45,6 +46,9 @@ class Handle:
 
     def newest_own(self) -> Pending | None:
         return None
+
+    def own_barrier(self) -> Pending:
+        return Pending.answered(b"")
 
     def describe(self) -> str:
         return "client test"
@@ -164,6 +168,60 @@ def test_stages_off_are_left_out_and_the_order_is_stage_order(tmp_path: Path) ->
         one_to_one.versions,
         one_to_one.own_connection,
     )
+
+
+def test_a_request_passes_only_the_stages_that_take_its_api() -> None:
+    ruled = parse_rules(
+        "principals:\n  - {principal: 'User:a', topics: [x]}\n"
+        "transactions:\n  - {transactional_id: t, outputs: [{topic: x}]}\n",
+        "r.yaml",
+    )
+    built = Stages.build(lambda: ruled, VersionPolicy(), None)
+    pipeline = built.pipeline(ruled)
+    # Passthrough SASL: a ProduceRequest meets the principals rules and the own connection.
+    assert pipeline.stages_for(ApiKey.PRODUCE) == (built.principals, built.own_connection)
+    assert pipeline.stages_for(ApiKey.HEARTBEAT) == (built.own_connection,)
+    assert pipeline.stages_for(ApiKey.SASL_HANDSHAKE) == (built.sasl, built.own_connection)
+    assert pipeline.stages_for(ApiKey.API_VERSIONS) == (built.versions, built.own_connection)
+    # Terminated SASL: every request meets the SASL stage first (none passes unauthenticated).
+    terminating = Stages.build(lambda: ruled, VersionPolicy(), None, sasl_terminates=True)
+    assert terminating.pipeline(ruled).stages_for(ApiKey.HEARTBEAT) == (
+        terminating.sasl,
+        terminating.own_connection,
+    )
+
+
+def test_the_columnar_stage_sees_produce_and_fetch_only(tmp_path: Path) -> None:
+    (tmp_path / "s.json").write_text(
+        '{"type": "object", "properties": {"id": {"type": "integer"}}}'
+    )
+    ruled = parse_rules(
+        "topics:\n  - {topic: c, columnar: {schema: s.json}}\n", str(tmp_path / "r.yaml")
+    )
+    built = stages(ruled, shared=True)
+    pipeline = built.pipeline(ruled)
+    assert built.columnar in pipeline.stages
+    for key in (ApiKey.PRODUCE, ApiKey.FETCH):
+        assert built.columnar in pipeline.stages_for(key)
+    for key in (ApiKey.API_VERSIONS, ApiKey.METADATA, ApiKey.HEARTBEAT, ApiKey.LIST_OFFSETS):
+        assert built.columnar not in pipeline.stages_for(key)
+
+
+def test_a_convert_resumes_after_its_stage_among_those_of_the_api() -> None:
+    seen: list[str] = []
+    produce_only = stage(None, seen, "produce only")
+    produce_only.api_keys = frozenset({ApiKey.PRODUCE})  # type: ignore[attr-defined]
+    later = stage(None, seen, "later")
+
+    def converting(request: ClientRequest) -> Decision | None:
+        seen.append("converting")
+        return Convert(lambda: None, converting)
+
+    pipeline = Pipeline((produce_only, converting, later))
+    decision, request = pipeline.decide(client_request(heartbeat_request(1)))
+    assert isinstance(decision, Convert) and seen == ["converting"]
+    assert pipeline.resume(decision, decision.work(), request)[0] is FORWARD_OWN
+    assert seen == ["converting", "later"]
 
 
 def test_one_to_one_forwards_everything_but_a_too_new_api_versions() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import ClassVar
 
 from kipside.protocol import ApiKey
 from kipside.proxy.core.columnar import ColumnarTopics, warm_up
@@ -27,6 +28,10 @@ log = logging.getLogger("kipside.columnar")
 
 
 class ColumnarStage:
+    api_keys: ClassVar[frozenset[int]] = frozenset({ApiKey.PRODUCE, ApiKey.FETCH})
+    """The only requests the stage is asked about. Fetch's cap at v12 while a topic is columnar
+    is the versions policy's (ApiVersions answers), not this stage's."""
+
     def __init__(self, rules: Callable[[], RuleSet], stats: Stats) -> None:
         self.rules = rules
         self.topics = ColumnarTopics(stats.columnar)

@@ -18,9 +18,11 @@
 A stage whose feature is off is left out of the pipeline, so it costs nothing per request: the
 principals stage while the rules restrict no principal, the columnar stage while no topic is
 columnar, the transactions stage while no rule declares transactions, the sharing stages (5-7)
-with --one-to-one. The server builds the
-pipeline at start and again after each rule reload (`Stages.pipeline`). A new behaviour is one
-stage module and one line in STAGE_ORDER.
+with --one-to-one. A request passes only the stages that take its API (a stage's `api_keys`):
+a ProduceRequest meets the SASL stage only while kipside terminates SASL, and never the
+versions or short-API stages; the columnar stage sees Produce and Fetch only. The server builds
+the pipeline at start and again after each rule reload (`Stages.pipeline`). A new behaviour is
+one stage module and one line in STAGE_ORDER.
 """
 
 from __future__ import annotations
@@ -82,14 +84,17 @@ class Stages:
         rules: Callable[[], RuleSet],
         versions: VersionPolicy,
         shared: tuple[FeatureContext, NodeMap] | None,
+        sasl_terminates: bool = False,
         stats: Stats | None = None,
     ) -> Stages:
         """The stages of a server; `shared` (the features' context, the node map) unless every
-        client has its own connection only (--one-to-one); `stats`: where they count."""
+        client has its own connection only (--one-to-one); `sasl_terminates` when kipside
+        answers the clients' SASL itself; `stats`: where they count."""
+        sasl = SaslStage(sasl_terminates)
         columnar = ColumnarStage(rules, stats or Stats())
         if shared is None:
             return cls(
-                SaslStage(),
+                sasl,
                 PrincipalRules(rules),
                 versions,
                 None,
@@ -102,7 +107,7 @@ class Stages:
         manager = TransactionManager(context)
         coalescer = Coalescer(context, nodes)
         return cls(
-            SaslStage(),
+            sasl,
             PrincipalRules(rules),
             versions,
             TransactionsStage(context, manager),
