@@ -28,11 +28,14 @@ from testkit.metrics import scrape
 from testkit.ports import free_port
 
 from kipside.protocol import (
+    COLUMNAR_HEADER,
     ColumnarKeyError,
     ColumnarKeys,
     RecordBatchView,
+    TimestampType,
     columnar_version,
     decode_columnar_batch,
+    decode_columnar_record,
     decode_columns,
     iter_batches,
     read_columnar_segment,
@@ -40,7 +43,14 @@ from kipside.protocol import (
 
 from .clients import Msg, assert_exactly_once_in_order, by_partition, run_async
 from .clients_aiokafka import aio_consume_assigned, aio_produce
-from .clients_confluent import ck_config, ck_consumer, ck_produce, group_committed
+from .clients_confluent import (
+    ck_config,
+    ck_consumer,
+    ck_msg,
+    ck_produce,
+    ck_read_to_end,
+    group_committed,
+)
 from .clients_kafka_python import kp_produce
 from .clients_read_back import consume_assigned
 from .fault_kit.stack import fault_stack
@@ -282,6 +292,56 @@ def test_the_broker_stores_carriers_that_keep_the_producers_fields(
         assert [s for s, _ in sequences] == [
             sum(n for _, n in sequences[:i]) for i in range(len(data))
         ]
+
+
+def test_a_consumer_without_kipside_decodes_carriers_with_the_public_function(
+    stack: Stack, produced_by_confluent: tuple[str, list[Msg]]
+) -> None:
+    """confluent-kafka straight from the broker gets each carrier as its records: the first
+    with the marker header and the segment, then empty placeholders. decode_columnar_record
+    turns the first back into the producer's records, as docs/columnar.md shows."""
+    topic, sent = produced_by_confluent
+    consumer = ck_consumer(
+        stack.broker.bootstrap, unique_name("direct"), **{"enable.partition.eof": True}
+    )
+    try:
+        consumer.assign(
+            [ck.TopicPartition(topic, p, ck.OFFSET_BEGINNING) for p in range(PARTITIONS)]
+        )
+        delivered = ck_read_to_end(consumer, PARTITIONS, len(sent), 30)
+    finally:
+        consumer.close()
+    got: list[Msg] = []
+    placeholders = 0
+    for message in delivered:
+        headers = message.headers() or []
+        if any(name == COLUMNAR_HEADER for name, _ in headers):
+            kind, timestamp = message.timestamp()
+            records = decode_columnar_record(
+                message.value(),
+                headers,
+                offset=message.offset(),
+                timestamp=timestamp,
+                timestamp_type=TimestampType(1 if kind == ck.TIMESTAMP_LOG_APPEND_TIME else 0),
+            )
+            assert [r.offset for r in records] == list(
+                range(message.offset(), message.offset() + len(records))
+            )
+            got += [
+                Msg(
+                    message.partition(),
+                    r.key,
+                    r.value or b"",
+                    tuple((k, v if v is not None else b"") for k, v in r.headers),
+                )
+                for r in records
+            ]
+        elif message.key() is None and message.value() is None and not headers:
+            placeholders += 1
+        else:
+            got.append(ck_msg(message))
+    assert len(delivered) == len(sent) and placeholders > 0  # one message per offset
+    assert_exactly_once_in_order(sent, got)
 
 
 @pytest.mark.parametrize("client", CLIENTS[1:])
