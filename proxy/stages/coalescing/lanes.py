@@ -235,18 +235,20 @@ class ProduceLanes:
 
     def _send_ready(self, now: float) -> None:
         """Write every request the scheduler says is due; a lane still to be dialled gets its
-        requests once it is up."""
+        requests once it is up. An acks=0 request is done once written, which frees its lane's
+        window for what waits behind it: the scheduler is asked again until nothing is due."""
         try:
-            for request in self.scheduler.ready(now):
-                waiting = self._waiting.get(request.lane)
-                connection = self.pool.live(request.lane) if waiting is None else None
-                if connection is None:
-                    if waiting is None:
-                        waiting = self._waiting[request.lane] = deque()
-                        self.context.nursery.start_soon(self._dial, request.lane)
-                    waiting.append(request)
-                    continue
-                self._write(connection, request)
+            while requests := self.scheduler.ready(now):
+                for request in requests:
+                    waiting = self._waiting.get(request.lane)
+                    connection = self.pool.live(request.lane) if waiting is None else None
+                    if connection is None:
+                        if waiting is None:
+                            waiting = self._waiting[request.lane] = deque()
+                            self.context.nursery.start_soon(self._dial, request.lane)
+                        waiting.append(request)
+                        continue
+                    self._write(connection, request)
         except Exception as exc:
             # A bug must cost the batches in hand, never the lanes, the caller or the proxy.
             log.exception("produce lanes to node %d: unexpected error", self.pool.node_id)
@@ -268,6 +270,7 @@ class ProduceLanes:
             if connection.closed:
                 break
             self._write(connection, request)
+        self._send_ready(trio.current_time())  # what the written acks=0 requests held back
 
     def _write(self, connection: UpstreamConnection, request: Request) -> None:
         """One upstream ProduceRequest carrying the request's batches, written now."""
