@@ -15,6 +15,11 @@
   baseline    {bootstrap, topics, records, out}: a hand-written ingestion consumer: consume,
               json.loads each value, pyarrow tables, zstd Parquet per topic and date
   logsize     {bootstrap, topics}: bytes of record batches in the topics' logs (kipside's reader)
+  orders-produce {bootstrap, topic, partitions, records, linger_ms, batch_records}: lake-load's
+              orders (made before the clock starts) as fast as one producer takes them; its
+              wall and CPU time, and a digest of the values (bench/columnar.py, the sidecar)
+  orders-consume {bootstrap, topic, records}: every partition from the start until `records`
+              arrived; wall and CPU time, and the digest of the values read
 
 Only confluent-kafka and pyarrow, and nothing of kipside but `logsize`'s reader.
 """
@@ -25,7 +30,8 @@ import json
 import random
 import sys
 import time
-from collections.abc import Callable, Iterator
+import zlib
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -37,6 +43,9 @@ from _workload import create_topics
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
 
 BULK = {"linger.ms": 20, "batch.size": 1_000_000, "queue.buffering.max.kbytes": 512_000}
+# librdkafka pauses fetching for fetch.queue.backoff.ms (1 s by default) whenever its queue is
+# full, which would slow the faster path most; consumers here back off briefly instead.
+BULK_CONSUMER = {"enable.auto.commit": False, "fetch.queue.backoff.ms": 5}
 WORDS: tuple[str, ...] = ("alpha", "beta", "gamma", "delta", "order", "payment", "refund")
 WORDS += ("shipped", "pending", "card", "euro", "dollar")
 # The lake's table: bench/lake.py gives `kipside lake` the same columns as a JSON schema.
@@ -285,8 +294,94 @@ def logsize(a: dict[str, Any]) -> dict[str, Any]:
     return {"bytes": size}
 
 
+def _digest(values: Iterable[bytes]) -> int:
+    """An order-independent checksum of JSON values as JSON (a columnar topic gives back values
+    equal as JSON: numbers as numbers, 2644.0 may come back as 2644): what the consumer must
+    have read."""
+    total = 0
+    for value in values:
+        canonical = json.dumps(_as_numbers(json.loads(value)), sort_keys=True)
+        total = (total + zlib.crc32(canonical.encode())) % (1 << 61)
+    return total
+
+
+def _as_numbers(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _as_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_as_numbers(v) for v in value]
+    return value
+
+
+def orders_produce(a: dict[str, Any]) -> dict[str, Any]:
+    """`records` orders (made before the clock starts), as fast as the producer takes them,
+    `linger_ms`, batches of at most `batch_records`, zstd, round robin over `partitions`."""
+    values = [order_value(n, random.Random(n)) for n in range(int(a["records"]))]
+    producer = Producer(
+        {
+            "bootstrap.servers": a["bootstrap"],
+            "linger.ms": a["linger_ms"],
+            "batch.num.messages": a["batch_records"],
+            "compression.type": "zstd",
+            "queue.buffering.max.kbytes": 512_000,
+        }
+    )
+    producer.list_topics(a["topic"], timeout=30)  # connected, metadata known
+    partitions, errors = int(a["partitions"]), []
+
+    def delivered(err: Any, _msg: Any) -> None:
+        if err is not None:
+            errors.append(str(err))
+
+    started, cpu = time.monotonic(), time.process_time()
+    for n, value in enumerate(values):
+        send(producer, a["topic"], value, b"order-%d" % n, n % partitions, on_delivery=delivered)
+    if producer.flush(600) != 0 or errors:
+        raise SystemExit(f"not delivered: {errors[:3]}")
+    wall, cpu = time.monotonic() - started, time.process_time() - cpu
+    size = sum(len(v) for v in values)
+    return {
+        "records": len(values),
+        "bytes": size,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "msgs_per_s": len(values) / wall,
+        "digest": _digest(values),
+    }
+
+
+def orders_consume(a: dict[str, Any]) -> dict[str, Any]:
+    """Every partition of `topic` from the start until `records` arrived; their digest."""
+    consumer = Consumer(
+        {"bootstrap.servers": a["bootstrap"], "group.id": "bench-columnar", **BULK_CONSUMER}
+    )
+    meta = consumer.list_topics(a["topic"], timeout=30).topics[a["topic"]]
+    consumer.assign([TopicPartition(a["topic"], p, OFFSET_BEGINNING) for p in meta.partitions])
+    want, values = int(a["records"]), list[bytes]()
+    started, cpu = time.monotonic(), time.process_time()
+    while len(values) < want:
+        if time.monotonic() - started > 600:
+            raise SystemExit(f"read {len(values)} of {want} records in 600 s")
+        batch = consumer.consume(10_000, timeout=1.0)
+        values += [m.value() or b"" for m in batch if m.error() is None]
+    wall, cpu = time.monotonic() - started, time.process_time() - cpu
+    consumer.close()
+    got, size, digest = len(values), sum(len(v) for v in values), _digest(values)
+    return {
+        "records": got,
+        "bytes": size,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "msgs_per_s": got / wall,
+        "digest": digest,
+    }
+
+
 COMMANDS = {"mirror-load": mirror_load, "deep": deep, "lake-load": lake_load, "baseline": baseline}
-COMMANDS["rows-load"] = rows_load
+COMMANDS |= {"rows-load": rows_load, "orders-produce": orders_produce}
+COMMANDS["orders-consume"] = orders_consume
 
 if __name__ == "__main__":
     print(json.dumps({**COMMANDS, "logsize": logsize}[sys.argv[1]](json.loads(sys.argv[2]))))

@@ -1,7 +1,9 @@
-"""Columnar carriers against zstd record batches: broker log bytes and codec CPU, by rows per batch.
+"""Columnar carriers against zstd record batches: broker log bytes and codec CPU, by rows per batch;
+and the sidecar converting them: produce and consume throughput through kipside against direct.
 
     .venv/bin/python bench/columnar.py [--records 100000] [--rows 10,100,1000,10000]
-        [--lake-records 1000000] [--quick]
+        [--lake-records 1000000] [--sidecar-records 300000] [--repeats 3]
+        [--parts codec,sidecar] [--quick]
 
 Two datasets, each written by confluent-kafka (zstd) into one partition per rows-per-batch
 setting (librdkafka's batch.num.messages), plus once as bench/lake.py writes it (its producer
@@ -17,23 +19,38 @@ against the stored ones (offsets, timestamps, keys, headers exact; values equal 
 CPU: this process's CPU time (time.process_time) around the encoder over all batches of a
 setting, and around the decoder over all carriers (to an ordinary batch: what kipside's Fetch
 path does); per MB of JSON values and per record.
+
+The sidecar (its own section): per repetition one Tansu with kipside in front, a columnar rule
+for `orders-col*` (the orders schema, min_records 100). One confluent-kafka producer process
+writes --sidecar-records orders (linger.ms 5, batches of at most 100 records, zstd, 4
+partitions) directly to an ordinary topic, through kipside to the columnar topic, and through
+kipside to an ordinary topic; then one consumer process reads each back (direct from the
+ordinary topic, through kipside from the columnar and the ordinary one). Rates are the
+client's own wall time from its first record to its last delivery (or read); CPU is kipside's
+and Tansu's process CPU over each step, and the client's. Every read is checked against the
+values produced (a digest), and the columnar topic's log must hold carriers.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 from _chart import Panel
 from _data_load import json_schema, readings_schema
-from _harness import REPO
-from _measure import run_json
+from _harness import HOST, REPO, HarnessError, open_stack
+from _measure import Run, Window, repeat, run_json
 from _report import Report, Table, Target, facts, listed, parse_args
 from testkit.broker import start_tansu
+from testkit.metrics import scrape
 
 from kipside.pipeline.kafka.client import ClientConfig, KafkaClient
 from kipside.pipeline.kafka.fetcher import FetchConfig, RangeReader
@@ -55,10 +72,35 @@ OPTIONS: dict[str, tuple[Any, Any, str]] = {
     "--records": (int, 100_000, "records per dataset and setting"),
     "--rows": (listed(int), [10, 100, 1000, 10_000], "rows per batch to measure"),
     "--lake-records": (int, 1_000_000, "records written as bench/lake.py writes them"),
+    "--sidecar-records": (int, 300_000, "records per producer run through the sidecar"),
+    "--repeats": (int, 3, "repetitions of the sidecar runs (median and range)"),
+    "--parts": (listed(str, ["codec", "sidecar"]), ["codec", "sidecar"], "what to measure"),
 }
 SHAPES = {"orders": json_schema(), "readings": readings_schema()}
 LAKE = 0  # rows-load's "as bench/lake.py writes it"
 TARGET = 0.6
+THROUGHPUT_TARGET = 0.8
+SIDECAR_RULES = """topics:
+  - topic: "orders-col*"
+    columnar: {schema: orders.json, min_records: 100}
+"""
+SIDECAR_PARTITIONS = 4
+# (key, who, path, topic): each step of a sidecar repetition, in order.
+PRODUCE_STEPS = (
+    ("direct", "direct", "orders-plain"),
+    ("columnar", "kipside", "orders-col"),
+    ("ordinary", "kipside", "orders-other"),
+)
+CONSUME_STEPS = (
+    ("direct", "direct", "orders-plain"),
+    ("columnar", "kipside", "orders-col"),
+    ("ordinary", "kipside", "orders-plain"),
+)
+CASE_NAMES = {
+    "direct": "direct, ordinary topic",
+    "columnar": "kipside, columnar topic",
+    "ordinary": "kipside, ordinary topic",
+}
 
 
 @dataclass(frozen=True)
@@ -206,10 +248,173 @@ def cpu_table(found: Sequence[Found]) -> Table:
     return Table("Codec CPU (this process, one thread)", headers, rows, "llrrrrr")
 
 
+def sidecar(records: int, logdir: Path) -> dict[str, float]:
+    """One repetition of the sidecar's runs on a fresh stack: their numbers, flat."""
+    (logdir / "orders.json").write_text(json.dumps(json_schema()))
+    out: dict[str, float] = {}
+    with open_stack("kipside", logdir, rules=SIDECAR_RULES, admin=True) as stack:
+        direct = f"{HOST}:{stack.broker_port}"
+        topics = sorted({topic for _, _, topic in (*PRODUCE_STEPS, *CONSUME_STEPS)})
+        job = {"bootstrap": stack.bootstrap, "topics": topics, "partitions": SIDECAR_PARTITIONS}
+        run_json(REPO / "bench" / "_workload.py", "create-topics", json.dumps(job), timeout=60)
+        digest = None
+        for direction, steps in (("produce", PRODUCE_STEPS), ("consume", CONSUME_STEPS)):
+            for key, who, topic in steps:
+                job = {"bootstrap": direct if who == "direct" else stack.bootstrap}
+                job |= {"topic": topic, "records": records, "partitions": SIDECAR_PARTITIONS}
+                job |= {"linger_ms": 5, "batch_records": 100}
+                window = Window.of(stack)
+                got = run_json(LOAD, f"orders-{direction}", json.dumps(job), timeout=1200)
+                window.close()
+                proxy, broker = window.proxy_broker()
+                if got["records"] != records or digest not in (None, got["digest"]):
+                    raise HarnessError(
+                        f"{direction} {key}: {got['records']:,} values of {records:,}, "
+                        f"{'not ' if digest != got['digest'] else ''}those written"
+                    )
+                digest = got["digest"]
+                name = f"{direction}_{key}"
+                out |= {
+                    f"{name}_msgs_per_s": got["msgs_per_s"],
+                    f"{name}_client_cpu_s": got["cpu_s"],
+                }
+                out |= {f"{name}_broker_cpu_s": broker, f"{name}_wall_s": got["wall_s"]}
+                out |= {f"{name}_mb": got["bytes"] / 1e6}
+                noise = window.noise_cores(got["cpu_s"])
+                out["noise_cores"] = max(out.get("noise_cores", 0.0), noise)
+                if who == "kipside":
+                    out[f"{name}_kipside_cpu_s"] = proxy
+        assert stack.admin is not None
+        metrics = scrape(stack.admin)
+    name = "kipside_columnar_batches_total"
+    out["converted_batches"] = metrics.value(name, direction="produce", outcome="converted")
+    out["small_batches"] = metrics.value(name, default=0.0, direction="produce", outcome="small")
+    out["decoded_batches"] = metrics.value(name, direction="fetch", outcome="converted")
+    if out["converted_batches"] < records / 100 / 2:
+        raise HarnessError(f"only {out['converted_batches']:.0f} batches became carriers")
+    bytes_name = "kipside_columnar_bytes_total"
+    ordinary = metrics.value(bytes_name, direction="produce", form="ordinary")
+    out["carrier_ratio"] = metrics.value(bytes_name, direction="produce", form="carrier") / ordinary
+    seconds = "kipside_columnar_cpu_seconds_total"
+    out["encode_cpu_s"] = metrics.value(seconds, direction="produce")
+    out["decode_cpu_s"] = metrics.value(seconds, direction="fetch")
+    return out
+
+
+def spread(runs: Sequence[Run], key: str, fmt: str) -> str:
+    """The median of `key` over the runs, and its range when there are several."""
+    values = sorted(r.metrics[key] for r in runs)
+    median = statistics.median(values)
+    if len(values) == 1:
+        return fmt.format(median)
+    return f"{fmt.format(median)} ({fmt.format(values[0])} to {fmt.format(values[-1])})"
+
+
+def sidecar_tables(runs: Sequence[Run]) -> list[Table]:
+    tables = []
+    for direction, steps in (("produce", PRODUCE_STEPS), ("consume", CONSUME_STEPS)):
+        rows = []
+        for key, who, _ in steps:
+            name = f"{direction}_{key}"
+            for r in runs:
+                r.metrics[f"{name}_vs"] = (
+                    r.metrics[f"{name}_msgs_per_s"] / r.metrics[f"{direction}_direct_msgs_per_s"]
+                )
+                if who == "kipside":
+                    r.metrics[f"{name}_kipside_s_per_mb"] = (
+                        r.metrics[f"{name}_kipside_cpu_s"] / r.metrics[f"{name}_mb"]
+                    )
+            kipside = who == "kipside"
+            rows.append(
+                [
+                    CASE_NAMES[key],
+                    spread(runs, f"{name}_msgs_per_s", "{:,.0f}"),
+                    spread(runs, f"{name}_vs", "{:.2f}x"),
+                    spread(runs, f"{name}_kipside_cpu_s", "{:.2f}") if kipside else "-",
+                    spread(runs, f"{name}_kipside_s_per_mb", "{:.3f}") if kipside else "-",
+                    spread(runs, f"{name}_broker_cpu_s", "{:.2f}"),
+                    spread(runs, f"{name}_client_cpu_s", "{:.2f}"),
+                ]
+            )
+        headers = ["path", "msgs/s", "vs direct", "kipside CPU s", "kipside CPU s per MB"]
+        headers += ["Tansu CPU s", "client CPU s"]
+        title = "Produce" if direction == "produce" else "Consume"
+        tables.append(Table(f"{title} (median, range over repetitions)", headers, rows))
+    rows = [
+        [
+            "batches converted (produce / fetch)",
+            spread(runs, "converted_batches", "{:,.0f}")
+            + " / "
+            + spread(runs, "decoded_batches", "{:,.0f}"),
+        ],
+        ["carrier bytes / client batch bytes", spread(runs, "carrier_ratio", "{:.2f}")],
+        ["encoding CPU s (worker threads)", spread(runs, "encode_cpu_s", "{:.2f}")],
+        ["decoding CPU s (worker threads)", spread(runs, "decode_cpu_s", "{:.2f}")],
+    ]
+    tables.append(Table("What kipside converted (its /metrics)", ["", "per repetition"], rows))
+    return tables
+
+
+def publish_sidecar(args: argparse.Namespace) -> None:
+    runs = repeat(
+        {"sidecar": partial(sidecar, args.sidecar_records)},
+        args.repeats,
+        noisy=10.0,  # every repetition counts: the ranges show the noise
+        budget=3600,
+    )
+    ok = [r for r in runs if r.ok]
+    if not ok:
+        raise SystemExit(f"no sidecar run succeeded: {[r.error for r in runs]}")
+    median = {k: statistics.median(r.metrics[k] for r in ok) for k in ok[0].metrics}
+    targets = [
+        Target(
+            f"producing through kipside with columnar on >= {THROUGHPUT_TARGET}x direct "
+            "(linger.ms 5, 100-record batches)",
+            median["produce_columnar_msgs_per_s"]
+            >= THROUGHPUT_TARGET * median["produce_direct_msgs_per_s"],
+            f"{median['produce_columnar_msgs_per_s'] / median['produce_direct_msgs_per_s']:.2f}x",
+        ),
+        Target(
+            f"consuming a columnar topic through kipside >= {THROUGHPUT_TARGET}x direct from an "
+            "ordinary topic",
+            median["consume_columnar_msgs_per_s"]
+            >= THROUGHPUT_TARGET * median["consume_direct_msgs_per_s"],
+            f"{median['consume_columnar_msgs_per_s'] / median['consume_direct_msgs_per_s']:.2f}x",
+        ),
+    ]
+    noisy = sum(r.noise > 0.25 for r in ok)
+    data = (
+        f"Data: {args.sidecar_records:,} `orders` records (about 200 B of JSON) per run; "
+        f"{len(ok)} repetitions, in {noisy} of which a step shared the machine with more than a "
+        "quarter of a core of other work."
+    )
+    errors = [r.error for r in runs if not r.ok]
+    Report(
+        "columnar-sidecar",
+        "Columnar topics through the sidecar: produce and consume against direct",
+        facts(data, tools=["pyarrow"]),
+        sidecar_tables(ok),
+        targets,
+        notes=[f"a repetition failed: {e}" for e in errors],
+    ).publish(args)
+
+
 def main() -> int:
     args = parse_args(
-        __doc__, OPTIONS, {"records": 20_000, "rows": [10, 1000], "lake_records": 50_000}
+        __doc__,
+        OPTIONS,
+        {
+            "records": 20_000,
+            "rows": [10, 1000],
+            "lake_records": 50_000,
+            "sidecar_records": 30_000,
+            "repeats": 1,
+        },
     )
+    if "sidecar" in args.parts:
+        publish_sidecar(args)
+    if "codec" not in args.parts:
+        return 0
     found: list[Found] = []
     with start_tansu() as broker:
         address = Address.parse(broker.bootstrap, what="bootstrap")

@@ -20,6 +20,7 @@ Imports pyarrow, numpy and the record kernels (kipside.protocol loads it on firs
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -62,9 +63,11 @@ __all__ = [
     "columnar_version",
     "decode_columnar_batch",
     "decode_columnar_record",
+    "decode_producer_columns",
     "encode_columnar_batch",
     "read_columnar_segment",
     "reencode_columnar_batch",
+    "reencode_if_carrier",
 ]
 
 _HEAD: Final = struct.Struct(">qiib")  # baseOffset, batchLength, partitionLeaderEpoch, magic
@@ -389,8 +392,19 @@ class _Carrier:
 
 
 def _open(batch: Buffer | RecordBatchView, max_bytes: int) -> _Carrier:
+    carrier = _open_if_carrier(batch, max_bytes)
+    if carrier is None:
+        raise ColumnarError(
+            f"the batch at offset {_view(batch).base_offset} is not a columnar carrier"
+        )
+    return carrier
+
+
+def _open_if_carrier(batch: Buffer | RecordBatchView, max_bytes: int) -> _Carrier | None:
     try:
         view = _view(batch)
+        if view.is_control:
+            return None
         if not view.crc_valid():
             raise ColumnarError(f"the carrier at offset {view.base_offset}: its CRC does not match")
         _check_count(view, max_bytes)
@@ -403,7 +417,7 @@ def _open(batch: Buffer | RecordBatchView, max_bytes: int) -> _Carrier:
         raise ColumnarError(f"{where} has {len(columns)} records for a count of {n}")
     version = _version(columns)
     if version is None:
-        raise ColumnarError(f"the batch at offset {view.base_offset} is not a columnar carrier")
+        return None
     if version != COLUMNAR_VERSION:
         raise ColumnarError(
             f"{where} is carrier version {version}; this kipside reads version "
@@ -623,7 +637,26 @@ def reencode_columnar_batch(
     """A carrier as the ordinary batch its producer sent: the same header (offsets, leader epoch,
     timestamps, producer id, epoch, sequence, transactional bit), the records back, compressed
     with `compression`, a new CRC. What kipside hands a consumer. Raises ColumnarError."""
-    carrier = _open(batch, max_bytes)
+    return _reencoded(_open(batch, max_bytes), keys, compression, max_bytes)
+
+
+def reencode_if_carrier(
+    batch: Buffer | RecordBatchView,
+    keys: ColumnarKeys | None = None,
+    *,
+    compression: Compression = Compression.NONE,
+    max_bytes: int = DEFAULT_MAX_DECODED_BYTES,
+) -> bytes | None:
+    """reencode_columnar_batch for a batch that may be ordinary: None for an ordinary batch (or
+    a control batch), which a columnar topic holds too (batches left alone). Raises
+    ColumnarError for a carrier it can't decode, or a batch it can't read."""
+    carrier = _open_if_carrier(batch, max_bytes)
+    return None if carrier is None else _reencoded(carrier, keys, compression, max_bytes)
+
+
+def _reencoded(
+    carrier: _Carrier, keys: ColumnarKeys | None, compression: Compression, max_bytes: int
+) -> bytes:
     decoded = _of_carrier(carrier, keys, max_bytes)
     view = carrier.view
     headers = decoded.headers
@@ -639,6 +672,48 @@ def reencode_columnar_batch(
         _binary_of(pairs.field("value")),
     )
     return _Header.of(view).around(records, compression)
+
+
+def decode_producer_columns(
+    batches: Sequence[RecordBatchView],
+    keys: ColumnarKeys | None = None,
+    *,
+    max_bytes: int = DEFAULT_MAX_DECODED_BYTES,
+) -> Columns:
+    """decode_columns for a topic that may hold carriers: the records as their producers sent
+    them, each carrier's in place of its segment and placeholders, ordinary batches as they
+    are. Decodes once when there is no carrier among `batches` (the marker is looked up in the
+    columns); a chunk with carriers is decoded again with them re-encoded. Raises
+    ColumnarError (ColumnarKeyError for encrypted columns without their key)."""
+    columns, _ = decode_columns(batches, max_bytes)
+    carriers = _carriers_among(batches, columns)
+    if not carriers:
+        return columns
+    ordinary = [
+        RecordBatchView.from_buffer(reencode_columnar_batch(b, keys, max_bytes=max_bytes))
+        if i in carriers
+        else b
+        for i, b in enumerate(batches)
+    ]
+    return decode_columns(ordinary, max_bytes)[0]
+
+
+def _carriers_among(batches: Sequence[RecordBatchView], columns: Columns) -> set[int]:
+    """The positions of the batches whose first record carries the marker header."""
+    header_starts = np.zeros(len(columns) + 1, dtype=np.int64)
+    np.cumsum(columns.header_counts, out=header_starts[1:])
+    marker = np.frombuffer(COLUMNAR_HEADER.encode(), np.uint8)
+    key = columns.header_key
+    found, first = set(), 0
+    for i, batch in enumerate(batches):
+        if first < len(columns) and columns.header_counts[first] > 0 and not batch.is_control:
+            for h in range(int(header_starts[first]), int(header_starts[first + 1])):
+                name = key.data[key.offsets[h] : key.offsets[h + 1]]
+                if len(name) == len(marker) and np.array_equal(name, marker):
+                    found.add(i)
+                    break
+        first += batch.records_count
+    return found
 
 
 def read_columnar_segment(

@@ -10,7 +10,7 @@ Apache Kafka's FetchRequest.json / FetchResponse.json. Never does I/O.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -31,6 +31,7 @@ from .primitives import (
     skip_tagged_fields,
     write_array_length,
     write_string,
+    write_uvarint,
 )
 
 __all__ = [
@@ -43,7 +44,9 @@ __all__ = [
     "FetchResponseData",
     "PartitionData",
     "encode_fetch_request",
+    "fetch_request_max_bytes",
     "parse_fetch_response",
+    "replace_fetch_records",
 ]
 
 MIN_VERSION: Final = 4
@@ -184,8 +187,18 @@ def _read_aborted(
     return tuple(out), offset
 
 
+# Where one partition's records are in a response: the length field's start, the records'
+# start and end.
+_Span = tuple[int, int, int]
+
+
 def _read_partition(
-    view: memoryview, offset: int, topic: str, version: int, flexible: bool
+    view: memoryview,
+    offset: int,
+    topic: str,
+    version: int,
+    flexible: bool,
+    spans: list[_Span] | None = None,
 ) -> tuple[PartitionData, int]:
     partition, offset = read_int32(view, offset)
     error_code, offset = read_int16(view, offset)
@@ -197,10 +210,13 @@ def _read_partition(
     aborted, offset = _read_aborted(view, offset, flexible)
     if version >= 11:
         _preferred_read_replica, offset = read_int32(view, offset)
+    length_at = offset
     size, offset = read_bytes_length(view, offset, flexible)
     if size > len(view) - offset:
         raise DecodeError(f"records of {topic}-{partition} run past the end of the response")
     records = view[offset : offset + max(size, 0)]
+    if spans is not None:
+        spans.append((length_at, offset, offset + max(size, 0)))
     offset += max(size, 0)
     current_leader = None
     if flexible:
@@ -251,7 +267,9 @@ def fetch_response_names_nodes(frame: Buffer, body_offset: int, version: int) ->
     return has_tagged_field(view, offset, 0)
 
 
-def _read_body(frame: Buffer, body_offset: int, version: int) -> tuple[FetchResponseData, int]:
+def _read_body(
+    frame: Buffer, body_offset: int, version: int, spans: list[_Span] | None = None
+) -> tuple[FetchResponseData, int]:
     """The response up to its top-level tagged fields, and where they start (v4-v17; from
     v13 a topic is named by its id, kept as hex in PartitionData.topic)."""
     flexible = is_flexible(ApiKey.FETCH, version)
@@ -276,8 +294,42 @@ def _read_body(frame: Buffer, body_offset: int, version: int) -> tuple[FetchResp
         count, offset = read_array_length(view, offset, flexible)
         count = _checked_count(count, offset, len(view), 30, f"partitions of {topic}")
         for _ in range(count):
-            data, offset = _read_partition(view, offset, topic, version, flexible)
+            data, offset = _read_partition(view, offset, topic, version, flexible, spans)
             partitions.append(data)
         if flexible:
             offset = skip_tagged_fields(view, offset)
     return FetchResponseData(throttle, error_code, tuple(partitions)), offset
+
+
+def fetch_request_max_bytes(frame: Buffer, body_offset: int, version: int) -> int:
+    """A FetchRequest's max_bytes: what the client takes in one answer (v3 to v14, where it
+    follows replica id, max wait and min bytes). Raises DecodeError for another version or a
+    request too short to hold it."""
+    if not 3 <= version <= 14:
+        raise DecodeError(f"Fetch v{version} keeps max_bytes elsewhere")
+    value, _ = read_int32(memoryview(frame), body_offset + 12)
+    return value
+
+
+def replace_fetch_records(
+    frame: Buffer, body_offset: int, version: int, records: Mapping[int, Buffer]
+) -> bytes:
+    """The FetchResponse `frame` (size prefix included) with some partitions' records replaced:
+    `records` maps a partition's position in the answer (parse_fetch_response's order) to its
+    new records. Every other byte is kept as it came; the frame's size is the new one."""
+    _check_version(version)
+    spans: list[_Span] = []
+    _read_body(frame, body_offset, version, spans)
+    flexible = is_flexible(ApiKey.FETCH, version)
+    view = memoryview(frame)
+    chunks: list[Buffer] = []
+    position = 4
+    for index in sorted(records):
+        length_at, _start, end = spans[index]
+        new = records[index]
+        size = write_uvarint(len(new) + 1) if flexible else INT32.pack(len(new))
+        chunks += [view[position:length_at], size, new]
+        position = end
+    chunks.append(view[position:])
+    body = b"".join(chunks)
+    return INT32.pack(len(body)) + body

@@ -9,13 +9,15 @@ Apache Kafka's ProduceRequest.json / ProduceResponse.json. Never does I/O.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
 from .apis import ApiKey, check_version, is_flexible
 from .errors import DecodeError, LimitExceeded
+from .headers import build_frame, parse_response_header
 from .primitives import (
     INT16,
     INT32,
@@ -512,3 +514,28 @@ def encode_produce_response(version: int, response: ProduceResponseData) -> byte
         else:
             out += b"\x00"
     return bytes(out)
+
+
+def merge_produce_response(
+    frame: Buffer,
+    version: int,
+    sent: Sequence[tuple[str, int]],
+    added: Mapping[tuple[str, int], PartitionResult],
+) -> bytes:
+    """The broker's ProduceResponse `frame` (size prefix included) to part of a client's
+    request, with the partitions answered without the broker (`added`) put back: every
+    partition where the client's request had it (`sent`, (topic, partition) in its order),
+    any the broker answered on its own after them."""
+    head = parse_response_header(frame, ApiKey.PRODUCE, version)
+    data = parse_produce_response(frame, head.body_offset, version)
+    answered = {(r.topic, r.partition): r for r in data.partitions}
+    results = []
+    for where in sent:
+        result = added.get(where)
+        if result is None:
+            result = answered.pop(where, None)
+        if result is not None:
+            results.append(result)
+    results += answered.values()
+    body = encode_produce_response(version, dataclasses.replace(data, partitions=tuple(results)))
+    return build_frame(bytes(frame[4 : head.body_offset]), body)

@@ -39,13 +39,13 @@ from kipside.proxy.security.certificates import (
 )
 from kipside.proxy.security.settings import Security, SecurityError
 from kipside.proxy.session.answers import AnswerWriter
+from kipside.proxy.session.offload import Offload
 from kipside.proxy.session.own_connection import OwnConnection
 from kipside.proxy.session.session import Session
 from kipside.proxy.stages.coalescing import Coalescer
 from kipside.proxy.stages.context import FeatureContext
 from kipside.proxy.stages.pipeline import Stages
-from kipside.proxy.stages.principals import FETCH_BY_NAME_MAX_VERSION
-from kipside.proxy.stages.versions import VersionPolicy
+from kipside.proxy.stages.versions import VersionPolicy, fetch_by_name
 from kipside.proxy.telemetry.metric_readers import otlp_metrics_endpoint
 from kipside.proxy.telemetry.metrics import Metrics
 from kipside.proxy.telemetry.stats import Stats
@@ -118,11 +118,10 @@ class Server:
         self.rewriter = AddressRewriter(self.nodes)
         self.versions = VersionPolicy(
             lower_transaction_version=bool(config.rules.transactions) and config.share_connections,
-            max_fetch_version=FETCH_BY_NAME_MAX_VERSION
-            if any(rule.topics is not None for rule in config.rules.principals)
-            else None,
+            fetch_by_name=fetch_by_name(config.rules),
         )
         self.stats = Stats()
+        self.offload = Offload()
         self.tracer = tracer or Tracer(config.trace, config.rules.tracing)
         self.writer = AnswerWriter(
             self.versions, self.rewriter, self.stats, self.tracer if self.tracer.active else None
@@ -263,6 +262,7 @@ class Server:
             node_id=node_id,
             principal=principal,
             sasl=ClientSasl(security.sasl_termination()),
+            offload=self.offload,
         )
         self.sessions.add(session)
         try:
@@ -383,7 +383,9 @@ class Server:
                 )
                 shared = (context, self.nodes)
             terminates = self._security().sasl_termination() is not None
-            self.stages = Stages.build(lambda: self.rules, self.versions, shared, terminates)
+            self.stages = Stages.build(
+                lambda: self.rules, self.versions, shared, terminates, self.stats
+            )
             await self._serve_sessions(bootstrap, admin, found, task_status)
             service_nursery.cancel_scope.cancel()
         self.tracer.shutdown()

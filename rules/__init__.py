@@ -16,6 +16,7 @@ the names in ``__all__``.
 from kipside.rules.errors import FILE_KEY, NO_LINE, RuleError, RuleProblem
 from kipside.rules.loader import default_rules, load_rules, parse_rules
 from kipside.rules.model import (
+    DEFAULT_MIN_RECORDS,
     DEFAULT_SOURCE,
     CoalescingRule,
     CoalescingRules,
@@ -32,6 +33,7 @@ from kipside.rules.model import (
 )
 
 __all__ = [
+    "DEFAULT_MIN_RECORDS",
     "DEFAULT_SOURCE",
     "FILE_KEY",
     "NO_LINE",

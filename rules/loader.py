@@ -448,6 +448,12 @@ class _Check:
         object.__setattr__(rule, "_value_schema", schema)
         if rule.encrypt is None:
             return named
+        if rule.min_records is not None and rule.min_records > 1:
+            self.problem(
+                (*path, "min_records"),
+                f"expected 1 with encrypt, got {rule.min_records}: a batch left ordinary would "
+                "reach the broker with the encrypted fields in plaintext; remove the key",
+            )
         fields_there = schema.struct.names()
         for j, column in enumerate(rule.encrypt.columns):
             if column not in (*fields_there, *_ENCRYPTABLE):

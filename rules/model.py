@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 __all__ = [
+    "DEFAULT_MIN_RECORDS",
     "DEFAULT_SOURCE",
     "DEFAULT_TRACED_API_KEYS",
     "DEFAULT_VERSION",
@@ -356,6 +357,10 @@ ParquetCodec = Annotated[
     Field(description="one of zstd, snappy, gzip, lz4, none"),
 ]
 Encoding = Annotated[Literal["parquet"], Field(description="parquet (the one encoding there is)")]
+Misfits = Annotated[Literal["pass", "refuse"], Field(description="pass or refuse")]
+DEFAULT_MIN_RECORDS = 200
+"""Below this many records a batch's carrier is mostly larger than the batch (the segment's
+footer describes every column) and costs the encoder's fixed cost per batch for nothing."""
 
 
 @_closed
@@ -380,6 +385,13 @@ class ColumnarRule:
     compression: ParquetCodec = "zstd"
     lossless: StrictBool = False
     encrypt: ColumnarEncryption | None = field(default=None, metadata={"absent": "no encryption"})
+    min_records: Annotated[StrictInt, Interval(ge=1, le=1_000_000)] | None = field(
+        default=None,
+        metadata={"absent": f"{DEFAULT_MIN_RECORDS}, or 1 with encrypt: every batch"},
+    )
+    misfits: Misfits | None = field(
+        default=None, metadata={"absent": "pass, or refuse with encrypt"}
+    )
     _value_schema: ValueSchema | None = field(init=False, repr=False, compare=False)
     _keys: ColumnarKeys | None = field(init=False, repr=False, compare=False)
 
@@ -399,6 +411,24 @@ class ColumnarRule:
     def keys(self) -> ColumnarKeys | None:
         """The key file, as the loader read it (None without ``encrypt``)."""
         return self._keys
+
+    @property
+    def smallest_batch(self) -> int:
+        """The fewest records a batch must have to become a carrier: a smaller one passes as
+        it is (with ``encrypt``, every batch becomes one, so no field reaches the broker in
+        plaintext)."""
+        if self.min_records is not None:
+            return self.min_records
+        return 1 if self.encrypt is not None else DEFAULT_MIN_RECORDS
+
+    @property
+    def refuses_misfits(self) -> bool:
+        """Whether a batch that can't become a carrier is refused (INVALID_RECORD) rather than
+        passed on as it is: by default only with ``encrypt``, whose fields would otherwise
+        reach the broker in plaintext."""
+        if self.misfits is not None:
+            return self.misfits == "refuse"
+        return self.encrypt is not None
 
     def options(self) -> ColumnarOptions:
         """The codec's options for this rule."""

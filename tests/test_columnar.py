@@ -11,6 +11,7 @@ KIPSIDE_COLUMNAR_EXAMPLES=N runs the hypothesis round trips with N examples each
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import struct
@@ -420,3 +421,52 @@ def test_nulls_come_back_as_they_were_written(values: list[bytes], kept: int | N
     assert [json.loads(r.value) for r in records] == [json.loads(v) for v in values]
     if kept is not None:
         assert result.verbatim == kept
+
+
+def test_readers_of_records_get_the_producers_records_from_a_mixed_topic() -> None:
+    """decode_producer_columns (format("kipside") reads records with it): carriers give their
+    producers' records, ordinary batches theirs, in the log's order; without a carrier among
+    them the columns are decode_columns' own."""
+    from kipside.protocol import decode_columns, decode_producer_columns
+
+    clients = [
+        ClientBatch(
+            tuple(
+                ClientRecord(b"k%d" % i, b'{"id":%d,"name":"n"}' % i, (("h", b"%d" % i),))
+                for i in range(first, first + count)
+            ),
+            codec="lz4",
+        )
+        for first, count in ((0, 3), (3, 20), (23, 1), (24, 7))
+    ]
+    offsets = [0, 3, 23, 24]
+    sent = [with_base_offset(c.build(), o) for c, o in zip(clients, offsets, strict=True)]
+    log = [
+        sent[0],
+        with_base_offset(encoded(sent[1]), 3),
+        sent[2],
+        with_base_offset(encoded(sent[3]), 24),
+    ]
+
+    def rows(batches: list[bytes], decode: Any) -> list[tuple[Any, ...]]:
+        columns = decode([RecordBatchView.from_buffer(b) for b in batches])
+        columns = columns[0] if isinstance(columns, tuple) else columns
+        v, k, hk = columns.value, columns.key, columns.header_key
+        first = [0, *itertools.accumulate(int(n) for n in columns.header_counts)]
+        return [
+            (
+                int(columns.offset[i]),
+                int(columns.timestamp[i]),
+                bytes(k.data[k.offsets[i] : k.offsets[i + 1]]),
+                bytes(v.data[v.offsets[i] : v.offsets[i + 1]]),
+                [
+                    bytes(hk.data[hk.offsets[h] : hk.offsets[h + 1]])
+                    for h in range(first[i], first[i + 1])
+                ],
+            )
+            for i in range(len(columns))
+        ]
+
+    assert rows(log, decode_producer_columns) == rows(sent, decode_columns)
+    assert rows(log, decode_columns) != rows(sent, decode_columns)  # the carriers' own records
+    assert rows(sent, decode_producer_columns) == rows(sent, decode_columns)

@@ -16,7 +16,15 @@ from hypothesis import strategies as st
 
 from kipside.protocol.apis import ApiKey
 from kipside.protocol.errors import DecodeError
-from kipside.protocol.fetch import AbortedTransaction, FetchResponseData, parse_fetch_response
+from kipside.protocol.fetch import (
+    AbortedTransaction,
+    FetchPartition,
+    FetchResponseData,
+    encode_fetch_request,
+    fetch_request_max_bytes,
+    parse_fetch_response,
+    replace_fetch_records,
+)
 from kipside.protocol.headers import build_frame, encode_response_header, parse_response_header
 from kipside.protocol.messages import build, encode_message, response_class
 from kipside.protocol.primitives import INT32, write_uvarint
@@ -391,3 +399,36 @@ def test_response_round_trip(case: tuple[int, list[tuple[str, list[dict[str, Any
         ):
             expected = (leader["leader_id"], leader["leader_epoch"])
         assert got.current_leader == expected
+
+
+# ---- records replaced (the columnar stage's answers) ----------------------------------------
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_replaced_records_are_what_kio_would_have_written(version: int) -> None:
+    old = data_batch(base_offset=5)
+    new = data_batch(base_offset=5, values=(b"a" * 300, b"b")) * 2  # longer: a wider length
+    tagged: dict[str, Any] = {"leader": (4, 17)} if version >= FLEXIBLE else {}
+    topics = [
+        ("a", [partition(0, aborted=[(7, 5)], records=old), partition(1, records=old)]),
+        ("b", [partition(2, records=None), partition(3, records=old, **tagged)]),
+    ]
+    frame, body_offset = response_frame(version, response_body(version, topics))
+    replaced = replace_fetch_records(frame, body_offset, version, {1: new, 3: b""})
+    expected = [
+        ("a", [partition(0, aborted=[(7, 5)], records=old), partition(1, records=new)]),
+        ("b", [partition(2, records=None), partition(3, records=b"", **tagged)]),
+    ]
+    assert replaced == response_frame(version, response_body(version, expected))[0]
+    assert replace_fetch_records(frame, body_offset, version, {}) == frame
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_max_bytes_of_a_request(version: int) -> None:
+    fetch = FetchPartition("t", 0, 0, 1 << 20)
+    body = encode_fetch_request(
+        version, [fetch], max_wait_ms=500, min_bytes=1, max_bytes=52_428_800, isolation_level=1
+    )
+    assert fetch_request_max_bytes(b"head" + body, 4, version) == 52_428_800
+    with pytest.raises(DecodeError):
+        fetch_request_max_bytes(body[:14], 0, version)

@@ -6,6 +6,7 @@ connection) and stages.pipeline's order and which stages are in force. No socket
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from test_session import heartbeat_request, request
 
@@ -17,6 +18,7 @@ from kipside.proxy.core.decisions import (
     Answer,
     ClientRequest,
     Close,
+    Convert,
     Decision,
     Narrow,
     Pipeline,
@@ -123,14 +125,16 @@ def stages(rules: RuleSet, shared: bool = False) -> Stages:
         stage(None, [], "coalescing"),
         stage(None, [], "short_apis"),
         built.own_connection,
+        columnar=built.columnar,
     )
 
 
-def test_stages_off_are_left_out_and_the_order_is_stage_order() -> None:
+def test_stages_off_are_left_out_and_the_order_is_stage_order(tmp_path: Path) -> None:
     assert STAGE_ORDER == (
         "sasl",
         "principals",
         "versions",
+        "columnar",
         "transactions",
         "coalescing",
         "short_apis",
@@ -145,10 +149,14 @@ def test_stages_off_are_left_out_and_the_order_is_stage_order() -> None:
         plain.short_apis,
         plain.own_connection,
     )
+    (tmp_path / "s.json").write_text(
+        '{"type": "object", "properties": {"id": {"type": "integer"}}}'
+    )
     ruled = parse_rules(
         "principals:\n  - {principal: 'User:a', topics: [x]}\n"
-        "transactions:\n  - {transactional_id: t, outputs: [{topic: x}]}\n",
-        "r.yaml",
+        "transactions:\n  - {transactional_id: t, outputs: [{topic: x}]}\n"
+        "topics:\n  - {topic: c, columnar: {schema: s.json}}\n",
+        str(tmp_path / "r.yaml"),
     )
     everything = stages(ruled, shared=True)
     assert everything.pipeline(ruled).stages == tuple(
@@ -181,6 +189,39 @@ def test_a_request_passes_only_the_stages_that_take_its_api() -> None:
         terminating.sasl,
         terminating.own_connection,
     )
+
+
+def test_the_columnar_stage_sees_produce_and_fetch_only(tmp_path: Path) -> None:
+    (tmp_path / "s.json").write_text(
+        '{"type": "object", "properties": {"id": {"type": "integer"}}}'
+    )
+    ruled = parse_rules(
+        "topics:\n  - {topic: c, columnar: {schema: s.json}}\n", str(tmp_path / "r.yaml")
+    )
+    built = stages(ruled, shared=True)
+    pipeline = built.pipeline(ruled)
+    assert built.columnar in pipeline.stages
+    for key in (ApiKey.PRODUCE, ApiKey.FETCH):
+        assert built.columnar in pipeline.stages_for(key)
+    for key in (ApiKey.API_VERSIONS, ApiKey.METADATA, ApiKey.HEARTBEAT, ApiKey.LIST_OFFSETS):
+        assert built.columnar not in pipeline.stages_for(key)
+
+
+def test_a_convert_resumes_after_its_stage_among_those_of_the_api() -> None:
+    seen: list[str] = []
+    produce_only = stage(None, seen, "produce only")
+    produce_only.api_keys = frozenset({ApiKey.PRODUCE})  # type: ignore[attr-defined]
+    later = stage(None, seen, "later")
+
+    def converting(request: ClientRequest) -> Decision | None:
+        seen.append("converting")
+        return Convert(lambda: None, converting)
+
+    pipeline = Pipeline((produce_only, converting, later))
+    decision, request = pipeline.decide(client_request(heartbeat_request(1)))
+    assert isinstance(decision, Convert) and seen == ["converting"]
+    assert pipeline.resume(decision, decision.work(), request)[0] is FORWARD_OWN
+    assert seen == ["converting", "later"]
 
 
 def test_one_to_one_forwards_everything_but_a_too_new_api_versions() -> None:

@@ -170,7 +170,8 @@ def test_refused_values(folder: Path) -> None:
     ]
     assert problems(folder, columnar("schema: events.ddl\nlosless: true")) == [
         "kipside.yaml:5: topics[0].columnar.losless: unknown key 'losless' (did you mean "
-        "'lossless'?); allowed keys here are: encoding, schema, compression, lossless, encrypt"
+        "'lossless'?); allowed keys here are: encoding, schema, compression, lossless, encrypt, "
+        "min_records, misfits"
     ]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,8 +17,14 @@ from kipside.protocol.apis import ApiKey
 from kipside.protocol.errors import DecodeError
 from kipside.protocol.headers import build_frame, encode_response_header, parse_response_header
 from kipside.protocol.messages import decode_response, encode_message
-from kipside.proxy.stages.versions import MAX_API_VERSIONS_VERSION, VersionPolicy, kipside_ranges
+from kipside.proxy.stages.versions import (
+    MAX_API_VERSIONS_VERSION,
+    VersionPolicy,
+    fetch_by_name,
+    kipside_ranges,
+)
 from kipside.proxy.upstream.addresses import address_apis
+from kipside.rules import RuleSet, parse_rules
 
 HEARTBEAT = 12
 UNKNOWN_KEY = 1000
@@ -264,3 +271,21 @@ def test_unsupported_response_v0_layout() -> None:
 def test_unsupported_response_keeps_negative_correlation_ids() -> None:
     out = VersionPolicy().unsupported_response(correlation_id=-(2**31))
     assert out[4:8] == bytes.fromhex("80000000")
+
+
+def test_fetch_names_topics_while_the_rules_read_them(tmp_path: Path) -> None:
+    """Fetch v13+ names topics by id: with a columnar topic (or principals restricting topics)
+    kipside offers Fetch up to v12, and a reload switches it (for clients that connect next)."""
+    (tmp_path / "s.json").write_text(
+        '{"type": "object", "properties": {"id": {"type": "integer"}}}'
+    )
+    columnar = parse_rules(
+        "topics:\n  - {topic: c, columnar: {schema: s.json}}\n", str(tmp_path / "r.yaml")
+    )
+    principals = parse_rules("principals:\n  - {principal: 'User:a', topics: [x]}\n", "p.yaml")
+    assert fetch_by_name(columnar) and fetch_by_name(principals) and not fetch_by_name(RuleSet())
+    policy = VersionPolicy(fetch_by_name=True)
+    broker = response3(entry3(ApiKey.FETCH, 4, 17), entry3(ApiKey.PRODUCE, 0, 11))
+    assert ranges_of(policy.intersect(broker)) == {ApiKey.FETCH: (4, 12), ApiKey.PRODUCE: (0, 11)}
+    policy.fetch_by_name = False
+    assert ranges_of(policy.intersect(broker))[ApiKey.FETCH] == (4, 17)

@@ -3,8 +3,9 @@
 key, value, topic, partition, offset, timestamp, timestampType, and headers (with
 includeHeaders), in Spark's order and types. Records are decoded batch by batch into columns
 (protocol.record_columns: one compiled pass over each batch, no Python object per record) and
-handed to Spark as pyarrow RecordBatches built straight from those column buffers. A range owns
-the records whose offsets lie in [start, end); the batches at its edges are trimmed.
+handed to Spark as pyarrow RecordBatches built straight from those column buffers. A columnar
+topic's carriers give the records their producers sent (protocol.decode_producer_columns). A
+range owns the records whose offsets lie in [start, end); the batches at its edges are trimmed.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from kipside.protocol import Binary, Columns, RecordBatchView, decode_columns
+from kipside.protocol import Binary, Columns, RecordBatchView, decode_producer_columns
 
 from .ranges import OffsetRange
 
@@ -86,7 +87,7 @@ def record_rows(
 def _emit(
     r: OffsetRange, batches: list[RecordBatchView], schema: pa.Schema, include_headers: bool
 ) -> Iterator[pa.RecordBatch]:
-    columns, _buffers = decode_columns(batches)
+    columns = decode_producer_columns(batches)
     n = len(columns)
     if n == 0:
         return

@@ -12,9 +12,13 @@ stage took. The driver of the client connection (session.session) carries a deci
 | `Answer` | owe the client kipside's own answer |
 | `Take` | owe the client an answer that comes later (a coalesced produce, a transaction call) |
 | `Narrow` | go on with part of the request (the stages after this one decide about it) |
+| `Convert` | run the stage's costly work off the event loop, then go on with what it decided |
 | `DROP` | nothing is sent, nothing is owed |
 | `Close` | close the connection (after the answers owed before this request) |
 | `Wait` | wait for an earlier answer, then decide again from the first stage |
+
+A stage may also change the broker's answer before the client gets it: `merge` (cheap, when
+the answer is written) and `convert` (costly: the driver runs it off the event loop first).
 
 Plain objects: nothing here does I/O.
 """
@@ -35,9 +39,11 @@ __all__ = [
     "FORWARD_OWN",
     "FORWARD_OWN_RAW",
     "Answer",
+    "AnswerConvert",
     "ClientHandle",
     "ClientRequest",
     "Close",
+    "Convert",
     "Decision",
     "Drop",
     "ForwardLane",
@@ -48,6 +54,7 @@ __all__ = [
     "Stage",
     "Take",
     "Wait",
+    "chain",
 ]
 
 
@@ -93,6 +100,12 @@ class ClientHandle(Protocol):
     def __hash__(self) -> int: ...
 
 
+AnswerConvert = Callable[[bytes], Callable[[], bytes] | None]
+"""What a stage does to the broker's answer at a cost in CPU: given the answer, the work that
+turns it into the client's (for the driver to run off the event loop), or None when this answer
+needs none."""
+
+
 @dataclass(frozen=True, slots=True)
 class ClientRequest:
     """One request of one client, as the stages see it."""
@@ -107,6 +120,8 @@ class ClientRequest:
     the answer the client is owed."""
     close_after: str | None = None
     """Set when a stage narrowed the request and the connection must close once it is sent."""
+    convert: AnswerConvert | None = None
+    """Set once a stage must change the broker's answer at a cost (run before `merge`)."""
 
     @property
     def api_key(self) -> int:
@@ -166,10 +181,34 @@ class Narrow(Decision):
     merge: Callable[[bytes], bytes] | None = None
     close: str | None = None
     """Close the connection once `frame` (if any) is sent, saying why."""
+    convert: AnswerConvert | None = None
 
     def applied(self, request: ClientRequest) -> ClientRequest:
+        """The request narrowed: this frame; the answer to it goes through this stage's
+        conversion and merge first, then through those of the stages before (theirs were made
+        for the request they saw)."""
         assert self.frame is not None
-        return replace(request, frame=self.frame, merge=self.merge, close_after=self.close)
+        merge, convert = self.merge, self.convert
+        if request.merge is not None:
+            merge = request.merge if merge is None else chain(merge, request.merge)
+        if request.convert is not None:
+            # The conversion runs before every merge, so only the last stage to change an
+            # answer may convert it (the columnar stage, after principals).
+            assert convert is None, "two stages convert the same answer"
+            convert = request.convert
+        close = self.close if self.close is not None else request.close_after
+        return replace(request, frame=self.frame, merge=merge, close_after=close, convert=convert)
+
+
+def chain(
+    first: Callable[[bytes], bytes], second: Callable[[bytes], bytes]
+) -> Callable[[bytes], bytes]:
+    """One merge of two: `first`, then `second` on what it gave."""
+
+    def both(answer: bytes) -> bytes:
+        return second(first(answer))
+
+    return both
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +245,17 @@ an `api_keys` attribute (a set of API keys) is asked only about requests of thos
 without is asked about every request."""
 
 
+@dataclass(frozen=True, slots=True)
+class Convert(Decision):
+    """The stage must work at a cost in CPU before it can decide (columnar encoding): the driver
+    runs `work` off its event loop, then hands what it decided to `Pipeline.resume`: None to
+    leave the request as it is, a `Narrow` to go on with, or any other decision."""
+
+    work: Callable[[], Decision | None]
+    stage: Stage
+    """The stage that asked: the pipeline goes on from the one after it."""
+
+
 class Pipeline:
     """Stages in order: the first decision wins, a `Narrow` goes on with what is left to the
     stages after it, and what no stage takes goes on the client's own connection. Each request
@@ -229,13 +279,13 @@ class Pipeline:
             )
         return found
 
-    def decide(self, request: ClientRequest) -> tuple[Decision, ClientRequest]:
+    def decide(self, request: ClientRequest, start: int = 0) -> tuple[Decision, ClientRequest]:
         """The decision about `request`, and the request it is about (narrowed, if a stage
-        narrowed it)."""
+        narrowed it); from the stage at `start` on of those that take its API."""
         stages = self._by_key.get(request.header.api_key)
         if stages is None:
             stages = self.stages_for(request.header.api_key)
-        for stage in stages:
+        for stage in stages[start:] if start else stages:
             decision = stage(request)
             if decision is None:
                 continue
@@ -246,3 +296,19 @@ class Pipeline:
                 continue
             return decision, request
         return FORWARD_OWN, request
+
+    def resume(
+        self, convert: Convert, decided: Decision | None, request: ClientRequest
+    ) -> tuple[Decision, ClientRequest]:
+        """Go on after a `Convert`: with what its work `decided`, from the stage after the one
+        that asked."""
+        if decided is None:
+            pass
+        elif type(decided) is Narrow:
+            if decided.frame is None:
+                return (DROP if decided.close is None else Close(decided.close)), request
+            request = decided.applied(request)
+        else:
+            return decided, request
+        stages = self.stages_for(request.header.api_key)
+        return self.decide(request, stages.index(convert.stage) + 1)

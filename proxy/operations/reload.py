@@ -26,7 +26,7 @@ from typing import Final, Literal, Protocol
 
 import trio
 
-from kipside.proxy.stages.versions import VersionPolicy
+from kipside.proxy.stages.versions import VersionPolicy, fetch_by_name
 from kipside.rules import (
     DEFAULT_SOURCE,
     FILE_KEY,
@@ -103,6 +103,7 @@ def apply_rules(server: RuleHolder, new: RuleSet) -> None:
     server.versions.lower_transaction_version = (
         bool(new.transactions) and server.config.share_connections
     )
+    server.versions.fetch_by_name = fetch_by_name(new)
     if new.coalescing.lanes != old.coalescing.lanes:
         log.warning(
             "coalescing.lanes changed from %d to %d: brokers kipside already has lanes to keep "
@@ -118,6 +119,15 @@ def apply_rules(server: RuleHolder, new: RuleSet) -> None:
             "lane pools opened from now on",
             old.limits.max_frame_bytes,
             new.limits.max_frame_bytes,
+        )
+    if fetch_by_name(new) != fetch_by_name(old):
+        log.info(
+            "clients that connect from now on are offered Fetch %s; connected clients keep the "
+            "versions they were told, and a columnar topic's carriers reach a client using "
+            "Fetch v13 or later as they are, until it reconnects",
+            "up to v12 (the rules look at the topics a Fetch names)"
+            if fetch_by_name(new)
+            else "as the broker has it",
         )
     if bool(new.transactions) != bool(old.transactions):
         log.info(

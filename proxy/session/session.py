@@ -33,6 +33,8 @@ from kipside.proxy.core.client_side import (
 from kipside.proxy.core.decisions import (
     ClientRequest,
     Close,
+    Convert,
+    Decision,
     Pipeline,
     Take,
     Wait,
@@ -42,6 +44,7 @@ from kipside.proxy.core.limits import ServerLimits
 from kipside.proxy.security.client_sasl import ClientSasl
 from kipside.proxy.session.answers import AnswerWriter
 from kipside.proxy.session.carrying_out import carry_out
+from kipside.proxy.session.offload import Offload
 from kipside.proxy.session.own_connection import OwnConnection
 from kipside.proxy.session.reading import Room, read_requests, watch_deadlines
 from kipside.proxy.stages.sasl import raw_token
@@ -53,6 +56,8 @@ log = logging.getLogger("kipside.session")
 # How long a closing session lets the broker finish what it was sent (acks=0 produce has no
 # answer to wait for, and closing first would make the broker drop it).
 OWN_CLOSE_GRACE_SECONDS = 1.0
+# Decisions that come before the real one: a wait for an earlier answer, costly work.
+_PAUSES: Final = frozenset({Wait, Convert})
 
 
 class Session:
@@ -70,6 +75,7 @@ class Session:
         node_id: int | None = None,
         principal: Principal = ANONYMOUS,
         sasl: ClientSasl | None = None,
+        offload: Offload | None = None,
     ) -> None:
         self.wire = client
         self.peer = client.peername()
@@ -81,6 +87,7 @@ class Session:
         self.span: object = None
         """The span of the request being decided."""
         self._pipeline = pipeline
+        self.offload = offload or Offload()
         self.writer = writer
         self.own = own
         self.limits = limits.client(self.describe, trio.current_time())
@@ -202,14 +209,17 @@ class Session:
             decision, request = raw_token(self, frame), ClientRequest(header, frame, self, now)
         else:
             self.span = self.writer.request_span(self, header, frame)
-            decision, request = self._pipeline().decide(ClientRequest(header, frame, self, now))
-            while type(decision) is Wait:
-                await self._wait(decision)
-                decision, request = self._pipeline().decide(request)
+            pipeline = self._pipeline()
+            decision, request = pipeline.decide(ClientRequest(header, frame, self, now))
+            if type(decision) in _PAUSES:
+                decision, request = await self._settle(pipeline, decision, request)
         if type(decision) is Take:  # the usual produce: no await
             pending, raw = decision.pending, decision.raw
         else:
             pending, raw = await carry_out(decision, request, self.own)
+            if request.convert is not None and pending is not None:
+                assert self._nursery is not None
+                pending = self.offload.converted(pending, request.convert, self._nursery)
         if pending is None:  # nothing is owed: the request holds nothing
             self.writer.finish(self.span)
             self.limits.written(now, took, 0)
@@ -221,6 +231,21 @@ class Session:
             self.refuse(decision.reason, decision.level)
         elif request.close_after is not None:
             self.refuse(request.close_after, logging.INFO)
+
+    async def _settle(
+        self, pipeline: Pipeline, decision: Decision, request: ClientRequest
+    ) -> tuple[Decision, ClientRequest]:
+        """The decision after every wait and costly work the pipeline asked for."""
+        while True:
+            if type(decision) is Wait:
+                await self._wait(decision)
+                pipeline = self._pipeline()
+                decision, request = pipeline.decide(request)
+            elif type(decision) is Convert:
+                decided = await self.offload.run(decision.work)
+                decision, request = pipeline.resume(decision, decided, request)
+            else:
+                return decision, request
 
     async def _wait(self, wait: Wait) -> None:
         with trio.move_on_after(wait.limit) as limit:

@@ -6,18 +6,21 @@
 2. principals (`stages.principals`): Produce, Fetch, ListOffsets and transaction calls of a
    principal a rule restricts: an UNAUTHORIZED answer, or only the allowed part (narrow).
 3. versions (`stages.versions`): an ApiVersions newer than kipside knows: its own answer.
-4. transactions (`stages.transactions`): transaction calls of rule-matched transactional ids:
+4. columnar (`stages.columnar`): Produce to columnar topics: its batches as carriers (costly
+   work, off the event loop); Fetch: its answer's carriers back as ordinary batches.
+5. transactions (`stages.transactions`): transaction calls of rule-matched transactional ids:
    answered later, locally, after pre-registration, or after the broker's answer.
-5. coalescing (`stages.coalescing`): Produce: to the lanes (answered later) or the client's own
+6. coalescing (`stages.coalescing`): Produce: to the lanes (answered later) or the client's own
    connection; a wait first when a partition changes route.
-6. short APIs (`stages.short_apis`): Metadata, FindCoordinator, ListOffsets, ...: a shared lane.
-7. own connection (`stages.own_connection`): everything left: the client's own connection.
+7. short APIs (`stages.short_apis`): Metadata, FindCoordinator, ListOffsets, ...: a shared lane.
+8. own connection (`stages.own_connection`): everything left: the client's own connection.
 
 A stage whose feature is off is left out of the pipeline, so it costs nothing per request: the
-principals stage while the rules restrict no principal, the transactions stage while no rule
-declares transactions, the sharing stages (4-6) with --one-to-one. A request passes only the
-stages that take its API (a stage's `api_keys`): a ProduceRequest meets the SASL stage only
-while kipside terminates SASL, and never the versions or short-API stages. The server builds
+principals stage while the rules restrict no principal, the columnar stage while no topic is
+columnar, the transactions stage while no rule declares transactions, the sharing stages (5-7)
+with --one-to-one. A request passes only the stages that take its API (a stage's `api_keys`):
+a ProduceRequest meets the SASL stage only while kipside terminates SASL, and never the
+versions or short-API stages; the columnar stage sees Produce and Fetch only. The server builds
 the pipeline at start and again after each rule reload (`Stages.pipeline`). A new behaviour is
 one stage module and one line in STAGE_ORDER.
 """
@@ -28,9 +31,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+from kipside.proxy.core.columnar import has_columnar_topics
 from kipside.proxy.core.decisions import Pipeline, Stage
 from kipside.proxy.stages.coalescing import Coalescer
 from kipside.proxy.stages.coalescing.stage import CoalescingStage
+from kipside.proxy.stages.columnar import ColumnarStage
 from kipside.proxy.stages.context import FeatureContext
 from kipside.proxy.stages.own_connection import own_connection
 from kipside.proxy.stages.principals import PrincipalRules
@@ -39,6 +44,7 @@ from kipside.proxy.stages.short_apis import ShortApisStage
 from kipside.proxy.stages.transactions import TransactionManager
 from kipside.proxy.stages.transactions.stage import TransactionsStage
 from kipside.proxy.stages.versions import VersionPolicy
+from kipside.proxy.telemetry.stats import Stats
 from kipside.proxy.upstream.nodes import NodeMap
 from kipside.rules import RuleSet
 
@@ -48,6 +54,7 @@ STAGE_ORDER: Final = (
     "sasl",
     "principals",
     "versions",
+    "columnar",
     "transactions",
     "coalescing",
     "short_apis",
@@ -69,6 +76,7 @@ class Stages:
     own_connection: Stage
     transaction_manager: TransactionManager | None = None
     coalescer: Coalescer | None = None
+    columnar: Stage | None = None
 
     @classmethod
     def build(
@@ -77,13 +85,24 @@ class Stages:
         versions: VersionPolicy,
         shared: tuple[FeatureContext, NodeMap] | None,
         sasl_terminates: bool = False,
+        stats: Stats | None = None,
     ) -> Stages:
         """The stages of a server; `shared` (the features' context, the node map) unless every
         client has its own connection only (--one-to-one); `sasl_terminates` when kipside
-        answers the clients' SASL itself."""
+        answers the clients' SASL itself; `stats`: where they count."""
         sasl = SaslStage(sasl_terminates)
+        columnar = ColumnarStage(rules, stats or Stats())
         if shared is None:
-            return cls(sasl, PrincipalRules(rules), versions, None, None, None, own_connection)
+            return cls(
+                sasl,
+                PrincipalRules(rules),
+                versions,
+                None,
+                None,
+                None,
+                own_connection,
+                columnar=columnar,
+            )
         context, nodes = shared
         manager = TransactionManager(context)
         coalescer = Coalescer(context, nodes)
@@ -97,6 +116,7 @@ class Stages:
             own_connection,
             manager,
             coalescer,
+            columnar,
         )
 
     def pipeline(self, rules: RuleSet) -> Pipeline:
@@ -106,5 +126,9 @@ class Stages:
             off.add("principals")
         if not rules.transactions:
             off.add("transactions")
+        if not has_columnar_topics(rules):
+            off.add("columnar")
+        elif isinstance(self.columnar, ColumnarStage):
+            self.columnar.warm_up()
         stages = (getattr(self, name) for name in STAGE_ORDER if name not in off)
         return Pipeline(tuple(stage for stage in stages if stage is not None))

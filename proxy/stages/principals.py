@@ -53,8 +53,8 @@ from kipside.protocol import (
     encode_produce_request,
     encode_produce_response,
     field_entity,
+    merge_produce_response,
     parse_produce_request,
-    parse_produce_response,
     parse_response_header,
     response_class,
     response_frame,
@@ -67,7 +67,6 @@ log = logging.getLogger("kipside.principals")
 
 TOPIC_REFUSED: Final = ErrorCode.topic_authorization_failed
 TXN_REFUSED: Final = ErrorCode.transactional_id_authorization_failed
-FETCH_BY_NAME_MAX_VERSION: Final = 12
 TRANSACTIONAL_APIS: Final = frozenset(
     {
         ApiKey.INIT_PRODUCER_ID,
@@ -231,18 +230,12 @@ def _merged_produce_answer(
 ) -> bytes:
     """The broker's answer to the allowed partitions, with the refused ones added, every
     partition where the client's request had it."""
-    head = parse_response_header(answer, ApiKey.PRODUCE, version)
-    data = parse_produce_response(answer, head.body_offset, version)
-    answered = {(r.topic, r.partition): r for r in data.partitions}
-    results = []
-    for b in sent:
-        if b.topic in refused:
-            results.append(PartitionResult(b.topic, b.partition, TOPIC_REFUSED))
-        elif (result := answered.pop((b.topic, b.partition), None)) is not None:
-            results.append(result)
-    results += answered.values()  # (none: the broker answers what it was sent)
-    body = encode_produce_response(version, dataclasses.replace(data, partitions=tuple(results)))
-    return build_frame(bytes(answer[4 : head.body_offset]), body)
+    added = {
+        (b.topic, b.partition): PartitionResult(b.topic, b.partition, TOPIC_REFUSED)
+        for b in sent
+        if b.topic in refused
+    }
+    return merge_produce_response(answer, version, [(b.topic, b.partition) for b in sent], added)
 
 
 def _acks0_close(refused: frozenset[str], code: ErrorCode) -> str:

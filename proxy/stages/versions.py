@@ -2,8 +2,9 @@
 
 For each API the broker lists, kipside advertises max = min(broker max, kipside max) and
 min = max(broker min, kipside min), where kipside's range only exists for APIs it must decode
-(today: the ones that carry broker addresses). Every other API, including keys kipside has never
-heard of, passes through untouched. Produce keeps min 0 whatever happens (librdkafka breaks
+(today: the ones that carry broker addresses, and Produce; Fetch up to v12 while the rules look
+at the topics a Fetch names). Every other API, including keys kipside has never heard of,
+passes through untouched. Produce keeps min 0 whatever happens (librdkafka breaks
 otherwise, KAFKA-18659). ApiVersions itself is capped at v4: v5 carries ClusterId/NodeId.
 A client asking for a newer ApiVersions than kipside knows gets UNSUPPORTED_VERSION in the v0
 layout, as a broker would answer, and retries lower.
@@ -33,12 +34,22 @@ from kipside.protocol import (
     encode_response_header,
     known_versions,
 )
+from kipside.proxy.core.columnar import has_columnar_topics
 from kipside.proxy.core.decisions import Answer, ClientRequest, Decision
 from kipside.proxy.upstream.addresses import address_apis
+from kipside.rules import RuleSet
 
 log = logging.getLogger("kipside.versions")
 
 MAX_API_VERSIONS_VERSION: Final = 4
+FETCH_BY_NAME_MAX_VERSION: Final = 12
+"""Fetch from v13 names topics by id: while rules look at Fetch's topics (principals that
+restrict topics, columnar topics), kipside advertises Fetch up to v12."""
+
+
+def fetch_by_name(rules: RuleSet) -> bool:
+    """Whether the rules look at the topics a Fetch names (so it must name them)."""
+    return has_columnar_topics(rules) or any(r.topics is not None for r in rules.principals)
 
 
 def kipside_ranges() -> dict[int, tuple[int, int]]:
@@ -73,14 +84,12 @@ class VersionPolicy:
         ranges: dict[int, tuple[int, int]] | None = None,
         *,
         lower_transaction_version: bool = False,
-        max_fetch_version: int | None = None,
+        fetch_by_name: bool = False,
     ) -> None:
         self.ranges = kipside_ranges() if ranges is None else ranges
         self.lower_transaction_version = lower_transaction_version
-        if max_fetch_version is not None:
-            # Rules that restrict topics read Fetch's topic names: v13+ names them by id.
-            low, high = self.ranges.get(ApiKey.FETCH, (0, max_fetch_version))
-            self.ranges[ApiKey.FETCH] = (low, min(high, max_fetch_version))
+        self.fetch_by_name = fetch_by_name
+        """Advertise Fetch up to FETCH_BY_NAME_MAX_VERSION (set from the rules in force)."""
 
     def _lower_features(self, message: Message) -> Message:
         cap = MAX_TRANSACTION_VERSION_WITH_RULES
@@ -117,6 +126,8 @@ class VersionPolicy:
                 continue
             low = max(int(entry.min_version), mine[0])
             high = min(int(entry.max_version), mine[1])
+            if entry.api_key == ApiKey.FETCH and self.fetch_by_name:
+                high = min(high, FETCH_BY_NAME_MAX_VERSION)
             if entry.api_key == ApiKey.PRODUCE:
                 low = int(entry.min_version)
             if low > high:

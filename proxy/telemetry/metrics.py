@@ -66,6 +66,33 @@ def _build_info(_stats: Stats) -> list[Observation]:
     return [Observation(1, {"version": KIPSIDE_VERSION})]
 
 
+def _columnar_batches(stats: Stats) -> list[Observation]:
+    batches = stats.columnar.snapshot().batches
+    return [
+        Observation(n, {"direction": direction, "outcome": outcome})
+        for (direction, outcome), n in sorted(batches.items())
+    ]
+
+
+def _columnar_records(stats: Stats) -> list[Observation]:
+    records = stats.columnar.snapshot().records
+    return [Observation(n, {"direction": d}) for d, n in sorted(records.items())]
+
+
+def _columnar_bytes(stats: Stats) -> list[Observation]:
+    tally = stats.columnar.snapshot()
+    return [
+        Observation(n, {"direction": d, "form": form})
+        for form, counts in (("ordinary", tally.ordinary_bytes), ("carrier", tally.carrier_bytes))
+        for d, n in sorted(counts.items())
+    ]
+
+
+def _columnar_seconds(stats: Stats) -> list[Observation]:
+    seconds = stats.columnar.snapshot().seconds
+    return [Observation(s, {"direction": d}) for d, s in sorted(seconds.items())]
+
+
 def _limits_reached(stats: Stats) -> list[Observation]:
     return [Observation(n, {"limit": key}) for key, n in sorted(dict(stats.limit_reached).items())]
 
@@ -178,6 +205,32 @@ _STATS_METRICS: Final[tuple[Metric[Stats], ...]] = (
         attrgetter("upstream_requests"),
     ),
     ("kipside_bytes_total", "By", "Kafka frame bytes to and from clients, by api.", _frame_bytes),
+    (
+        "kipside_columnar_batches_total",
+        "",
+        "Record batches of columnar topics, by direction (produce, fetch) and outcome "
+        "(converted; produce: small, misfit, malformed, carrier, refused; fetch: undecodable, "
+        "deferred).",
+        _columnar_batches,
+    ),
+    (
+        "kipside_columnar_records_total",
+        "",
+        "Records in the batches converted to carriers (produce) and back (fetch).",
+        _columnar_records,
+    ),
+    (
+        "kipside_columnar_bytes_total",
+        "By",
+        "Bytes of the converted batches as ordinary batches and as carriers, by direction.",
+        _columnar_bytes,
+    ),
+    (
+        "kipside_columnar_cpu_seconds_total",
+        "s",
+        "CPU seconds of the worker threads converting, by direction.",
+        _columnar_seconds,
+    ),
 )
 
 

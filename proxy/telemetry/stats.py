@@ -8,6 +8,7 @@ reader collects (/metrics, OTLP), so counting costs no more than this. Must neve
 from __future__ import annotations
 
 import bisect
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Final
@@ -47,6 +48,56 @@ class Histogram:
 
 
 @dataclass(slots=True)
+class ColumnarTally:
+    """What one columnar conversion did (one request's batches, or one answer's)."""
+
+    batches: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """Batches by (direction: produce or fetch, outcome)."""
+    records: Counter[str] = field(default_factory=Counter)
+    """Records in the batches converted, by direction."""
+    ordinary_bytes: Counter[str] = field(default_factory=Counter)
+    """Bytes of the converted batches as ordinary batches (the client's, or what a consumer
+    got), by direction."""
+    carrier_bytes: Counter[str] = field(default_factory=Counter)
+    """Bytes of the same batches as carriers (what the broker stores), by direction."""
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Thread CPU seconds converting, by direction."""
+
+    def spent(self, direction: str, seconds: float) -> None:
+        self.seconds[direction] = self.seconds.get(direction, 0.0) + seconds
+
+
+@dataclass(slots=True)
+class ColumnarCounts:
+    """Every columnar conversion's tally since start. Conversions run in worker threads
+    (session.offload), so tallies are added, and read, under a lock."""
+
+    total: ColumnarTally = field(default_factory=ColumnarTally)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, tally: ColumnarTally) -> None:
+        with self._lock:
+            total = self.total
+            total.batches.update(tally.batches)
+            total.records.update(tally.records)
+            total.ordinary_bytes.update(tally.ordinary_bytes)
+            total.carrier_bytes.update(tally.carrier_bytes)
+            for direction, seconds in tally.seconds.items():
+                total.spent(direction, seconds)
+
+    def snapshot(self) -> ColumnarTally:
+        with self._lock:
+            total = self.total
+            return ColumnarTally(
+                Counter(total.batches),
+                Counter(total.records),
+                Counter(total.ordinary_bytes),
+                Counter(total.carrier_bytes),
+                dict(total.seconds),
+            )
+
+
+@dataclass(slots=True)
 class Stats:
     client_requests: Counter[int] = field(default_factory=Counter)
     """Requests received from clients, by api key."""
@@ -80,6 +131,8 @@ class Stats:
     their sockets have not taken yet (core.limits)."""
     paused_client_connections: int = 0
     """Client connections whose requests kipside is not reading now (an in-flight limit)."""
+    columnar: ColumnarCounts = field(default_factory=ColumnarCounts)
+    """What the columnar stage converted (stages.columnar)."""
 
     def observe_latency(self, api_key: int, seconds: float) -> None:
         histogram = self.request_latency.get(api_key)

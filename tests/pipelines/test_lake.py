@@ -1,5 +1,6 @@
 """`kipside lake` end to end: JSON records produced by real clients, Parquet read back with
-pyarrow outside Spark, quarantine checked value by value, restarts, bad input."""
+pyarrow outside Spark, quarantine checked value by value, a columnar topic's carriers, restarts,
+bad input."""
 
 from __future__ import annotations
 
@@ -17,9 +18,20 @@ from typing import Any
 
 import pyarrow.dataset as ds
 import pytest
+from columnar_kit import BASE_TIMESTAMP, ClientBatch, ClientRecord
 from conftest import fresh_topic
 from testkit.broker import Broker
 from testkit.ports import free_port
+
+from kipside.pipeline.kafka.client import ClientConfig, KafkaClient
+from kipside.pipeline.kafka.producer import IdempotentProducer, Written
+from kipside.protocol import (
+    Address,
+    ColumnarEncoder,
+    Encoded,
+    RecordBatchView,
+    parse_value_schema,
+)
 
 from .conftest import CliResult, require_java, run_cli, start_cli
 from .kafka_data import JSON_SCHEMA, JsonDataset, consume_all, produce_json_dataset, produce_plain
@@ -35,10 +47,13 @@ def _schema_file(tmp: Path) -> Path:
     return path
 
 
-def _lake_args(bootstrap: str, topic: str, tmp: Path, schema: Path | None = None) -> list[str]:
-    """`lake` and its required options: the topic, the schema (orders.json unless given), and
-    the table and checkpoint under `tmp` (out/, ck/)."""
-    read = ["--bootstrap", bootstrap, "--topics", re.escape(topic)]
+def _lake_args(
+    bootstrap: str, topic: str, tmp: Path, schema: Path | None = None, *, also: str | None = None
+) -> list[str]:
+    """`lake` and its required options: the topic (and `also`), the schema (orders.json unless
+    given), and the table and checkpoint under `tmp` (out/, ck/)."""
+    topics = re.escape(topic) if also is None else f"{re.escape(topic)}|{re.escape(also)}"
+    read = ["--bootstrap", bootstrap, "--topics", topics]
     write = ["--schema", str(schema or _schema_file(tmp)), "--out", str(tmp / "out")]
     return ["lake", *read, *write, "--checkpoint", str(tmp / "ck")]
 
@@ -63,25 +78,82 @@ def _source_offsets(bootstrap: str, topic: str) -> dict[bytes | None, tuple[int,
 
 
 @dataclass(frozen=True)
+class Columnar:
+    """A columnar topic of one partition: carriers as kipside writes them, and an ordinary
+    batch between them."""
+
+    topic: str
+    values: list[dict[str, Any]]
+    timestamps: list[int]
+    """ms, by offset"""
+
+
+def _produce_columnar(bootstrap: str, schema: Path) -> Columnar:
+    topic = fresh_topic(bootstrap, "lake-columnar", 1)
+    encoder = ColumnarEncoder(parse_value_schema(schema.read_text(), schema.name).to_arrow())
+    made = Columnar(topic, [], [])
+    with KafkaClient(
+        [Address.parse(bootstrap, what="bootstrap")], role="test cluster", config=ClientConfig()
+    ) as client:
+        producer: IdempotentProducer[int] = IdempotentProducer(client)
+        for b, count in enumerate((30, 4, 50)):  # a carrier, an ordinary batch, a carrier
+            values: list[dict[str, Any]] = [
+                {
+                    "id": 1_000_000 + len(made.values) + i,
+                    "user": f"u{i % 3}",
+                    "amount": i + 0.5,
+                    "paid": i % 2 == 0,
+                    "at": f"2026-11-0{1 + i % 9}T10:00:0{i % 10}+00:00",
+                    "items": [{"sku": "s", "qty": i}],
+                }
+                for i in range(count)
+            ]
+            records = tuple(
+                ClientRecord(b"k%d" % v["id"], json.dumps(v).encode(), timestamp_delta=i)
+                for i, v in enumerate(values)
+            )
+            batch = ClientBatch(records, codec="zstd").build()
+            if b != 1:
+                carrier = encoder.encode(batch)
+                assert isinstance(carrier, Encoded), carrier
+                batch = carrier.batch
+            producer.add(topic, 0, RecordBatchView.from_buffer(batch), b)
+            made.values.extend(values)
+            made.timestamps.extend(BASE_TIMESTAMP + i for i in range(count))
+        written: list[Written[int]] = []
+        producer.flush(written.extend)
+        producer.close()
+    return made
+
+
+@dataclass(frozen=True)
 class Ingested:
     data: JsonDataset
+    columnar: Columnar
     run: CliResult
     out: Path
     offsets: dict[bytes | None, tuple[int, int]]
 
+    def rows(self, topic: str) -> list[dict[str, Any]]:
+        return [row for row in _table(self.out) if row["topic"] == topic]
+
 
 @pytest.fixture(scope="module")
 def ingested(source_broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ingested]:
+    """One lake run over two topics: JSON records of every kind, and a columnar topic."""
     topic = fresh_topic(source_broker.bootstrap, "lake-src", PARTITIONS)
     data = produce_json_dataset(source_broker.bootstrap, topic, PARTITIONS)
     tmp = tmp_path_factory.mktemp("lake")
-    run = _lake(source_broker.bootstrap, topic, tmp, "--once")
+    columnar = _produce_columnar(source_broker.bootstrap, _schema_file(tmp))
+    args = _lake_args(source_broker.bootstrap, topic, tmp, also=columnar.topic)
+    run = run_cli(*args, "--once", timeout=240)
     assert run.code == 0, run.explain()
-    yield Ingested(data, run, tmp / "out", _source_offsets(source_broker.bootstrap, topic))
+    offsets = _source_offsets(source_broker.bootstrap, topic)
+    yield Ingested(data, columnar, run, tmp / "out", offsets)
 
 
 def test_parquet_rows_equal_the_committed_input(ingested: Ingested) -> None:
-    rows = _table(ingested.out)
+    rows = ingested.rows(ingested.data.topic)
     assert len(rows) == len(ingested.data.good)
     by_id = {row["id"]: row for row in rows}
     assert len(by_id) == len(rows), "a record was written twice"
@@ -126,9 +198,11 @@ def test_files_are_few_and_progress_is_reported(ingested: Ingested) -> None:
     assert files and all(
         f.name.startswith("part-b") and f.name.endswith(".zstd.parquet") for f in files
     )
-    assert len([f for f in files if "_quarantine" not in f.parts]) <= 2 * 2  # tasks x dates
+    table = f"topic={ingested.data.topic}"
+    assert len([f for f in files if table in f.parts]) <= 2 * 2  # tasks x dates
     last = ingested.run.stderr.splitlines()[-1]
-    good, bad = len(ingested.data.good), len(ingested.data.bad)
+    good = len(ingested.data.good) + len(ingested.columnar.values)
+    bad = len(ingested.data.bad)
     assert re.search(rf"kipside lake: done: {good:,} rows, {bad:,} quarantined, \d+ files", last), (
         last
     )
@@ -201,3 +275,17 @@ def test_lake_on_a_local_cluster_of_two_executors(source_broker: Broker, tmp_pat
     assert sorted(r["n"] for r in rows) == expected
     nulls = sum(1 for r in sent if r.value is None)
     assert len(_table(tmp_path / "out" / "_quarantine")) == nulls
+
+
+def test_a_columnar_topic_lands_as_its_producers_records(ingested: Ingested) -> None:
+    """Carriers next to an ordinary batch: every record lands once, with the offset and the
+    timestamp its producer's batch gave it, as for any topic."""
+    columnar = ingested.columnar
+    rows = sorted(ingested.rows(columnar.topic), key=lambda row: row["kafka_offset"])
+    assert [row["kafka_offset"] for row in rows] == list(range(len(columnar.values)))
+    for row, value, stamp in zip(rows, columnar.values, columnar.timestamps, strict=True):
+        assert {k: row[k] for k in value} == value | {"at": dt.datetime.fromisoformat(value["at"])}
+        assert row["kafka_timestamp"] == dt.datetime.fromtimestamp(stamp / 1000, dt.UTC)
+        assert row["kafka_partition"] == 0
+    quarantined = _table(ingested.out / "_quarantine")
+    assert not [row for row in quarantined if row["topic"] == columnar.topic]
