@@ -43,6 +43,8 @@ __all__ = [
 ]
 
 STOP_GRACE_SECONDS: Final = 60.0
+_EXCEPTION_LINE: Final = re.compile(r"^[A-Za-z_][\w.]*(?::|$)")
+_SPARK_PREFIX: Final = re.compile(r"^\[[A-Z_]+\] Query \[[^\]]*\] terminated with exception: ")
 _CAUSE: Final = re.compile(
     r"^(kipside\.(?:pipeline|protocol)\.[\w.]+\.\w+|[\w.]*OptionError|[\w.]*SchemaError): (.+)$",
     re.MULTILINE,
@@ -109,13 +111,37 @@ def announce(
 
 
 def root_cause(exc: BaseException) -> str:
-    """The kipside error inside Spark's wrapping (the last one in the Python traceback)."""
+    """What failed, in one line, from inside Spark's wrapping: the exception that ended the
+    last Python traceback in the text (a kipside error by its message alone, any other as
+    `ModuleNotFoundError: No module named ...`), else the kipside error Spark quotes, else
+    Spark's own first line."""
     text = str(exc)
-    found = _CAUSE.findall(text)
-    if found:
-        return str(found[-1][1]).strip()
+    raised = _python_exceptions(text)
+    if raised:
+        last = raised[-1]
+        found = _CAUSE.match(last)
+        return str(found.group(2)).strip() if found else last[:500]
+    found_all = _CAUSE.findall(text)
+    if found_all:
+        return str(found_all[-1][1]).strip()
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-    return first[:500]
+    return _SPARK_PREFIX.sub("", first)[:500]
+
+
+def _python_exceptions(text: str) -> list[str]:
+    """The line naming the exception at the end of each Python traceback in `text`."""
+    out = []
+    in_traceback = False
+    for line in text.splitlines():
+        if line.startswith("Traceback (most recent call last):") or line.endswith(
+            "Traceback (most recent call last):"
+        ):
+            in_traceback = True
+        elif in_traceback and line and not line[0].isspace():
+            if _EXCEPTION_LINE.match(line):
+                out.append(line.strip())
+            in_traceback = False
+    return out
 
 
 def start_stream(writer: Any, *, once: bool, trigger_seconds: float) -> Any:

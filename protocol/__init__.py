@@ -136,14 +136,31 @@ from kipside.protocol.sasl import (
 
 if TYPE_CHECKING:
     from kipside.protocol.record_columns import (
+        DEFAULT_MAX_DECOMPRESSED_BYTES,
         Binary,
         Columns,
+        DecompressionLimitError,
+        ScannedBatch,
+        columns_of,
         decode_batch_records,
         decode_columns,
+        scan_batch,
     )
 
 # The compiled kernel's names, loaded on first use (they need the pipeline extra).
-_RECORD_COLUMNS = frozenset({"Binary", "Columns", "decode_batch_records", "decode_columns"})
+_RECORD_COLUMNS = frozenset(
+    {
+        "DEFAULT_MAX_DECOMPRESSED_BYTES",
+        "Binary",
+        "Columns",
+        "DecompressionLimitError",
+        "ScannedBatch",
+        "columns_of",
+        "decode_batch_records",
+        "decode_columns",
+        "scan_batch",
+    }
+)
 
 
 def __getattr__(name: str) -> Any:
@@ -155,6 +172,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "DEFAULT_MAX_DECOMPRESSED_BYTES",
     "DEFAULT_MAX_FRAME_BYTES",
     "FETCH_MAX_VERSION",
     "FETCH_MIN_VERSION",
@@ -181,6 +199,7 @@ __all__ = [
     "CredentialLookup",
     "DecodeError",
     "DecodeLimits",
+    "DecompressionLimitError",
     "ErrorCode",
     "FetchPartition",
     "FrameDecoder",
@@ -208,6 +227,7 @@ __all__ = [
     "SaslError",
     "SaslProtocolError",
     "SaslServer",
+    "ScannedBatch",
     "ScramCredential",
     "UnsupportedVersionError",
     "Verdict",
@@ -217,6 +237,7 @@ __all__ = [
     "blank",
     "build_frame",
     "build_request",
+    "columns_of",
     "count_batches",
     "count_produce_request",
     "decode_batch_records",
@@ -258,6 +279,7 @@ __all__ = [
     "response_frame",
     "response_header_version",
     "restamp",
+    "scan_batch",
     "scram_credential",
     "sniff_foreign_protocol",
     "sniff_kafka_request",

@@ -10,6 +10,7 @@ from __future__ import annotations
 from kipside.protocol import error_name
 
 __all__ = [
+    "BatchTooLarge",
     "BrokerError",
     "ClusterUnreachable",
     "CorruptBatchError",
@@ -55,3 +56,7 @@ class DataLossError(KafkaError):
 
 class CorruptBatchError(KafkaError):
     """A record batch read from the broker fails its CRC or can't be parsed."""
+
+
+class BatchTooLarge(KafkaError):
+    """A record batch decompresses to more than receive.message.max.bytes."""

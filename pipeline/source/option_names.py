@@ -42,6 +42,7 @@ KAFKA_INT: Final = {
     "kafka.fetch.max.bytes",
     "kafka.fetch.max.wait.ms",
     "kafka.transaction.marker.timeout.ms",
+    "kafka.receive.message.max.bytes",
 }
 # Accepted and ignored, as Spark's source ignores them for reading (documented).
 KAFKA_IGNORED: Final = {"kafka.group.id", "kafka.session.timeout.ms", "kafka.client.rack"}

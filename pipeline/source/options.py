@@ -324,6 +324,11 @@ def _fetch_config(raw: _Raw) -> FetchConfig:
         marker_timeout_ms=raw.number(
             "kafka.transaction.marker.timeout.ms", minimum=1, default=defaults.marker_timeout_ms
         ),
+        receive_message_max_bytes=raw.number(
+            "kafka.receive.message.max.bytes",
+            minimum=1000,
+            default=defaults.receive_message_max_bytes,
+        ),
     )
 
 
