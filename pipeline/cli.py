@@ -67,6 +67,16 @@ def _topics(text: str) -> str:
     return text
 
 
+def _properties(text: str) -> Any:
+    """A Kafka client property file, read and checked now (a mistake is a usage error)."""
+    from kipside.pipeline.kafka.properties import PropertiesError, load_properties
+
+    try:
+        return load_properties(text)
+    except PropertiesError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _count(text: str) -> int:
     """A positive whole number."""
     try:
@@ -116,21 +126,41 @@ def _add_timeout_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_clusters(parser: argparse.ArgumentParser, *, required: bool) -> None:
-    # Required by `translate` (a leaf, so argparse checks it); the mirror checks its own in
-    # _mirror, because argparse would demand them of `mirror translate` too.
+def _add_config(parser: argparse.ArgumentParser, flag: str, which: str) -> None:
+    parser.add_argument(
+        flag,
+        type=_properties,
+        metavar="FILE",
+        help=f"Kafka client properties of the {which} cluster (security.protocol, sasl.*, "
+        "ssl.*, bootstrap.servers, client.id), as the Kafka tools take them",
+    )
+
+
+def _add_clusters(parser: argparse.ArgumentParser) -> None:
+    # Checked in the handlers (_bootstraps): a bootstrap may come from the property file, and
+    # argparse would demand them of `mirror translate` too.
     parser.add_argument(
         "--source",
         metavar="HOST:PORT[,...]",
-        required=required,
-        help="source cluster bootstrap (required)",
+        help="source cluster bootstrap (required, unless --source-config gives bootstrap.servers)",
     )
     parser.add_argument(
         "--dest",
         metavar="HOST:PORT[,...]",
-        required=required,
-        help="destination cluster bootstrap (required)",
+        help="destination cluster bootstrap (required, unless --dest-config gives "
+        "bootstrap.servers)",
     )
+    _add_config(parser, "--source-config", "source")
+    _add_config(parser, "--dest-config", "destination")
+
+
+def _bootstraps(args: argparse.Namespace, *pairs: tuple[str, str]) -> None:
+    """A bootstrap flag left out takes the bootstrap.servers of its property file (a flag
+    given wins, as with the Kafka tools' --bootstrap-server)."""
+    for flag, config in pairs:
+        properties = getattr(args, config, None)
+        if not getattr(args, flag) and properties is not None:
+            setattr(args, flag, properties.bootstrap)
 
 
 def _add_sync_topic(parser: argparse.ArgumentParser, help: str) -> None:
@@ -156,7 +186,7 @@ def register_mirror(sub: Any) -> None:
         epilog=_MIRROR_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _add_clusters(parser, required=False)
+    _add_clusters(parser)
     parser.add_argument(
         "--topics",
         type=_topics,
@@ -207,7 +237,7 @@ def _register_translate(sub: Any, *, prog: str) -> None:
         "commit them there.",
         epilog=_TRANSLATE_EPILOG,
     )
-    _add_clusters(parser, required=True)
+    _add_clusters(parser)
     parser.add_argument("--group", required=True, help="the consumer group")
     _add_sync_topic(parser, "the topic on the destination the mirror wrote its offset syncs to")
     parser.add_argument(
@@ -219,7 +249,7 @@ def _register_translate(sub: Any, *, prog: str) -> None:
         "--json", dest="as_json", action="store_true", help="print the offsets as JSON"
     )
     _add_timeout_option(parser)
-    parser.set_defaults(handler=_translate)
+    parser.set_defaults(handler=partial(_translate, parser))
 
 
 def _pipeline_missing() -> str | None:
@@ -259,7 +289,9 @@ def _job(cls: type[_Job], args: argparse.Namespace) -> _Job:
     return cls(**{f.name: given[f.name] for f in dataclasses.fields(cls) if f.name in given})
 
 
-def _translate(args: argparse.Namespace) -> int:
+def _translate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    _bootstraps(args, ("source", "source_config"), ("dest", "dest_config"))
+    _require(parser, args, "source", "dest")
     if not _ready("mirror translate"):
         return 2
     from kipside.pipeline.mirror.translate import TranslateJob, run_translate
@@ -268,6 +300,7 @@ def _translate(args: argparse.Namespace) -> int:
 
 
 def _mirror(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    _bootstraps(args, ("source", "source_config"), ("dest", "dest_config"))
     _require(parser, args, "source", "dest", "topics", "checkpoint")
     if not _ready("mirror"):
         return 2
@@ -298,9 +331,9 @@ def register_lake(sub: Any) -> None:
     parser.add_argument(
         "--bootstrap",
         metavar="HOST:PORT[,...]",
-        required=True,
-        help="Kafka bootstrap brokers (required)",
+        help="Kafka bootstrap brokers (required, unless --source-config gives bootstrap.servers)",
     )
+    _add_config(parser, "--source-config", "Kafka")
     parser.add_argument(
         "--topics",
         type=_topics,
@@ -355,10 +388,12 @@ def register_lake(sub: Any) -> None:
         help="without --once: how often a micro-batch starts (default 60; fewer, bigger files)",
     )
     _add_run_options(parser, required=True)
-    parser.set_defaults(handler=_lake)
+    parser.set_defaults(handler=partial(_lake, parser))
 
 
-def _lake(args: argparse.Namespace) -> int:
+def _lake(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    _bootstraps(args, ("bootstrap", "source_config"))
+    _require(parser, args, "bootstrap")
     if not _ready("lake"):
         return 2
     from kipside.pipeline.lake.job import LakeJob, run_lake

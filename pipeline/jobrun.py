@@ -19,12 +19,12 @@ import re
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any, Final, TextIO
 
-from kipside.pipeline.kafka.client import ClientConfig, KafkaClient
+from kipside.pipeline.kafka.client import KafkaClient
 from kipside.pipeline.kafka.errors import KafkaError, TopicNotFound
 from kipside.pipeline.kafka.retry import RetryPolicy
 from kipside.pipeline.notices import NoticeReader
@@ -83,7 +83,9 @@ def preflight(
     """
     try:
         options = parse_source_options(source_options, streaming=True)
-        config = ClientConfig(client_id=client_id, retry=RetryPolicy(timeout_ms=timeout_ms))
+        config = replace(
+            options.client, client_id=client_id, retry=RetryPolicy(timeout_ms=timeout_ms)
+        )
         with KafkaClient(options.bootstrap, role=options.role, config=config) as source:
             return Planner(source, options).partitions()
     except (TopicNotFound, OptionError) as exc:

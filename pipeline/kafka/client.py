@@ -32,7 +32,9 @@ from kipside.protocol import (
 
 from .connection import BrokerConnection, ConnectionFailed
 from .errors import BrokerError, RetriableError
+from .login import log_in
 from .retry import RetryPolicy, call_with_retries
+from .security import PLAINTEXT, Security, tls_context
 
 __all__ = [
     "ClientConfig",
@@ -60,6 +62,10 @@ class ClientConfig:
     request_timeout_ms: int = 30_000
     """request.timeout.ms"""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    security: Security = PLAINTEXT
+    """security.protocol, sasl.*, ssl.* (pipeline.kafka.security)"""
+    settings_hint: str = "sasl.jaas.config"
+    """Where the user sets the credentials, named in a failed login's message."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,12 +153,14 @@ class KafkaClient:
     def _open(
         self, address: Address, name: str
     ) -> tuple[BrokerConnection, dict[int, VersionRange]]:
+        security = self.config.security
         conn = BrokerConnection(
             address,
             client_id=self.config.client_id,
             connect_timeout=self.config.connect_timeout_ms / 1000,
             request_timeout=self.config.request_timeout_ms / 1000,
             name=name,
+            tls=tls_context(security.tls) if security.tls is not None else None,
         )
         try:
             message = build_request(ApiKey.API_VERSIONS, _API_VERSIONS_VERSION, {})
@@ -173,6 +181,12 @@ class KafkaClient:
             int(k.api_key): VersionRange(int(k.min_version), int(k.max_version))
             for k in response.api_keys
         }
+        if security.sasl is not None:
+            try:
+                log_in(conn, versions, security.sasl, self.config.settings_hint)
+            except BaseException:
+                conn.close()
+                raise
         return conn, versions
 
     def _bootstrap_connection(self) -> int:

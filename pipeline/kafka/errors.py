@@ -17,6 +17,7 @@ __all__ = [
     "DataLossError",
     "KafkaError",
     "RetriableError",
+    "SecurityError",
     "TopicNotFound",
 ]
 
@@ -60,3 +61,8 @@ class CorruptBatchError(KafkaError):
 
 class BatchTooLarge(KafkaError):
     """A record batch decompresses to more than receive.message.max.bytes."""
+
+
+class SecurityError(KafkaError):
+    """TLS or SASL refused the client: a certificate not trusted, a wrong password, a mechanism
+    the broker does not offer. Retrying won't help; the settings must change."""

@@ -23,9 +23,9 @@ from typing import Any, Final, TextIO
 
 from kipside.pipeline import jobrun
 from kipside.pipeline.jobrun import JobFiles
-from kipside.pipeline.kafka.client import ClientConfig, KafkaClient
+from kipside.pipeline.kafka.client import KafkaClient
 from kipside.pipeline.kafka.errors import KafkaError
-from kipside.pipeline.kafka.retry import RetryPolicy
+from kipside.pipeline.kafka.properties import ClientProperties, client_config
 from kipside.pipeline.progress import Totals, describe_lag
 from kipside.pipeline.spark import start_session
 from kipside.protocol import Address
@@ -60,6 +60,8 @@ class MirrorJob:
     sync_topic: str = DEFAULT_TOPIC
     timeout_ms: int = 60_000
     conf: Mapping[str, str] = field(default_factory=dict)
+    source_config: ClientProperties | None = None
+    dest_config: ClientProperties | None = None
 
     def source_options(self) -> dict[str, str]:
         return {
@@ -77,6 +79,7 @@ class MirrorJob:
             "kipside.stopMarker": self.files.stop_marker,
             "kipside.noticeFile": self.files.notices,
             "kipside.role": "source cluster",
+            **_from_file(self.source_config, "kafka."),
         }
 
     @property
@@ -90,7 +93,19 @@ class MirrorJob:
             "rename": self.rename,
             "offsetSyncTopic": self.sync_topic,
             "checkpointLocation": self.checkpoint,
+            **_from_file(self.dest_config, "kafka."),
+            **_from_file(self.source_config, "source.kafka."),
         }
+
+
+def _from_file(config: ClientProperties | None, prefix: str) -> dict[str, str]:
+    """A property file's configs as options named `prefix` + key, and where a failed login's
+    message should send the user."""
+    if config is None:
+        return {}
+    options = config.prefixed(prefix, without=frozenset({"bootstrap.servers"}))
+    options[f"{prefix.removesuffix('kafka.')}kipside.settingsHint"] = config.hint
+    return options
 
 
 def preflight(job: MirrorJob) -> list[tuple[str, int]]:
@@ -99,7 +114,7 @@ def preflight(job: MirrorJob) -> list[tuple[str, int]]:
     partitions = jobrun.preflight(
         job.source_options(), timeout_ms=job.timeout_ms, flag="--topics", client_id="kipside-mirror"
     )
-    config = ClientConfig(client_id="kipside-mirror", retry=RetryPolicy(timeout_ms=job.timeout_ms))
+    config = client_config(job.dest_config, "kipside-mirror", job.timeout_ms)
     dest_bootstrap = Address.parse_list(job.dest, what="--dest")
     with KafkaClient(dest_bootstrap, role="destination cluster", config=config) as dest:
         dest.retrying("reading the destination's metadata", dest.metadata)

@@ -38,6 +38,8 @@ class SinkOptions:
     sync_topic: str | None = DEFAULT_TOPIC
     buffer_bytes: int = 64 * 1024 * 1024
     client: ClientConfig = field(default_factory=ClientConfig)
+    """The destination's client settings."""
+    source_client: ClientConfig = field(default_factory=ClientConfig)
     produce: ProduceConfig = field(default_factory=ProduceConfig)
 
 
@@ -65,7 +67,7 @@ class MirrorStats:
 class MirrorSession:
     def __init__(self, options: SinkOptions) -> None:
         self.options = options
-        self.source = shared_client(options.source, "source cluster", options.client)
+        self.source = shared_client(options.source, "source cluster", options.source_client)
         self.dest = shared_client(options.dest, "destination cluster", options.client)
         self.producer: IdempotentProducer[_Source | None] = IdempotentProducer(
             self.dest, options.produce

@@ -3,9 +3,11 @@
 Options (strings, as Spark passes them): kafka.bootstrap.servers (the destination),
 source.kafka.bootstrap.servers (the source, for topic configs and its cluster id), rename
 (a prefix for destination topic names), offsetSyncTopic ("" turns syncs off), bufferBytes,
-and the producer's kafka.request.timeout.ms, kafka.delivery.timeout.ms, kafka.max.request.size,
-kafka.client.id. Each write task copies its rows through the worker's MirrorSession and returns
-what it wrote, which the driver's commit logs. At-least-once: a retried task copies its batches
+the producer's kafka.request.timeout.ms, kafka.delivery.timeout.ms, kafka.max.request.size,
+kafka.client.id, and each cluster's TLS and SASL settings: kafka.security.protocol,
+kafka.sasl.*, kafka.ssl.* for the destination, the same under source.kafka. for the source.
+Each write task copies its rows through the worker's MirrorSession and returns what it wrote,
+which the driver's commit logs. At-least-once: a retried task copies its batches
 again (docs/mirror.md says exactly when).
 """
 
@@ -26,6 +28,12 @@ from pyspark.sql.types import StructType
 
 from kipside.pipeline.kafka.client import ClientConfig
 from kipside.pipeline.kafka.producer import ProduceConfig
+from kipside.pipeline.kafka.security import (
+    SECURITY_CONFIGS,
+    Security,
+    SecurityConfigError,
+    parse_security,
+)
 from kipside.pipeline.source.batch_rows import BATCH_STRUCT
 from kipside.pipeline.source.options import OptionError
 from kipside.protocol import Address
@@ -70,6 +78,18 @@ def _int(options: Mapping[str, str], key: str, default: int) -> int:
     return value
 
 
+def _security(options: Mapping[str, str], prefix: str) -> Security:
+    given = {
+        key.removeprefix(prefix): value
+        for key, value in options.items()
+        if key.startswith(prefix) and key.removeprefix(prefix) in SECURITY_CONFIGS
+    }
+    try:
+        return parse_security(given, lambda key: f"option {prefix}{key}")
+    except SecurityConfigError as exc:
+        raise OptionError(str(exc)) from None
+
+
 def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
     options = {k.lower(): str(v) for k, v in raw.items()}
     sync_topic = options.get("offsetsynctopic", DEFAULT_TOPIC)
@@ -87,7 +107,18 @@ def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
         rename=options.get("rename", ""),
         sync_topic=sync_topic or None,
         buffer_bytes=_int(options, "bufferbytes", 64 * 1024 * 1024),
-        client=ClientConfig(client_id=options.get("kafka.client.id", "kipside-mirror")),
+        client=ClientConfig(
+            client_id=options.get("kafka.client.id", "kipside-mirror"),
+            security=_security(options, "kafka."),
+            settings_hint=options.get("kipside.settingshint", "option kafka.sasl.jaas.config"),
+        ),
+        source_client=ClientConfig(
+            client_id=options.get("source.kafka.client.id", "kipside-mirror"),
+            security=_security(options, "source.kafka."),
+            settings_hint=options.get(
+                "source.kipside.settingshint", "option source.kafka.sasl.jaas.config"
+            ),
+        ),
         produce=produce,
     )
 

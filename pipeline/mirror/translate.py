@@ -15,11 +15,11 @@ from dataclasses import asdict, dataclass
 from typing import TextIO
 
 from kipside.pipeline.kafka.admin import commit_group_offsets, group_offsets, partition_counts
-from kipside.pipeline.kafka.client import ClientConfig, KafkaClient
+from kipside.pipeline.kafka.client import KafkaClient
 from kipside.pipeline.kafka.errors import KafkaError
 from kipside.pipeline.kafka.fetcher import FetchConfig, RangeReader
 from kipside.pipeline.kafka.offsets import EARLIEST, list_offsets, watermarks
-from kipside.pipeline.kafka.retry import RetryPolicy
+from kipside.pipeline.kafka.properties import ClientProperties, client_config
 from kipside.protocol import Address, decode_batch_records
 
 from .offset_sync import OffsetSync, SyncIndex, Translation, decode_sync, translate_all
@@ -36,6 +36,8 @@ class TranslateJob:
     commit: bool = False
     as_json: bool = False
     timeout_ms: int = 30_000
+    source_config: ClientProperties | None = None
+    dest_config: ClientProperties | None = None
 
 
 def read_syncs(dest: KafkaClient, topic: str) -> tuple[list[OffsetSync], int]:
@@ -63,16 +65,15 @@ def read_syncs(dest: KafkaClient, topic: str) -> tuple[list[OffsetSync], int]:
 
 
 def _clients(job: TranslateJob) -> tuple[KafkaClient, KafkaClient]:
-    config = ClientConfig(client_id="kipside-mirror", retry=RetryPolicy(timeout_ms=job.timeout_ms))
     source = KafkaClient(
         Address.parse_list(job.source, what="--source"),
         role="source cluster",
-        config=config,
+        config=client_config(job.source_config, "kipside-mirror", job.timeout_ms),
     )
     dest = KafkaClient(
         Address.parse_list(job.dest, what="--dest"),
         role="destination cluster",
-        config=config,
+        config=client_config(job.dest_config, "kipside-mirror", job.timeout_ms),
     )
     return source, dest
 

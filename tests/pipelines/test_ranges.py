@@ -137,12 +137,19 @@ def test_rate_limit_invariants(backlog: tuple[Offsets, Offsets], limit: int) -> 
 
 
 def test_densities_average_the_samples_of_a_partition() -> None:
-    samples = {("t", 0): [100.0, None, 300.0], ("t", 1): [50.0]}
+    samples: dict[tuple[str, int], list[float | None]] = {
+        ("t", 0): [100.0, None, 300.0],
+        ("t", 1): [50.0],
+    }
     assert densities(samples, [("t", 0), ("t", 1)]) == {("t", 0): 200.0, ("t", 1): 50.0}
 
 
 def test_a_partition_without_samples_is_planned_like_the_others_not_at_one_byte() -> None:
-    samples = {("t", 0): [100.0], ("t", 1): [300.0], ("t", 2): [None]}
+    samples: dict[tuple[str, int], list[float | None]] = {
+        ("t", 0): [100.0],
+        ("t", 1): [300.0],
+        ("t", 2): [None],
+    }
     assert densities(samples, [("t", 0), ("t", 1), ("t", 2), ("t", 3)]) == {
         ("t", 0): 100.0,
         ("t", 1): 300.0,
