@@ -1,5 +1,6 @@
-"""Topic and consumer-group operations the pipelines need: describe and create topics, read and
-commit a group's offsets. Each is one or two Kafka requests under the client's retry policy."""
+"""Topic and consumer-group operations the pipelines need: describe and create topics, add
+partitions, read and commit a group's offsets. Each is one or two Kafka requests under the
+client's retry policy."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from .errors import BrokerError, RetriableError, TopicNotFound
 __all__ = [
     "NewTopic",
     "commit_group_offsets",
+    "create_partitions",
     "create_topics",
     "describe_topic_configs",
     "group_offsets",
@@ -31,6 +33,7 @@ __all__ = [
 TopicPartition = tuple[str, int]
 DESCRIBE_CONFIGS: Final = VersionRange(1, 4)
 CREATE_TOPICS: Final = VersionRange(2, 7)
+CREATE_PARTITIONS: Final = VersionRange(0, 3)
 FIND_COORDINATOR: Final = VersionRange(1, 3)
 OFFSET_FETCH: Final = VersionRange(1, 9)
 _OFFSET_FETCH_BATCHED: Final = 8
@@ -39,6 +42,7 @@ _TOPIC_RESOURCE: Final = 2
 _TOPIC_CONFIG_SOURCE: Final = 1  # DYNAMIC_TOPIC_CONFIG: set on the topic itself
 _GROUP_KEY: Final = 0
 _ALREADY_EXISTS: Final = int(ErrorCode.topic_already_exists)
+_INVALID_PARTITIONS: Final = int(ErrorCode.invalid_partitions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +132,43 @@ def create_topics(
             )
 
     client.retrying("creating topics", attempt)
+
+
+def create_partitions(
+    client: KafkaClient, counts: Mapping[str, int], *, timeout_ms: int = 30_000
+) -> None:
+    """Raise each topic's partition count to `counts[topic]` (CreatePartitions, KIP-195); a
+    topic that has them already (another writer added them first) is fine."""
+    topics = [{"name": t, "count": n, "assignments": None} for t, n in counts.items()]
+    fields = {"topics": topics, "timeout": timeout_ms, "validate_only": False}
+    body = body_of(ApiKey.CREATE_PARTITIONS, fields)
+
+    def attempt() -> None:
+        controller = client.metadata().controller
+        node = controller if controller >= 0 else None
+        response = client.request(node, ApiKey.CREATE_PARTITIONS, CREATE_PARTITIONS, body)
+        for result in response.decode().results:
+            code = int(result.error_code)
+            if code == 0:
+                continue
+            if code == _INVALID_PARTITIONS:
+                known = partition_counts(client, [str(result.name)]).get(str(result.name), 0)
+                if known >= counts[str(result.name)]:
+                    continue  # added meanwhile
+            detail = f" ({result.error_message})" if result.error_message else ""
+            text = (
+                f"CreatePartitions for {result.name}: {client.where} answered "
+                f"{error_name(code)}{detail}"
+            )
+            if ErrorCode(code).retriable:
+                raise RetriableError(text, code=code)
+            raise BrokerError(
+                f"{text}. Add the partitions on the destination yourself (kafka-topics --alter "
+                f"--topic {result.name} --partitions {counts[str(result.name)]})",
+                code=code,
+            )
+
+    client.retrying("adding partitions", attempt)
 
 
 def _coordinator(client: KafkaClient, group: str) -> int:
