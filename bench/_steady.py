@@ -9,10 +9,8 @@ run started, the brokers' apart.
 
 from __future__ import annotations
 
-import os
 import statistics
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -44,17 +42,15 @@ class TreeRun:
         return TreeRun(*map(statistics.median, zip(*(r.fields() for r in runs), strict=True)))
 
 
-def timed(
-    brokers: Sequence[Managed], what: str, args: Sequence[str], spark: bool = False
-) -> TreeRun:
+def timed(brokers: Sequence[Managed], what: str, args: Sequence[str]) -> TreeRun:
     """Run a command to success on a quiet machine, sampling the CPU of its whole process tree
     every 0.2 s (a daemonised Spark worker is never reaped, so only sampling sees it; each pid
-    counts once), with the CPU the brokers spent meanwhile."""
+    counts once), with the CPU the brokers spent meanwhile. A kipside pipeline picks Spark's
+    Python itself."""
     wait_until_quiet()
     broker0 = sum(b.cpu_seconds() for b in brokers)
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable) if spark else None
     reaped0, t0 = own_cpu_seconds() - own_cpu_seconds(children=False), time.perf_counter()
-    proc = subprocess.Popen(list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     sampler, out = TreeSampler(proc.pid), list[bytes]()
     reader = threading.Thread(target=lambda: out.extend(proc.communicate(timeout=3600)))
     reader.start()

@@ -56,7 +56,7 @@ def main() -> int:
                 once += ["--topics", pattern, "--once", "--rename", f"{name}{rep}."]
                 once += ["--checkpoint", str(work / f"ck-{name}-{rep}")]
                 brokers = [src, Managed("s", shallow.proc)]
-                runs[name].append(timed(brokers, "kipside mirror", INSTALLED.command(*once), True))
+                runs[name].append(timed(brokers, "kipside mirror", INSTALLED.command(*once)))
     gb = {k: v["bytes"] / 1e9 for k, v in loaded.items()}
     records = " + ".join(f"{v['records']:,}" for v in loaded.values())
     data = f"Data: {gb['a']:.2f} GB + {gb['b']:.2f} GB of JSON-like values ({records} records of "

@@ -77,6 +77,16 @@ def _properties(text: str) -> Any:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
+
+
 def _count(text: str) -> int:
     """A positive whole number."""
     try:
@@ -209,8 +219,30 @@ def register_mirror(sub: Any) -> None:
         help="about how many source bytes one micro-batch copies (default 256M)",
     )
     parser.add_argument("--once", action="store_true", help="copy what is there now, then stop")
+    parser.add_argument(
+        "--exactly-once",
+        action="store_true",
+        help="copy each partition's batches of a micro-batch in a Kafka transaction with their "
+        "offset syncs and progress: read_committed consumers see every record once, across "
+        "crashes",
+    )
     _add_sync_topic(
         parser, "compacted topic on the destination recording where batches landed ('' for none)"
+    )
+    parser.add_argument(
+        "--sync-groups",
+        type=_topics,
+        metavar="REGEX",
+        help="while copying, commit the translated offsets of the source consumer groups whose "
+        "whole name matches to the same groups on the destination (never backwards, never a "
+        "group with active members there)",
+    )
+    parser.add_argument(
+        "--sync-groups-interval",
+        type=_positive_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="how often --sync-groups syncs at most",
     )
     _add_run_options(parser, required=False)
     parser.set_defaults(handler=partial(_mirror, parser))
@@ -302,6 +334,11 @@ def _translate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
 def _mirror(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     _bootstraps(args, ("source", "source_config"), ("dest", "dest_config"))
     _require(parser, args, "source", "dest", "topics", "checkpoint")
+    if args.sync_groups and not args.sync_topic:
+        parser.error(
+            "--sync-groups translates through the offset syncs: --offset-sync-topic '' "
+            "turns them off"
+        )
     if not _ready("mirror"):
         return 2
     from kipside.pipeline.mirror.job import MirrorJob, run_mirror

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
-from typing import Any, Final, TextIO
+from typing import Any, Final, Protocol, TextIO
 
 from kipside.pipeline.kafka.client import KafkaClient
 from kipside.pipeline.kafka.errors import KafkaError, TopicNotFound
@@ -33,6 +33,7 @@ from kipside.pipeline.source.options import OptionError, parse_source_options
 from kipside.pipeline.source.planner import Planner
 
 __all__ = [
+    "Companion",
     "JobFiles",
     "announce",
     "preflight",
@@ -154,12 +155,26 @@ def start_stream(writer: Any, *, once: bool, trigger_seconds: float) -> Any:
     return writer.trigger(processingTime=f"{trigger_seconds} seconds").start()
 
 
+class Companion(Protocol):
+    """Work a job runs beside its query on the driver (the mirror's group sync)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
 def run_query(
-    start: Callable[[], Any], files: JobFiles, line: LiveLine, command: str
+    start: Callable[[], Any],
+    files: JobFiles,
+    line: LiveLine,
+    command: str,
+    companion: Companion | None = None,
 ) -> tuple[str, str | None, Any]:
     """Start a query and wait for it: ("done" | "stopped", root cause or None, query)."""
     Path(files.stop_marker).unlink(missing_ok=True)  # left by a stop that was itself killed
     notices = NoticeReader(files.notices)
+    if companion is not None:
+        companion.start()
 
     def show_notices() -> None:
         for text in notices.new():
@@ -173,6 +188,8 @@ def run_query(
         outcome, error = "stopped", root_cause(exc)
     else:
         outcome, error = _wait(query, files.stop_marker, show_notices)
+    if companion is not None:
+        companion.stop()
     show_notices()
     notices.close()
     return outcome, error, query
@@ -186,6 +203,7 @@ def run_with_progress(
     command: str,
     query_name: str,
     render: Callable[[Totals], str],
+    companion: Companion | None = None,
 ) -> int:
     """Run the query named `query_name` (its observed metrics carry the same name) under a live
     line of `render(totals)` on `err`; print the final figures and the error if any, stop Spark,
@@ -193,7 +211,7 @@ def run_with_progress(
     line = LiveLine(err)
     listener = ProgressListener(query_name, query_name, render, line)
     spark.streams.addListener(listener)
-    outcome, error, query = run_query(start, files, line, command)
+    outcome, error, query = run_query(start, files, line, command, companion)
     if query is not None:
         listener.catch_up(query.recentProgress)
     line.finish(f"{command}: {outcome}: {render(listener.totals).split(': ', 1)[1]}")

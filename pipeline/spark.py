@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-__all__ = ["start_session"]
+__all__ = ["spark_python", "start_session"]
 
 
 @contextmanager
@@ -49,22 +49,31 @@ def _log4j_config() -> str:
     return str(resources.files("kipside.pipeline") / "resources" / "log4j2.properties")
 
 
+def spark_python() -> str:
+    """The Python for Spark's workers: kipside-spark-python beside this interpreter when it is
+    installed (see pipeline.spark_python), else this interpreter."""
+    launcher = Path(sys.executable).with_name("kipside-spark-python")
+    return str(launcher) if os.access(launcher, os.X_OK) else sys.executable
+
+
 def start_session(
     app_name: str,
     master: str,
     conf: Mapping[str, str] | None = None,
     *,
     log_path: str | None = None,
+    java_options: str = "",
 ) -> SparkSession:
     """A session on `master` with kipside's source registered and Spark kept quiet.
 
     With `log_path`, the JVM (and the Python workers it starts) write their stderr there: the
-    JVM prints a few lines at start that no log setting silences.
+    JVM prints a few lines at start that no log setting silences. `java_options` go to the
+    driver's and executors' JVMs, after kipside's own.
     """
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_PYTHON", spark_python())
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     warnings.filterwarnings("ignore", module="pyspark")
-    java_options = f"-Dlog4j2.configurationFile=file:{_log4j_config()}"
+    java_options = f"-Dlog4j2.configurationFile=file:{_log4j_config()} {java_options}".strip()
     builder = (
         SparkSession.builder.appName(app_name)
         .master(master)

@@ -50,6 +50,7 @@ BodyBuilder = Callable[[int], Sequence[Buffer] | Buffer]
 
 _API_VERSIONS_VERSION: Final = 2
 _METADATA: Final = VersionRange(4, 12)
+_FIND_COORDINATOR: Final = VersionRange(1, 3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +65,7 @@ class ClientConfig:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     security: Security = PLAINTEXT
     """security.protocol, sasl.*, ssl.* (pipeline.kafka.security)"""
-    settings_hint: str = "sasl.jaas.config"
+    settings_hint: str = "option kafka.sasl.jaas.config"
     """Where the user sets the credentials, named in a failed login's message."""
 
 
@@ -117,6 +118,7 @@ class KafkaClient:
         self._versions: dict[int, dict[int, VersionRange]] = {}
         self._brokers: dict[int, Address] = {}
         self._metadata: ClusterMetadata | None = None
+        self._coordinators: dict[tuple[str, int], int] = {}
         self._bootstrap_turn = 0
 
     def __enter__(self) -> KafkaClient:
@@ -147,6 +149,7 @@ class KafkaClient:
 
     def invalidate_metadata(self) -> None:
         self._metadata = None
+        self._coordinators.clear()
 
     # Connections and versions ----------------------------------------------------------------
 
@@ -263,6 +266,21 @@ class KafkaClient:
         """A new connection to `node` that only its caller uses, for requests kept in flight
         (the shared ones answer one request at a time, and must not interleave with these)."""
         return DedicatedConnection(*self._open_node(node))
+
+    def coordinator(self, key: str, key_type: int) -> int:
+        """The node coordinating a group (key_type 0) or a transactional id (1), from
+        FindCoordinator; remembered until the metadata is refreshed (a retriable error)."""
+        known = self._coordinators.get((key, key_type))
+        if known is not None:
+            return known
+        body = body_of(ApiKey.FIND_COORDINATOR, {"key": key, "key_type": key_type})
+        response = self.request(None, ApiKey.FIND_COORDINATOR, _FIND_COORDINATOR, body).decode()
+        what = "group" if key_type == 0 else "transactional id"
+        check_error(int(response.error_code), f"FindCoordinator for {what} {key!r}", self.where)
+        node = int(response.node_id)
+        self.remember_broker(node, str(response.host), int(response.port))
+        self._coordinators[(key, key_type)] = node
+        return node
 
     def remember_broker(self, node: int, host: str, port: int) -> None:
         """A broker address learned outside Metadata (FindCoordinator)."""

@@ -15,6 +15,7 @@ __all__ = [
     "ClusterUnreachable",
     "CorruptBatchError",
     "DataLossError",
+    "FencedError",
     "KafkaError",
     "RetriableError",
     "SecurityError",
@@ -66,3 +67,8 @@ class BatchTooLarge(KafkaError):
 class SecurityError(KafkaError):
     """TLS or SASL refused the client: a certificate not trusted, a wrong password, a mechanism
     the broker does not offer. Retrying won't help; the settings must change."""
+
+
+class FencedError(BrokerError):
+    """A transactional writer was fenced: a newer one with the same transactional id took over
+    (its transaction was aborted). The newer writer carries on; this one must stop."""

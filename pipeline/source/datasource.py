@@ -53,7 +53,7 @@ from .ranges import (
     plan_ranges,
     rate_limit,
 )
-from .record_rows import record_rows, record_struct
+from .record_schema import record_struct
 
 __all__ = ["KipsideDataSource", "RangePartition"]
 
@@ -114,6 +114,10 @@ def read_range(options: SourceOptions, offset_range: OffsetRange) -> Iterator[pa
         if options.rows == "batches":
             yield from batch_rows(r, batches)
         else:
+            # Decoding records needs the compiled kernels (numba): loaded by the tasks that
+            # decode, never by the planning processes that unpickle this module.
+            from .record_rows import record_rows
+
             yield from record_rows(
                 r,
                 batches,

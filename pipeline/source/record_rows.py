@@ -16,22 +16,10 @@ are built (the decompressed batches, then the columns).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from functools import cache
 from typing import Final
 
 import numpy as np
 import pyarrow as pa
-from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
-)
 
 from kipside.pipeline.kafka.errors import BatchTooLarge
 from kipside.protocol import (
@@ -46,36 +34,13 @@ from kipside.protocol import (
 )
 
 from .ranges import OffsetRange
+from .record_schema import record_arrow_schema
 
-__all__ = ["CHUNK_BYTES", "record_arrow_schema", "record_rows", "record_struct"]
+__all__ = ["CHUNK_BYTES", "record_rows"]
 
 _CHUNK_RECORDS: Final = 65_536
 CHUNK_BYTES: Final = 16 * 1024 * 1024
 """Decompressed records an Arrow chunk is cut at (a single bigger batch is a chunk alone)."""
-
-
-def record_struct(*, include_headers: bool) -> StructType:
-    """The columns of Spark's Kafka source (KafkaRecordToRowConverter), in its order."""
-    fields = [
-        StructField("key", BinaryType()),
-        StructField("value", BinaryType()),
-        StructField("topic", StringType()),
-        StructField("partition", IntegerType()),
-        StructField("offset", LongType()),
-        StructField("timestamp", TimestampType()),
-        StructField("timestampType", IntegerType()),
-    ]
-    if include_headers:
-        header = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
-        fields.append(StructField("headers", ArrayType(header)))
-    return StructType(fields)
-
-
-@cache
-def record_arrow_schema(*, include_headers: bool) -> pa.Schema:
-    """record_struct's columns in Arrow's types, by Spark's own conversion (the one it checks
-    the data source's batches with); timestamps are UTC instants."""
-    return to_arrow_schema(record_struct(include_headers=include_headers), timezone="UTC")
 
 
 # The headers column's type: a list of (key, value) structs.

@@ -167,7 +167,7 @@ def test_a_schema_error_names_its_line(source_broker: Broker, tmp_path: Path) ->
         '{\n  "type": "object",\n  "properties": {\n    "id": {"type": "decimal"}\n  }\n}\n'
     )
     run = run_cli(*_lake_args(source_broker.bootstrap, topic, tmp_path, schema))
-    assert run.code == 1
+    assert run.code == 2  # what the command's files said, as for a usage error
     line = run.stderr.strip().splitlines()[-1]
     assert line.startswith(
         f"kipside lake: error: {schema}:4: property 'id': type 'decimal' is not supported"
