@@ -10,6 +10,9 @@ this launcher takes it off PYTHONPATH (pyspark and py4j then come from site-pack
 cached bytecode) and becomes the real interpreter (exec) with the same arguments. Any other
 PYTHONPATH entry, and a Spark installed apart from pip, are left as they are.
 
+The daemons Spark starts for its planning steps (`-m pyspark.daemon WORKER_MODULE`) are run as
+kipside.pipeline.spark_daemon instead, which forks them with what they need already imported.
+
 It must stay cheap: it runs before every Spark Python process, so it imports nothing beyond
 the standard library's os and sys.
 """
@@ -44,4 +47,8 @@ def without_pip_zips(pythonpath: str, site_paths: list[str]) -> str:
 def main() -> None:
     env = dict(os.environ)
     env["PYTHONPATH"] = without_pip_zips(env.get("PYTHONPATH", ""), sys.path)
-    os.execve(sys.executable, [sys.executable, *sys.argv[1:]], env)
+    args = sys.argv[1:]
+    if args[:2] == ["-m", "pyspark.daemon"]:
+        # A planning step's daemon: kipside's daemon preloads what the step's forks load.
+        args[1] = "kipside.pipeline.spark_daemon"
+    os.execve(sys.executable, [sys.executable, *args], env)
