@@ -74,10 +74,11 @@ def start_session(
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     warnings.filterwarnings("ignore", module="pyspark")
     java_options = f"-Dlog4j2.configurationFile=file:{_log4j_config()} {java_options}".strip()
+    builder = SparkSession.builder.appName(app_name)
+    if os.environ.get("KIPSIDE_UNDER_SPARK_SUBMIT") != "1":
+        builder = builder.master(master)  # under spark-submit, its --master stands
     builder = (
-        SparkSession.builder.appName(app_name)
-        .master(master)
-        .config("spark.ui.showConsoleProgress", "false")
+        builder.config("spark.ui.showConsoleProgress", "false")
         .config("spark.ui.enabled", "false")
         .config("spark.driver.extraJavaOptions", java_options)
         .config("spark.executor.extraJavaOptions", java_options)

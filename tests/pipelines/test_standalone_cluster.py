@@ -7,7 +7,8 @@ jobs started with `--master spark://...`.
   joining after each: Spark runs the lost tasks again elsewhere, their transactions fence the
   killed ones, and the destination's log, audited with its markers, holds every source record
   once.
-- `kipside lake --once` writes every record to Parquet from the same cluster.
+- `kipside lake --once`, started by spark-submit (kipside.pipeline.submit), writes every record
+  to Parquet from the same cluster.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import random
 import re
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,9 +27,11 @@ import pytest
 from conftest import fresh_topic
 from testkit.broker import Broker
 
-from .conftest import run_cli, start_cli
+import kipside.pipeline.submit as kipside_submit
+
+from .conftest import start_cli
 from .kafka_data import produce_plain
-from .spark_cluster import Cluster, standalone_cluster
+from .spark_cluster import Cluster, spark_home, standalone_cluster
 from .test_mirror_exactly_once import _audit, _committed_batches, _wait, _Writer
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
@@ -91,21 +95,28 @@ def test_the_mirror_loses_and_duplicates_nothing_while_workers_are_killed(
     cluster.wait_for_workers(2)
 
 
-def test_the_lake_runs_on_the_cluster(
+def test_the_lake_runs_on_the_cluster_under_spark_submit(
     cluster: Cluster, source_broker: Broker, tmp_path: Path
 ) -> None:
+    """The recipe of docs/deploy.md: spark-submit runs kipside's submit module."""
     topic = fresh_topic(source_broker.bootstrap, "cluster-lake", 2)
     produce_plain(source_broker.bootstrap, topic, 2, 2000, codec="zstd")
     schema = tmp_path / "rows.ddl"
     schema.write_text("n BIGINT, tag STRING")
-    run = run_cli(
-        "lake",
-        *("--bootstrap", source_broker.bootstrap, "--topics", re.escape(topic)),
-        *("--schema", str(schema), "--out", str(tmp_path / "out")),
-        *("--checkpoint", str(tmp_path / "ck"), "--once", "--master", cluster.url, *SPARK),
+    submit = [str(spark_home() / "bin" / "spark-submit"), "--master", cluster.url, *SPARK]
+    lake = ["lake", "--bootstrap", source_broker.bootstrap, "--topics", re.escape(topic)]
+    lake += ["--schema", str(schema), "--out", str(tmp_path / "out")]
+    lake += ["--checkpoint", str(tmp_path / "ck"), "--once"]
+    done = subprocess.run(
+        [*submit, str(kipside_submit.__file__), *lake],
+        capture_output=True,
+        text=True,
         timeout=240,
+        env=cluster.env(),
     )
-    assert run.code == 0, run.explain()
+    # spark-submit runs the driver's Python with its stderr joined to its own stdout.
+    assert done.returncode == 0, done.stdout[-4000:]
+    assert "kipside lake: done: " in done.stdout, done.stdout[-3000:]
     table = ds.dataset(str(tmp_path / "out"), format="parquet", partitioning="hive").to_table()
     quarantine = tmp_path / "out" / "_quarantine"
     bad = ds.dataset(str(quarantine), format="parquet").count_rows() if quarantine.exists() else 0
