@@ -30,7 +30,7 @@ examples:
   kipside mirror translate --source src:9092 --dest dst:9092 --group billing --commit
 
 The mirror copies record batches as they are (never decompressed), read_committed by default,
-at least once across restarts. See docs/mirror.md.
+at least once across restarts (exactly once with --exactly-once). See docs/mirror.md.
 """
 
 
