@@ -267,10 +267,11 @@ def _register_translate(sub: Any, *, prog: str) -> None:
         description="Translate a consumer group's committed offsets on the source into "
         "offsets on the destination, from the offset syncs the mirror wrote; optionally "
         "commit them there.",
+        usage=f"{prog} --source HOST:PORT[,...] --dest HOST:PORT[,...] --group GROUP [options]",
         epilog=_TRANSLATE_EPILOG,
     )
     _add_clusters(parser)
-    parser.add_argument("--group", required=True, help="the consumer group")
+    parser.add_argument("--group", help="the consumer group (required)")
     _add_sync_topic(parser, "the topic on the destination the mirror wrote its offset syncs to")
     parser.add_argument(
         "--commit",
@@ -323,7 +324,7 @@ def _job(cls: type[_Job], args: argparse.Namespace) -> _Job:
 
 def _translate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     _bootstraps(args, ("source", "source_config"), ("dest", "dest_config"))
-    _require(parser, args, "source", "dest")
+    _require(parser, args, "source", "dest", "group")
     if not _ready("mirror translate"):
         return 2
     from kipside.pipeline.mirror.translate import TranslateJob, run_translate
@@ -356,12 +357,18 @@ quarantine with the reason. Exactly once across restarts. See docs/lake.md.
 """
 
 
+_LAKE_USAGE = """\
+kipside lake --bootstrap HOST:PORT[,...] --topics REGEX --schema FILE --out DIR
+                    --checkpoint DIR [options]"""
+
+
 def register_lake(sub: Any) -> None:
     parser = sub.add_parser(
         "lake",
         help="write topics to Parquet through a JSON schema (a Spark job)",
         description="Ingest Kafka topics into Parquet tables: JSON values decoded into typed "
         "columns, partitioned by topic and date, exactly once (KIP-1008's ingestion consumer).",
+        usage=_LAKE_USAGE,
         epilog=_LAKE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -375,19 +382,16 @@ def register_lake(sub: Any) -> None:
         "--topics",
         type=_topics,
         metavar="REGEX",
-        required=True,
         help="topics to ingest, a regular expression over whole names (required)",
     )
     parser.add_argument(
         "--schema",
         metavar="FILE",
-        required=True,
         help="the values' schema: Spark DDL (.ddl) or JSON Schema (.json) (required)",
     )
     parser.add_argument(
         "--out",
         metavar="DIR",
-        required=True,
         help="the table's directory (local, HDFS, ...) (required)",
     )
     parser.add_argument(
@@ -424,13 +428,13 @@ def register_lake(sub: Any) -> None:
         metavar="SECONDS",
         help="without --once: how often a micro-batch starts (default 60; fewer, bigger files)",
     )
-    _add_run_options(parser, required=True)
+    _add_run_options(parser, required=False)
     parser.set_defaults(handler=partial(_lake, parser))
 
 
 def _lake(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     _bootstraps(args, ("bootstrap", "source_config"))
-    _require(parser, args, "bootstrap")
+    _require(parser, args, "bootstrap", "topics", "schema", "out", "checkpoint")
     if not _ready("lake"):
         return 2
     from kipside.pipeline.lake.job import LakeJob, run_lake

@@ -22,7 +22,7 @@ from testkit.broker import Broker
 from testkit.ports import free_port
 
 from .conftest import CliResult, require_java, run_cli, start_cli
-from .kafka_data import JSON_SCHEMA, JsonDataset, consume_all, produce_json_dataset, produce_plain
+from .kafka_data import JSON_SCHEMA, JsonDataset, consume_all, produce_json_dataset
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -180,24 +180,3 @@ def test_an_unreachable_broker_is_named(tmp_path: Path) -> None:
     assert run.code == 1
     line = run.stderr.strip().splitlines()[-1]
     assert f"Kafka cluster at 127.0.0.1:{port}" in line and "gave up after" in line, line
-
-
-@pytest.mark.slow
-def test_lake_on_a_local_cluster_of_two_executors(source_broker: Broker, tmp_path: Path) -> None:
-    topic = fresh_topic(source_broker.bootstrap, "lake-cluster", 4)
-    sent = produce_plain(source_broker.bootstrap, topic, 4, 400)
-    schema = tmp_path / "plain.json"
-    schema.write_text(
-        json.dumps(
-            {"type": "object", "properties": {"n": {"type": "integer"}, "tag": {"type": "string"}}}
-        )
-    )
-    args = _lake_args(source_broker.bootstrap, topic, tmp_path, schema)
-    spark = ["--master", "local-cluster[2,1,1024]", "--conf", "spark.executor.memory=512m"]
-    run = run_cli(*args, "--once", *spark, timeout=300)
-    assert run.code == 0, run.explain()
-    rows = _table(tmp_path / "out")
-    expected = sorted(json.loads(r.value)["n"] for r in sent if r.value is not None)
-    assert sorted(r["n"] for r in rows) == expected
-    nulls = sum(1 for r in sent if r.value is None)
-    assert len(_table(tmp_path / "out" / "_quarantine")) == nulls
