@@ -10,23 +10,18 @@ applied as read_committed is specified (tests/integration/txn_log.py).
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import signal
-import subprocess
-import threading
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import confluent_kafka as ck
 import pytest
 from conftest import create_topics, fresh_topic
-from integration.txn_log import read_log, resolve
+from integration.txn_log import read_log
 from testkit.broker import Broker
-from testkit.produce import send_all
 
 from kipside.pipeline.kafka.admin import committed_offsets
 from kipside.pipeline.kafka.client import KafkaClient
@@ -34,6 +29,7 @@ from kipside.pipeline.mirror.exactly_once import Resume, query_prefix
 from kipside.pipeline.mirror.job import query_id
 from kipside.protocol import Address
 
+from . import eos_kit as kit
 from .conftest import mirror_once, run_in_process, start_cli
 from .kafka_data import produce_plain
 
@@ -52,17 +48,6 @@ def test_the_query_id_is_sparks_and_survives_restarts(tmp_path: Path) -> None:
     assert json.loads((checkpoint / "metadata").read_text()) == {"id": first}
     assert query_id(str(checkpoint)) == first
     assert query_prefix(first) != query_prefix(query_id(str(tmp_path / "other")))
-
-
-def _audit(dest: str, topic: str, partitions: int) -> dict[int, Counter[bytes]]:
-    """Each destination partition's records as read_committed must see them (the log resolved
-    by hand); nothing may be left in an open transaction."""
-    out = {}
-    for p in range(partitions):
-        resolved = resolve(read_log(dest, topic, p))
-        assert not resolved.still_open, f"{topic}-{p}: records in a transaction never ended"
-        out[p] = Counter(resolved.committed)
-    return out
 
 
 @pytest.mark.spark
@@ -86,7 +71,7 @@ def test_each_partition_is_copied_in_transactions_with_its_progress(
     )
     query = run_in_process(spark, job)
     assert len([p for p in query.recentProgress if p.numInputRows]) >= 2
-    audit = _audit(dest_broker.bootstrap, "eo." + topic, 3)
+    audit = kit.audit(dest_broker.bootstrap, "eo." + topic, 3)
     for p in range(3):
         want = [r.value or b"" for r in sent if r.partition == p]  # the audit reads null as b""
         assert audit[p] == Counter(want), f"partition {p}: not exactly the source's records"
@@ -99,123 +84,7 @@ def test_each_partition_is_copied_in_transactions_with_its_progress(
     assert progress == {("eo." + topic, p): 200 for p in range(3)}
 
 
-class _Writer:
-    """Uncompressed records with unique values written to a topic in a thread, about `rate` a
-    second, round robin over its partitions, until stopped; every acknowledged value is kept."""
-
-    def __init__(self, bootstrap: str, topic: str, partitions: int, rate: int = 2000) -> None:
-        self.topic, self.partitions, self.rate = topic, partitions, rate
-        self.producer = ck.Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
-        self.sent: dict[int, list[bytes]] = {p: [] for p in range(partitions)}
-        self.errors: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        n = 0
-        while not self._stop.is_set():
-            batch = []
-            for _ in range(self.rate // 10):
-                value = f"eos-{n:08d}".encode()
-                batch.append({"value": value, "partition": n % self.partitions})
-                self.sent[n % self.partitions].append(value)
-                n += 1
-            send_all(self.producer, self.topic, batch, self.errors)
-            self._stop.wait(0.1)
-
-    def stop(self) -> dict[int, list[bytes]]:
-        self._stop.set()
-        self._thread.join(30)
-        assert self.producer.flush(30) == 0 and not self.errors, self.errors[:3]
-        return self.sent
-
-
-def _committed_batches(checkpoint: Path) -> int:
-    folder = checkpoint / "commits"
-    return len([f for f in folder.iterdir() if f.name.isdigit()]) if folder.exists() else 0
-
-
-def _wait(proc: subprocess.Popen[str], done: Any, what: str, seconds: float = 240) -> None:
-    deadline = time.monotonic() + seconds
-    while not done():
-        if proc.poll() is not None:
-            raise AssertionError(f"the mirror exited {proc.returncode}: {proc.communicate()[1]}")
-        assert time.monotonic() < deadline, f"not {what} within {seconds} s"
-        time.sleep(0.1)
-
-
-class _Group:
-    """A consumer of a consumer group, in a thread until stopped. With `partitions` it reads
-    them from the start (assigned, no rebalance to wait for) and commits what it read after
-    every poll, synchronously (`committed`: its last commit); without, it joins the group
-    (subscribe) and commits nothing: a member that is just there."""
-
-    def __init__(
-        self,
-        bootstrap: str,
-        topic: str,
-        group: str,
-        partitions: int | None = None,
-        *,
-        pause: float = 0.0,
-    ) -> None:
-        self.consumer = ck.Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": group,
-                "enable.auto.commit": False,
-                "auto.offset.reset": "earliest",
-            }
-        )
-        self.commits = partitions is not None
-        if partitions is None:
-            self.consumer.subscribe([topic])
-        else:
-            self.consumer.assign(
-                [ck.TopicPartition(topic, p, ck.OFFSET_BEGINNING) for p in range(partitions)]
-            )
-        self.pause = pause
-        self.committed: dict[int, int] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            messages = self.consumer.consume(200, 0.2)
-            if messages and self.commits:
-                for tp in self.consumer.commit(asynchronous=False) or []:
-                    if tp.offset >= 0:
-                        self.committed[int(tp.partition)] = int(tp.offset)
-            self._stop.wait(self.pause)
-
-    def stop(self) -> dict[int, int]:
-        self._stop.set()
-        self._thread.join(30)
-        self.consumer.close()
-        return self.committed
-
-
-def _committed_in_log(dest: str, topic: str, partition: int) -> list[tuple[int, bytes]]:
-    """(offset, value) of the records read_committed sees, in log order."""
-    records = read_log(dest, topic, partition)
-    pending: dict[int, list[tuple[int, bytes]]] = {}
-    out: list[tuple[int, bytes]] = []
-    for r in sorted(records, key=lambda r: r.offset):
-        if r.control is not None:
-            if r.control == 1:
-                out.extend(pending.pop(r.producer_id, []))
-            else:
-                pending.pop(r.producer_id, None)
-        elif r.transactional:
-            pending.setdefault(r.producer_id, []).append((r.offset, r.value or b""))
-        else:
-            out.append((r.offset, r.value or b""))
-    return sorted(out)
-
-
-KILLS = int(os.environ.get("KIPSIDE_TEST_KILLS", "5"))
+KILLS = 5
 
 
 @pytest.mark.spark
@@ -232,18 +101,18 @@ def test_sigkill_at_random_moments_loses_nothing_duplicates_nothing_and_syncs_gr
     args += ["--exactly-once", "--max-bytes-per-trigger", "64K"]
     args += ["--sync-groups", "billing|live", "--sync-groups-interval", "1"]
     rng = random.Random()
-    writer = _Writer(source_broker.bootstrap, topic, 3)
-    billing = _Group(source_broker.bootstrap, topic, "billing", 3, pause=0.5)
+    writer = kit.Writer(source_broker.bootstrap, topic, 3)
+    billing = kit.Group(source_broker.bootstrap, topic, "billing", 3, pause=0.5)
     # "live" commits on the source; on the destination it has a member throughout, which
     # commits nothing: whatever "live" has committed there at the end, --sync-groups wrote.
     create_topics(dest_broker.bootstrap, ["ek." + topic], 3)
-    live_source = _Group(source_broker.bootstrap, topic, "live", 3)
-    live_dest = _Group(dest_broker.bootstrap, "ek." + topic, "live")
+    live_source = kit.Group(source_broker.bootstrap, topic, "live", 3)
+    live_dest = kit.Group(dest_broker.bootstrap, "ek." + topic, "live")
     try:
         for kill in range(KILLS):
             mirror = start_cli("mirror", *args)
-            before = _committed_batches(checkpoint)
-            _wait(mirror, lambda: _committed_batches(checkpoint) > before, "copying")  # noqa: B023
+            before = kit.committed_batches(checkpoint)
+            kit.wait(mirror, lambda: kit.committed_batches(checkpoint) > before, "copying")  # noqa: B023
             moment = rng.uniform(0, 3)
             time.sleep(moment)
             mirror.send_signal(signal.SIGKILL)
@@ -256,15 +125,8 @@ def test_sigkill_at_random_moments_loses_nothing_duplicates_nothing_and_syncs_gr
     ends = {p: len(values) for p, values in sent.items()}
     last = start_cli("mirror", *args)
 
-    def drained() -> bool:
-        commits = sorted(
-            int(f.name) for f in (checkpoint / "commits").iterdir() if f.name.isdigit()
-        )
-        offsets = (checkpoint / "offsets" / str(commits[-1])).read_text().splitlines()[-1]
-        return {int(p): o for p, o in json.loads(offsets)[topic].items()} == ends
-
     try:
-        _wait(last, drained, "drained")
+        kit.wait(last, lambda: kit.drained(checkpoint, topic, ends), "drained")
         time.sleep(3)  # a few --sync-groups rounds after the last copy
         last.send_signal(signal.SIGTERM)
         _out, err = last.communicate(timeout=120)
@@ -274,7 +136,7 @@ def test_sigkill_at_random_moments_loses_nothing_duplicates_nothing_and_syncs_gr
     assert "--sync-groups:" in err, err[-2000:]
 
     # Exactly once: every source record in a committed transaction once, none lost.
-    audit = _audit(dest_broker.bootstrap, "ek." + topic, 3)
+    audit = kit.audit(dest_broker.bootstrap, "ek." + topic, 3)
     for p in range(3):
         copies = audit[p]
         lost = [v for v in sent[p] if v not in copies]
@@ -293,7 +155,7 @@ def test_sigkill_at_random_moments_loses_nothing_duplicates_nothing_and_syncs_gr
         dest_offset = billing_dest[("ek." + topic, p)]
         following = [
             v
-            for o, v in _committed_in_log(dest_broker.bootstrap, "ek." + topic, p)
+            for o, v in kit.committed_in_log(dest_broker.bootstrap, "ek." + topic, p)
             if o >= dest_offset
         ]
         assert following == sent[p][source_offset:], f"partition {p}: billing resumes elsewhere"

@@ -13,7 +13,6 @@ jobs started with `--master spark://...`.
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import signal
@@ -29,10 +28,10 @@ from testkit.broker import Broker
 
 import kipside.pipeline.submit as kipside_submit
 
+from . import eos_kit as kit
 from .conftest import start_cli
 from .kafka_data import produce_plain
 from .spark_cluster import Cluster, spark_home, standalone_cluster
-from .test_mirror_exactly_once import _audit, _committed_batches, _wait, _Writer
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 
@@ -56,12 +55,12 @@ def test_the_mirror_loses_and_duplicates_nothing_while_workers_are_killed(
     args += ["--topics", re.escape(topic), "--rename", "sc.", "--checkpoint", str(checkpoint)]
     args += ["--exactly-once", "--max-bytes-per-trigger", "64K", "--master", cluster.url, *SPARK]
     rng = random.Random()
-    writer = _Writer(source_broker.bootstrap, topic, 4)
+    writer = kit.Writer(source_broker.bootstrap, topic, 4)
     mirror = start_cli("mirror", *args)
     try:
         for kill in range(KILLS):
-            before = _committed_batches(checkpoint)
-            _wait(mirror, lambda: _committed_batches(checkpoint) > before, "copying")  # noqa: B023
+            before = kit.committed_batches(checkpoint)
+            kit.wait(mirror, lambda: kit.committed_batches(checkpoint) > before, "copying")  # noqa: B023
             time.sleep(rng.uniform(0, 3))
             live = [i for i, w in enumerate(cluster.workers) if w.poll() is None]
             victim = rng.choice(live)
@@ -73,18 +72,11 @@ def test_the_mirror_loses_and_duplicates_nothing_while_workers_are_killed(
         sent = writer.stop()
     ends = {p: len(values) for p, values in sent.items()}
 
-    def drained() -> bool:
-        commits = sorted(
-            int(f.name) for f in (checkpoint / "commits").iterdir() if f.name.isdigit()
-        )
-        offsets = (checkpoint / "offsets" / str(commits[-1])).read_text().splitlines()[-1]
-        return {int(p): o for p, o in json.loads(offsets)[topic].items()} == ends
-
-    _wait(mirror, drained, "drained")
+    kit.wait(mirror, lambda: kit.drained(checkpoint, topic, ends), "drained")
     mirror.send_signal(signal.SIGTERM)
     _out, err = mirror.communicate(timeout=120)
     assert mirror.returncode == 0, err[-3000:]
-    audit = _audit(dest_broker.bootstrap, "sc." + topic, 4)
+    audit = kit.audit(dest_broker.bootstrap, "sc." + topic, 4)
     for p in range(4):
         copies = audit[p]
         lost = [v for v in sent[p] if v not in copies]
