@@ -122,6 +122,9 @@ class ExactlyOnceSession(MirrorSession):
 
     def _start(self, topic: str, partition: int) -> _PartitionCopy:
         dest_topic = self.options.rename + topic
+        # The partition exists before its progress is asked for (a broker may refuse to
+        # answer for one it does not know).
+        self.topics.ensure(topic, dest_topic, partition)
         transaction: Transaction[SourceRange | None] = Transaction(
             self.dest,
             transactional_id(self.options.transactional_prefix, topic, partition),
