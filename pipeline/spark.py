@@ -21,6 +21,8 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from kipside.pipeline.kafka.security import SECRET_CONFIGS
+
 __all__ = ["spark_python", "start_session"]
 
 
@@ -43,6 +45,13 @@ def _stderr_to(path: str | None) -> Iterator[None]:
         os.dup2(saved, 2)
         os.close(saved)
         os.close(log)
+
+
+# Spark's default, plus the Kafka settings that hold a secret whatever their value looks like
+# (a PEM key inline): Spark hides an option's value when its name or value matches.
+REDACTION_REGEX = "(?i)secret|password|token|access[.]?key|" + "|".join(
+    sorted(name.replace(".", "[.]") for name in SECRET_CONFIGS)
+)
 
 
 def _log4j_config() -> str:
@@ -84,6 +93,7 @@ def start_session(
         .config("spark.executor.extraJavaOptions", java_options)
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
         .config("spark.python.daemon.module", "kipside.pipeline.spark_daemon")
+        .config("spark.redaction.regex", REDACTION_REGEX)
     )
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)

@@ -152,3 +152,19 @@ def test_the_source_takes_sparks_kafka_option_names() -> None:
             },
             streaming=False,
         )
+
+
+def test_sparks_redaction_hides_every_secret_setting() -> None:
+    """Spark hides an option's value in its UI and event log when the option's name or value
+    matches spark.redaction.regex; kipside's sessions name every secret Kafka setting there,
+    so a private key given inline is hidden too, not only values that say "password"."""
+    import re
+
+    from kipside.pipeline.kafka.security import SECRET_CONFIGS
+    from kipside.pipeline.spark import REDACTION_REGEX
+
+    redacts = re.compile(REDACTION_REGEX.removeprefix("(?i)"), re.IGNORECASE)
+    for name in SECRET_CONFIGS:
+        for option in (f"kafka.{name}", f"source.kafka.{name}"):
+            assert redacts.search(option), option
+    assert not redacts.search("kafka.ssl.truststore.location")
