@@ -1,13 +1,18 @@
-# The two commands a newcomer needs: `make run` and `make test`. Both set everything up
-# themselves on a fresh machine (venv, packages, system tools).
+# The two commands a newcomer needs: `make run` and `make test`. Both set up what they need
+# themselves on a fresh machine: `make run` kipside alone (no extras) and kcat for the README's
+# demo; `make test` every extra and every system tool the tests use.
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# Two install stamps in the one venv: kipside alone (`make run`), and kipside with every extra
+# (everything else). The full install includes the base one and stamps both, so `make run`
+# after `make test` installs nothing, and `make test` after `make run` adds the extras.
+BASE_STAMP := $(VENV)/.installed-base
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: FORCE run test check lint typecheck unit integration bench clean system-deps
+.PHONY: FORCE run test check lint typecheck unit integration bench clean system-deps kcat
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,8 +29,12 @@ $(LAYOUT): FORCE | $(BIN)/python
 	@cmp -s $@.new $@ && rm $@.new || mv $@.new $@
 
 $(STAMP): pyproject.toml $(LAYOUT) | $(BIN)/python
-	$(BIN)/python -m pip install -qq -e '.[test,bench,pipeline,pcap]' --config-settings editable_mode=strict
-	touch $(STAMP)
+	$(BIN)/python -m pip install -qq -e '.[test,bench,pipeline,columnar,pcap]' --config-settings editable_mode=strict
+	touch $(BASE_STAMP) $(STAMP)
+
+$(BASE_STAMP): pyproject.toml $(LAYOUT) | $(BIN)/python
+	$(BIN)/python -m pip install -qq -e . --config-settings editable_mode=strict
+	touch $(BASE_STAMP)
 
 FORCE:
 
@@ -60,7 +69,17 @@ system-deps:
 	    DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; } || \
 	  echo "chromium could not be installed; the status page test will be skipped"; }
 
-run: $(STAMP)
+# kcat from Debian for the README's demo, if missing; kipside runs without it, so a failed
+# install only says so.
+kcat:
+	@command -v kcat >/dev/null 2>&1 || { \
+	  echo "installing kcat from Debian (the client of the README's demo)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  { $$SUDO apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq kcat >/dev/null; } || \
+	  echo "kcat could not be installed; kipside runs without it (apt-get install kcat)"; }
+
+run: $(BASE_STAMP) kcat
 	$(BIN)/kipside dev
 
 # lint-imports checks the layer contracts in pyproject.toml ([tool.importlinter]).

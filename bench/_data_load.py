@@ -8,6 +8,10 @@
               with the topic's codec
   lake-load   {bootstrap, topic, partitions, records, first_id}: JSON order records of about
               200 B, zstd (bench/lake.py)
+  rows-load   {bootstrap, topic, shape, records, rows}: `orders` (lake-load's) or `readings`
+              (sensor readings: numbers, optional fields, microsecond timestamps, a header)
+              into one partition, zstd, `rows` records per batch (0: lake-load's batching)
+              (bench/columnar.py)
   baseline    {bootstrap, topics, records, out}: a hand-written ingestion consumer: consume,
               json.loads each value, pyarrow tables, zstd Parquet per topic and date
   logsize     {bootstrap, topics}: bytes of record batches in the topics' logs (kipside's reader)
@@ -142,26 +146,94 @@ def deep(a: dict[str, Any]) -> dict[str, Any]:
     return {"records": copied}
 
 
+def order_value(n: int, rng: random.Random) -> bytes:
+    """Order `n` of the lake benchmark: about 200 B of JSON."""
+    items = ",".join(
+        f'{{"sku":"SKU-{rng.randrange(100_000):05d}","qty":{rng.randrange(1, 9)}}}'
+        for _ in range(rng.randrange(1, 4))
+    )
+    note = " ".join(rng.choice(LAKE_WORDS) for _ in range(rng.randrange(1, 5)))
+    at = f"2026-11-{1 + n % 28:02d}T{n % 24:02d}:{n % 60:02d}:{n % 59:02d}.{n % 1000:03d}Z"
+    return (
+        f'{{"id":{n},"user":"user-{rng.randrange(1_000_000)}","amount":'
+        f'{rng.randrange(100, 999_999) / 100},"paid":{"true" if n % 3 else "false"},'
+        f'"at":"{at}","status":"{("placed", "paid", "shipped", "delivered")[n % 4]}",'
+        f'"items":[{items}],"note":"{note}"}}'
+    ).encode()
+
+
 def lake_load(a: dict[str, Any]) -> dict[str, Any]:
     partitions, first = int(a["partitions"]), int(a["first_id"])
     produce = producing(a["bootstrap"], a["topic"], partitions, **{"compression.type": "zstd"})
     rng, written = random.Random(first), 0
     for n in range(first, first + int(a["records"])):
-        items = ",".join(
-            f'{{"sku":"SKU-{rng.randrange(100_000):05d}","qty":{rng.randrange(1, 9)}}}'
-            for _ in range(rng.randrange(1, 4))
-        )
-        note = " ".join(rng.choice(LAKE_WORDS) for _ in range(rng.randrange(1, 5)))
-        at = f"2026-11-{1 + n % 28:02d}T{n % 24:02d}:{n % 60:02d}:{n % 59:02d}.{n % 1000:03d}Z"
-        value = (
-            f'{{"id":{n},"user":"user-{rng.randrange(1_000_000)}","amount":'
-            f'{rng.randrange(100, 999_999) / 100},"paid":{"true" if n % 3 else "false"},'
-            f'"at":"{at}","status":"{("placed", "paid", "shipped", "delivered")[n % 4]}",'
-            f'"items":[{items}],"note":"{note}"}}'
-        ).encode()
+        value = order_value(n, rng)
         produce(value, b"order-%d" % n, n % partitions)
         written += len(value)
     flush_all(300)
+    return {"records": int(a["records"]), "bytes": written}
+
+
+def reading_value(n: int, rng: random.Random) -> bytes:
+    """Reading `n` of a fleet of 500 sensors: numbers, a microsecond timestamp, fields a
+    sensor leaves out when it has nothing to say; about 190 B of JSON."""
+    device = n % 500
+    micros = 1_795_000_000_000_000 + n * 1_003_117
+    at = datetime.fromtimestamp(micros / 1e6, UTC).isoformat(timespec="microseconds")
+    body: dict[str, Any] = {
+        "device": f"dev-{device:04d}",
+        "seq": n // 500,
+        "at": at.replace("+00:00", "Z"),
+        "temperature": round(18 + device % 7 + rng.gauss(0, 0.8), 2),
+        "humidity": round(rng.uniform(0.3, 0.7), 4),
+        "pressure": round(1013 + rng.gauss(0, 4), 1),
+        "battery": max(0, 100 - n // 20_000 - device % 13),
+        "firmware": f"4.{device % 3}.{device % 5}",
+        "location": {"lat": round(52 + device / 1000, 5), "lon": round(4.3 + device / 700, 5)},
+    }
+    if rng.random() < 0.1:
+        body["alarms"] = [rng.choice(["overheat", "low-battery", "door-open"])]
+    if rng.random() < 0.3:
+        body["vibration"] = round(abs(rng.gauss(0, 0.05)), 4)
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def readings_schema() -> dict[str, Any]:
+    """`readings` as the JSON schema a columnar rule names."""
+    number, integer, string = {"type": "number"}, {"type": "integer"}, {"type": "string"}
+    props: dict[str, Any] = {"device": string, "seq": integer}
+    props["at"] = {"type": "string", "format": "date-time"}
+    props |= {"temperature": number, "humidity": number, "pressure": number}
+    props |= {"battery": integer, "firmware": string, "vibration": number}
+    props["location"] = {"type": "object", "properties": {"lat": number, "lon": number}}
+    props["alarms"] = {"type": "array", "items": string}
+    return {"type": "object", "properties": props, "required": ["device", "at"]}
+
+
+def rows_load(a: dict[str, Any]) -> dict[str, Any]:
+    rows = int(a["rows"])
+    # One partition and a linger long enough that every batch fills up to `rows` records
+    # (librdkafka's batch.num.messages); 0 keeps lake-load's settings and 4 partitions.
+    if rows:
+        size = {"batch.num.messages": rows, "linger.ms": 1000}
+        size |= {"batch.size": 64 << 20, "message.max.bytes": 64 << 20}
+    else:
+        size = {}
+    partitions = 1 if rows else 4
+    produce = producing(
+        a["bootstrap"], a["topic"], partitions, **{"compression.type": "zstd", **size}
+    )
+    value_of = order_value if a["shape"] == "orders" else reading_value
+    rng, written = random.Random(int(a.get("seed", 7))), 0
+    for n in range(int(a["records"])):
+        value = value_of(n, rng)
+        if a["shape"] == "orders":
+            produce(value, b"order-%d" % n, n % partitions)
+        else:
+            more = {"headers": [("source", b"gateway-%d" % (n % 3))]}
+            produce(value, None, n % partitions, **more)
+        written += len(value)
+    flush_all(600)
     return {"records": int(a["records"]), "bytes": written}
 
 
@@ -214,6 +286,7 @@ def logsize(a: dict[str, Any]) -> dict[str, Any]:
 
 
 COMMANDS = {"mirror-load": mirror_load, "deep": deep, "lake-load": lake_load, "baseline": baseline}
+COMMANDS["rows-load"] = rows_load
 
 if __name__ == "__main__":
     print(json.dumps({**COMMANDS, "logsize": logsize}[sys.argv[1]](json.loads(sys.argv[2]))))

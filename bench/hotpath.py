@@ -1,13 +1,16 @@
 """Hot path: kipside's cost per request against a bare relay, haproxy and tansu proxy.
 
     .venv/bin/python bench/hotpath.py [--seconds 6] [--repeats 3] [--paths direct,relay,...]
-        [--workloads A,B] [--baseline-ref 823d7af] [--profile] [--profile-path kipside] [--quick]
+        [--workloads A,B] [--baseline-refs c0e66f7,main] [--profile] [--profile-only]
+        [--profile-path kipside] [--quick]
 
 A: one closed-loop producer (one Produce request per record, one in flight) on every path.
-B: 32 closed-loop producers with mixed acks and codecs on direct, kipside and kipside-before,
-then every acknowledged record checked exactly once, in order. kipside runs from a snapshot of
-the working tree, kipside-before from --baseline-ref. --profile adds one run of A with py-spy
-on the proxy. docs/performance.md ("Hot path") says what each measures.
+B: 32 closed-loop producers with mixed acks and codecs on direct, kipside and each earlier
+kipside, then every acknowledged record checked exactly once, in order. kipside runs from a
+snapshot of the working tree, kipside@REF from each git ref of --baseline-refs (the path name
+"before" in --paths stands for all of them). --profile adds one run of A with py-spy on the
+proxy; --profile-only makes that run alone. docs/performance.md ("Hot path") says what each
+measures.
 """
 
 from __future__ import annotations
@@ -29,17 +32,18 @@ from _harness import INSTALLED, HarnessError, at_ref, open_stack, snapshot
 from _measure import Run, fleet, measure, worker
 from _report import Compare, Compared, Report, Table, Target, facts, listed, parse_args
 
-A_PATHS = ["direct", "relay", "haproxy", "tansu-proxy", "kipside", "kipside-before"]
-B_PATHS = ("direct", "kipside", "kipside-before")
+A_PATHS = ["direct", "relay", "haproxy", "tansu-proxy", "kipside", "before"]
+B_PATHS = ("direct", "kipside", "before")
 OPTIONS: dict[str, tuple[Any, Any, str]] = {
     "--seconds": (float, 6.0, "measured seconds per run"),
     "--warm-up": (float, 1.0, "closed-loop seconds before that"),
     "--repeats": (int, 3, "repetitions (median reported)"),
     "--paths": (listed(str, A_PATHS), A_PATHS, "a comma-separated subset"),
     "--workloads": (listed(str.upper, ["A", "B"]), ["A", "B"], "a comma-separated subset of A,B"),
-    "--baseline-ref": (str, "823d7af", "git ref for kipside-before"),
+    "--baseline-refs": (listed(str), ["c0e66f7"], "git refs of earlier kipside versions"),
     "--profile": (bool, False, "one extra run of A under py-spy"),
-    "--profile-path": (str, "kipside", "kipside or kipside-before"),
+    "--profile-only": (bool, False, "only that run: its section alone is written"),
+    "--profile-path": (str, "kipside", "kipside or kipside@REF"),
 }
 QUICK = {"repeats": 1, "seconds": 1.0, "warm_up": 0.2}
 A_COLUMNS = [
@@ -70,8 +74,6 @@ LIMITS = [
     ("A (stretch): kipside proxy CPU per request <= 1.3x relay", "A proxy_cpu_per_m", "relay", 1.3),
     ("A: kipside requests/s >= 0.9x the relay's", "A msgs_per_s", "relay", -0.9),
     ("B: kipside delivered msgs/s >= 1.0x direct", "B msgs_per_s", "direct", -1.0),
-    ("(no target) A: proxy CPU per request", "A proxy_cpu_per_m", "kipside-before", 9e9),
-    ("(no target) B: kipside CPU per M msgs", "B proxy_cpu_per_m", "kipside-before", 9e9),
 ]
 """(name, "workload metric", other path, limit): kipside / other at most the limit, or at least
 minus the limit when it is negative."""
@@ -208,25 +210,48 @@ def report(args: argparse.Namespace, runs: list[Run], med: dict[str, Any]) -> Re
         Target(fewer, k["ratio"] >= 8, f"{k['ratio']:.2f}x") if k else Target(fewer, None, "-"),
         Target(once, not bad if k else None, f"{bad:.0f} duplicated, missing or reordered"),
     ]
+    for ref in args.baseline_refs:
+        for what, key in (
+            ("A: proxy CPU per request", "A proxy_cpu_per_m"),
+            ("B: kipside CPU per M msgs", "B proxy_cpu_per_m"),
+        ):
+            workload_, metric = key.split()
+            name = f"(no target) {what} vs kipside@{ref}"
+            other = f"{workload_} kipside@{ref}"
+            compare = Compare(name, metric, other, 9e9, False, case=f"{workload_} kipside")
+            targets.append(compare.judge(runs, med))
     code = {p: c.label for p, c in args.codes.items()}
     return BENCH.report(args, runs, med, code=code, targets=targets)
 
 
+def expand(paths: list[str], refs: list[str]) -> list[str]:
+    """The paths, "before" standing for kipside@REF of every ref."""
+    return [q for p in paths for q in ([f"kipside@{r}" for r in refs] if p == "before" else [p])]
+
+
 def main() -> int:
     args = parse_args(__doc__, OPTIONS, QUICK)
-    if args.profile_path not in ("kipside", "kipside-before"):
-        sys.exit("--profile-path: kipside or kipside-before")
+    earlier = [f"kipside@{ref}" for ref in args.baseline_refs]
+    if args.profile_path not in ("kipside", *earlier):
+        sys.exit(f"--profile-path: one of {', '.join(['kipside', *earlier])}")
     with tempfile.TemporaryDirectory(prefix="kipbench-hotpath-") as tmp:
         args.tmp = tmp
         sources = {"kipside": partial(snapshot, Path(tmp) / "now")}
-        sources["kipside-before"] = partial(at_ref, args.baseline_ref, Path(tmp) / "ref")
-        wanted = {*args.paths, *([args.profile_path] if args.profile else [])}
+        for i, ref in enumerate(args.baseline_refs):
+            sources[f"kipside@{ref}"] = partial(at_ref, ref, Path(tmp) / f"ref{i}")
+        paths = expand(args.paths, args.baseline_refs)
+        b_paths = expand(list(B_PATHS), args.baseline_refs)
+        if args.profile_only:
+            args.codes = {args.profile_path: sources[args.profile_path]()}
+            profile(args, args.profile_path)
+            return 0
+        wanted = {*paths, *([args.profile_path] if args.profile else [])}
         args.codes = {path: code() for path, code in sources.items() if path in wanted}
         cases = {
             f"{w} {p}": partial(workload, w, p, args, None)
             for w in args.workloads
-            for p in args.paths
-            if w == "A" or p in B_PATHS
+            for p in paths
+            if w == "A" or p in b_paths
         }
         runs, med = BENCH.run(args, cases)
         report(args, runs, med).publish(args)

@@ -75,6 +75,10 @@ class ConversationCounts:
     """What matching found, added up over every connection of a capture."""
 
     unanswered: int = skipped("requests whose answer is not in the capture")
+    abandoned: int = skipped(
+        "requests whose client closed the connection before their answer (not a loss: a "
+        "Kafka broker drops the answers of a closed connection too)"
+    )
     unmatched_responses: int = skipped("responses to requests not in the capture")
     """Sent before the capture began, or their request was lost."""
     unread_requests: int = skipped("request bodies not read (bytes lost, or they did not decode)")
@@ -123,6 +127,7 @@ class Connection:
         "_request_frames",
         "_response_frames",
         "client",
+        "client_closed_first",
         "counts",
         "first_ts",
         "keep_frames",
@@ -173,6 +178,8 @@ class Connection:
         self.responses.sink = _FirstBytes(self, self.responses, _server_first)
         self.midstream = False
         """Whether the capture began after the connection's SYN."""
+        self.client_closed_first = False
+        """Whether the client sent FIN or RST before the server did."""
 
     def __repr__(self) -> str:
         return f"<Connection {self.client} -> {self.server} ({self.kind or 'unknown'})>"
@@ -191,7 +198,10 @@ class Connection:
         self.responses.close()
         self._request_frames.end()
         self._response_frames.end()
-        self.counts.unanswered += len(self.waiting)
+        if self.client_closed_first:
+            self.counts.abandoned += len(self.waiting)
+        else:
+            self.counts.unanswered += len(self.waiting)
         self.waiting.clear()
         self._listener.closed(self)
 

@@ -87,6 +87,8 @@ class ConnectionTable:
             other.acked(seg.ack)
         if flags & (FIN | RST):
             fins = self._fins.get(connection, 0) | (1 if from_client else 2)
+            if from_client and not fins & 2:
+                connection.client_closed_first = True
             if flags & RST or fins == 3:
                 self._finish(connection)
             else:

@@ -1,14 +1,18 @@
 """Spark's Python worker daemon, with the modules kipside's tasks need loaded before forking.
 
 Spark forks a Python worker from its daemon for every task, and each one would otherwise
-import PySpark's worker modules, pandas, pyarrow and kipside's own modules again: about a
-second of CPU per task, more than a micro-batch of the shallow mirror costs otherwise
-(docs/performance.md, "Shallow mirror", has the profile).
+import PySpark's worker modules, pyarrow, kipside's own modules and (where it is installed)
+pandas again: about a second of CPU per task, more than a micro-batch of the shallow mirror
+costs otherwise (docs/performance.md, "Shallow mirror", has the profile).
 `spark.python.daemon.module=pipeline.spark_daemon` (set by pipeline.spark) imports them once in
 the daemon, and every fork shares them. Spark's planning steps run daemons of their own
 (`pyspark.daemon` with the step's worker module); kipside-spark-python (pipeline.spark_python)
 runs this module in their place, which loads what that step needs (PLANNING), so a step run
 again and again (committing each micro-batch) forks with it already loaded.
+
+The daemon imports only what the pipeline extra installs: pandas is not in it, and kipside's
+tasks never need it. pyarrow imports pandas when it is there (on its first scalar, in every
+worker), so it is preloaded only where it is installed.
 
 Two things PySpark's own daemon is careful about, handled here:
 - Forking a process with threads leaves the child without them, holding whatever lock they
@@ -24,6 +28,7 @@ Two things PySpark's own daemon is careful about, handled here:
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 
@@ -34,11 +39,11 @@ PRELOAD = (
     "pyspark.sql.worker.write_into_data_source",
     "pyarrow",
     "numpy",
-    "pandas",
     "kipside.pipeline.source.datasource",
     "kipside.pipeline.mirror.sink",
     "kio.schema.errors",
 )
+PRELOAD_IF_INSTALLED = ("pandas",)
 PLANNING = (
     "pyarrow",
     "kipside.pipeline.source.datasource",
@@ -82,12 +87,18 @@ def _pip_pyspark_home() -> str | None:
 
 def preload(worker_module: str = "pyspark.worker") -> None:
     """Import what the forks of a daemon for `worker_module` need (Spark's task workers by
-    default; a planning step's worker module loads PLANNING and itself)."""
+    default; a planning step's worker module loads PLANNING and itself), and pandas with them
+    where it is installed."""
     names = _BY_WORKER.get(worker_module)
     if names is None:
         names = (*PLANNING, worker_module) if worker_module.startswith("pyspark.sql.") else ()
     for name in names:
         importlib.import_module(name)
+    if not names:
+        return
+    for name in PRELOAD_IF_INSTALLED:
+        if importlib.util.find_spec(name) is not None:
+            importlib.import_module(name)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,10 @@ modules behind them are free to change. The pieces:
 - ``decode_columns``/``decode_batch_records``: whole batches decoded by a compiled kernel. They
   need the ``pipeline`` extra (numba, numpy, cramjam), so they are imported on first use and a
   proxy without that extra never loads them.
+- the values' schema (``ValueSchema``, ``parse_value_schema``: schema files without Spark), and
+  columnar carriers (docs/columnar.md): their options, results and errors here, the codec
+  (``ColumnarEncoder``, ``decode_columnar_batch`` ...) loaded on first use, as it needs the
+  ``columnar`` extra (pyarrow and the record kernels).
 
 This package must never import trio, sockets or any other I/O module, nor kipside.proxy,
 kipside.pipeline or kipside.rules: it decides, the shells move bytes (``make lint`` checks it).
@@ -31,7 +35,32 @@ from kipside.protocol.apis import (
     response_header_version,
 )
 from kipside.protocol.batch_builder import Record, encode_batch
-from kipside.protocol.client import ClientConnection, Response, VersionRange, pick_version
+from kipside.protocol.client import (
+    ClientConnection,
+    InFlightRequest,
+    Response,
+    VersionRange,
+    pick_version,
+)
+from kipside.protocol.columnar import (
+    COLUMNAR_COMPRESSIONS,
+    COLUMNAR_EXTRA,
+    COLUMNAR_HEADER,
+    COLUMNAR_VERSION,
+    DEFAULT_MAX_DECODED_BYTES,
+    LAKE_COLUMNS,
+    SEGMENT_COLUMNS,
+    ColumnarError,
+    ColumnarKeyError,
+    ColumnarOptions,
+    ColumnarRecord,
+    Encoded,
+    NotEncodable,
+    NotEncodableKind,
+    check_columnar_schema,
+    columnar_missing,
+)
+from kipside.protocol.columnar_keys import ColumnarKeyFileError, ColumnarKeys
 from kipside.protocol.entities import blank, field_entity
 from kipside.protocol.errors import (
     DecodeError,
@@ -107,8 +136,10 @@ from kipside.protocol.produce import (
 )
 from kipside.protocol.read_committed import ReadCommittedFilter, Verdict
 from kipside.protocol.records import (
+    Compression,
     RecordBatchError,
     RecordBatchView,
+    TimestampType,
     batch_extent,
     count_batches,
     iter_batches,
@@ -133,8 +164,38 @@ from kipside.protocol.sasl import (
     new_server,
     scram_credential,
 )
+from kipside.protocol.value_schema import DDL_SUFFIXES as SCHEMA_DDL_SUFFIXES
+from kipside.protocol.value_schema import JSON_SUFFIXES as SCHEMA_JSON_SUFFIXES
+from kipside.protocol.value_schema import (
+    ArrayOf,
+    Atomic,
+    DecimalOf,
+    MapOf,
+    SchemaField,
+    StructOf,
+    ValueSchema,
+    ValueSchemaError,
+    ValueType,
+    check_reserved_names,
+    ddl_field_lines,
+    ddl_is_empty,
+    parse_ddl_schema,
+    parse_json_schema,
+    parse_value_schema,
+)
+from kipside.protocol.waits import request_allowance_ms
 
 if TYPE_CHECKING:
+    from kipside.protocol.columnar_codec import (
+        ColumnarEncoder,
+        columnar_decryption_properties,
+        columnar_version,
+        decode_columnar_batch,
+        decode_columnar_record,
+        encode_columnar_batch,
+        read_columnar_segment,
+        reencode_columnar_batch,
+    )
     from kipside.protocol.record_columns import (
         DEFAULT_MAX_DECOMPRESSED_BYTES,
         Binary,
@@ -161,6 +222,19 @@ _RECORD_COLUMNS = frozenset(
         "scan_batch",
     }
 )
+# The columnar codec's, likewise (the columnar extra: pyarrow and the kernels).
+_COLUMNAR_CODEC = frozenset(
+    {
+        "ColumnarEncoder",
+        "columnar_decryption_properties",
+        "columnar_version",
+        "decode_columnar_batch",
+        "decode_columnar_record",
+        "encode_columnar_batch",
+        "read_columnar_segment",
+        "reencode_columnar_batch",
+    }
+)
 
 
 def __getattr__(name: str) -> Any:
@@ -168,16 +242,26 @@ def __getattr__(name: str) -> Any:
         from kipside.protocol import record_columns
 
         return getattr(record_columns, name)
+    if name in _COLUMNAR_CODEC:
+        from kipside.protocol import columnar_codec
+
+        return getattr(columnar_codec, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
+    "COLUMNAR_COMPRESSIONS",
+    "COLUMNAR_EXTRA",
+    "COLUMNAR_HEADER",
+    "COLUMNAR_VERSION",
+    "DEFAULT_MAX_DECODED_BYTES",
     "DEFAULT_MAX_DECOMPRESSED_BYTES",
     "DEFAULT_MAX_FRAME_BYTES",
     "FETCH_MAX_VERSION",
     "FETCH_MIN_VERSION",
     "INT16",
     "INT32",
+    "LAKE_COLUMNS",
     "PLAIN",
     "PRODUCE_MAX_VERSION",
     "PRODUCE_MIN_VERSION",
@@ -185,30 +269,49 @@ __all__ = [
     "READ_UNCOMMITTED",
     "SASL_MECHANISMS",
     "SASL_ROUND_TRIPS",
+    "SCHEMA_DDL_SUFFIXES",
+    "SCHEMA_JSON_SUFFIXES",
     "SCRAM_DEFAULT_ITERATIONS",
     "SCRAM_MAX_ITERATIONS",
     "SCRAM_MECHANISMS",
     "SCRAM_MIN_ITERATIONS",
+    "SEGMENT_COLUMNS",
     "Address",
     "ApiKey",
+    "ArrayOf",
+    "Atomic",
     "AuthenticationFailed",
     "Binary",
     "Buffer",
     "ClientConnection",
+    "ColumnarEncoder",
+    "ColumnarError",
+    "ColumnarKeyError",
+    "ColumnarKeyFileError",
+    "ColumnarKeys",
+    "ColumnarOptions",
+    "ColumnarRecord",
     "Columns",
+    "Compression",
     "CredentialLookup",
+    "DecimalOf",
     "DecodeError",
     "DecodeLimits",
     "DecompressionLimitError",
+    "Encoded",
     "ErrorCode",
     "FetchPartition",
     "FrameDecoder",
     "FrameError",
     "FrameTooLargeError",
+    "InFlightRequest",
     "LimitExceeded",
     "LocalProtocolError",
+    "MapOf",
     "Message",
     "NodeEndpointData",
+    "NotEncodable",
+    "NotEncodableKind",
     "NotKafkaError",
     "PartitionBatch",
     "PartitionData",
@@ -228,8 +331,14 @@ __all__ = [
     "SaslProtocolError",
     "SaslServer",
     "ScannedBatch",
+    "SchemaField",
     "ScramCredential",
+    "StructOf",
+    "TimestampType",
     "UnsupportedVersionError",
+    "ValueSchema",
+    "ValueSchemaError",
+    "ValueType",
     "Verdict",
     "VersionRange",
     "api_name",
@@ -237,14 +346,24 @@ __all__ = [
     "blank",
     "build_frame",
     "build_request",
+    "check_columnar_schema",
+    "check_reserved_names",
+    "columnar_decryption_properties",
+    "columnar_missing",
+    "columnar_version",
     "columns_of",
     "count_batches",
     "count_produce_request",
+    "ddl_field_lines",
+    "ddl_is_empty",
     "decode_batch_records",
+    "decode_columnar_batch",
+    "decode_columnar_record",
     "decode_columns",
     "decode_request",
     "decode_response",
     "encode_batch",
+    "encode_columnar_batch",
     "encode_fetch_request",
     "encode_frame",
     "encode_message",
@@ -260,16 +379,22 @@ __all__ = [
     "known_versions",
     "new_client",
     "new_server",
+    "parse_ddl_schema",
     "parse_fetch_response",
+    "parse_json_schema",
     "parse_produce_request",
     "parse_produce_response",
     "parse_request_header",
     "parse_response_header",
+    "parse_value_schema",
     "pick_version",
     "produce_request_acks",
     "produce_response_error_codes",
     "produce_response_names_nodes",
+    "read_columnar_segment",
     "read_uvarint",
+    "reencode_columnar_batch",
+    "request_allowance_ms",
     "request_body_offset",
     "request_class",
     "request_correlation_id",

@@ -40,6 +40,9 @@ from .records import count_batches_in
 
 MIN_VERSION: Final = 3
 MAX_VERSION: Final = 12
+_FIRST_FLEXIBLE: Final = 9
+_ACKS_TIMEOUT = struct.Struct(">hi")
+_INT32_AT = struct.Struct(">i").unpack_from
 _PARTITION_HEAD = struct.Struct(">ihq")  # index, error_code, base_offset
 _LEADER = struct.Struct(">ii")  # CurrentLeader (partition tag 0): leader id, leader epoch
 
@@ -101,19 +104,26 @@ def parse_produce_request(
     frame: Buffer, body_offset: int, version: int, limits: DecodeLimits | None = None
 ) -> ProduceRequestData:
     """Read a ProduceRequest body; records stay views into frame. `limits` caps its topics,
-    partitions and tagged fields (LimitExceeded), checked before each array is walked."""
+    partitions and tagged fields (LimitExceeded), checked before each array is walked.
+
+    On every coalesced request's path, so the usual shapes are read inline: one-byte varints
+    and no tagged fields; anything else goes through the general readers."""
     _check_version(version)
-    flexible = is_flexible(ApiKey.PRODUCE, version)
+    flexible = version >= _FIRST_FLEXIBLE
     view = memoryview(frame)
+    end = len(view)
     offset = body_offset
     transactional_id, offset = read_string(view, offset, flexible)
-    acks, offset = read_int16(view, offset)
-    timeout_ms, offset = read_int32(view, offset)
+    if offset + 10 > end:
+        raise DecodeError("ProduceRequest is too short for acks, timeout and topics")
+    acks, timeout_ms = _ACKS_TIMEOUT.unpack_from(view, offset)
+    offset += 6
     topics, offset = read_array_length(view, offset, flexible)
     cap = limits.max_partitions if limits is not None else None
     if cap is not None and topics > cap:
         raise _too_many("topics", topics, cap)
     batches: list[PartitionBatch] = []
+    append = batches.append
     for _ in range(max(topics, 0)):
         topic, offset = read_string(view, offset, flexible)
         if topic is None:
@@ -122,23 +132,38 @@ def parse_produce_request(
         if cap is not None and len(batches) + count > cap:
             raise _too_many("partitions", len(batches) + count, cap)
         for _ in range(max(count, 0)):
-            partition, offset = read_int32(view, offset)
-            size, offset = read_bytes_length(view, offset, flexible)
+            if offset + 5 > end:
+                raise DecodeError("truncated partition of a ProduceRequest")
+            partition = _INT32_AT(view, offset)[0]
+            offset += 4
+            if flexible:
+                size = view[offset]
+                if size < 0x80:
+                    offset += 1
+                    size -= 1
+                else:
+                    size, offset = read_uvarint(view, offset)
+                    size -= 1
+            else:
+                size, offset = read_int32(view, offset)
             records = None
             if size >= 0:
-                if offset + size > len(view):
+                if offset + size > end:
                     raise DecodeError(f"records of {topic}-{partition} run past the request end")
                 records = view[offset : offset + size]
                 offset += size
             if flexible:
-                offset = skip_tagged_fields(view, offset, limits)
-            batches.append(PartitionBatch(topic, partition, records))
+                if offset < end and view[offset] == 0:
+                    offset += 1
+                else:
+                    offset = skip_tagged_fields(view, offset, limits)
+            append(PartitionBatch(topic, partition, records))
         if flexible:
             offset = skip_tagged_fields(view, offset, limits)
     if flexible:
         offset = skip_tagged_fields(view, offset, limits)
-    if offset != len(view):
-        raise DecodeError(f"ProduceRequest v{version} has {len(view) - offset} trailing bytes")
+    if offset != end:
+        raise DecodeError(f"ProduceRequest v{version} has {end - offset} trailing bytes")
     return ProduceRequestData(transactional_id, acks, timeout_ms, tuple(batches))
 
 
@@ -151,9 +176,9 @@ def _too_many(what: str, count: int, cap: int) -> LimitExceeded:
     )
 
 
-def produce_request_acks(frame: Buffer, body_offset: int, version: int) -> int:
-    """A ProduceRequest's acks (whether it is owed an answer), any version, without parsing
-    the rest: v3+ put the transactional id before it. Raises DecodeError."""
+def produce_acks_offset(frame: Buffer, body_offset: int, version: int) -> int:
+    """Where a ProduceRequest's acks begins (timeout_ms follows it): v3+ put the transactional
+    id before it. Raises DecodeError."""
     offset = body_offset
     if version >= 9:
         length, offset = read_uvarint(frame, offset)
@@ -161,7 +186,13 @@ def produce_request_acks(frame: Buffer, body_offset: int, version: int) -> int:
     elif version >= 3:
         length, offset = read_int16(frame, offset)
         offset += max(length, 0)
-    acks, _ = read_int16(frame, offset)
+    return offset
+
+
+def produce_request_acks(frame: Buffer, body_offset: int, version: int) -> int:
+    """A ProduceRequest's acks (whether it is owed an answer), any version, without parsing
+    the rest. Raises DecodeError."""
+    acks, _ = read_int16(frame, produce_acks_offset(frame, body_offset, version))
     return acks
 
 

@@ -1,4 +1,4 @@
-"""Records of magic-v2 batches decoded in bulk into columns (NumPy arrays), sans-I/O.
+"""Records of magic-v2 batches decoded in bulk into columns (NumPy arrays) and back, sans-I/O.
 
 Lake ingestion reads millions of records; one Python object per record would cost more than
 everything else together (KIP-1008's point). So a batch's records section is decompressed in
@@ -9,7 +9,9 @@ those bytes into contiguous column buffers, ready to become Arrow arrays without
 touches each batch, never each record. Record layout (Kafka's DefaultRecord): length,
 attributes (int8), timestampDelta, offsetDelta, keyLength, key, valueLength, value, header
 count, then per header keyLength, key, valueLength, value; every length and delta a zigzag
-varint, -1 meaning null.
+varint, -1 meaning null. The way back, :func:`encode_records`, writes columns as a records
+section by a third kernel (the columnar carrier's placeholders, and the ordinary batches a
+carrier becomes again).
 
 Never does I/O; raises RecordBatchError (with the batch's offset) on anything malformed.
 """
@@ -36,6 +38,7 @@ __all__ = [
     "decode_batch_records",
     "decode_columns",
     "decompress",
+    "encode_records",
     "scan_batch",
 ]
 
@@ -135,7 +138,7 @@ def decompress(batch: RecordBatchView, max_bytes: int = DEFAULT_MAX_DECOMPRESSED
             if size >= max_bytes:
                 raise DecompressionLimitError(
                     f"the {codec.name.lower()} batch at offset {batch.base_offset} decompresses "
-                    f"to more than {max_bytes} bytes",
+                    f"to more than {max_bytes:,} bytes",
                     base_offset=batch.base_offset,
                     limit=max_bytes,
                 ) from None
@@ -379,4 +382,144 @@ def decode_batch_records(batch: RecordBatchView) -> list[tuple[bytes | None, byt
         key = bytes(k.data[k.offsets[i] : k.offsets[i + 1]]) if k.valid[i] else None
         value = bytes(v.data[v.offsets[i] : v.offsets[i + 1]]) if v.valid[i] else None
         out.append((key, value))
+    return out
+
+
+# ---- the way back: columns to a records section -------------------------------------------
+
+
+@njit(cache=True, nogil=True)
+def _varint_size(value: int) -> int:
+    zigzag = (value << 1) ^ (value >> 63)
+    size = 1
+    while zigzag >= 0x80 or zigzag < 0:
+        zigzag = (zigzag >> 7) & 0x01FFFFFFFFFFFFFF
+        size += 1
+    return size
+
+
+@njit(cache=True, nogil=True)
+def _put_varint(out: U8, pos: int, value: int) -> int:
+    zigzag = (value << 1) ^ (value >> 63)
+    while zigzag >= 0x80 or zigzag < 0:
+        out[pos] = (zigzag & 0x7F) | 0x80
+        zigzag = (zigzag >> 7) & 0x01FFFFFFFFFFFFFF
+        pos += 1
+    out[pos] = zigzag
+    return pos + 1
+
+
+@njit(cache=True, nogil=True)
+def _field_size(offsets: I64, valid: npt.NDArray[np.bool_], i: int) -> int:
+    if not valid[i]:
+        return 1  # -1
+    n = int(offsets[i + 1] - offsets[i])
+    return _varint_size(n) + n
+
+
+@njit(cache=True, nogil=True)
+def _put_field(
+    out: U8, pos: int, offsets: I64, data: U8, valid: npt.NDArray[np.bool_], i: int
+) -> int:
+    if not valid[i]:
+        return _put_varint(out, pos, -1)
+    start, end = int(offsets[i]), int(offsets[i + 1])
+    pos = _put_varint(out, pos, end - start)
+    out[pos : pos + end - start] = data[start:end]
+    return pos + end - start
+
+
+@njit(cache=True, nogil=True)
+def _record_sizes(
+    ts: I64,
+    od: I64,
+    k_off: I64,
+    k_valid: npt.NDArray[np.bool_],
+    v_off: I64,
+    v_valid: npt.NDArray[np.bool_],
+    h_first: I64,
+    hk_off: I64,
+    hv_off: I64,
+    hv_valid: npt.NDArray[np.bool_],
+    sizes: I64,
+) -> int:
+    """Each record's body size (without its length prefix) into sizes; the section's total."""
+    total = 0
+    for i in range(ts.shape[0]):
+        size = 1 + _varint_size(ts[i]) + _varint_size(od[i])
+        size += _field_size(k_off, k_valid, i) + _field_size(v_off, v_valid, i)
+        size += _varint_size(h_first[i + 1] - h_first[i])
+        for j in range(h_first[i], h_first[i + 1]):
+            size += _varint_size(hk_off[j + 1] - hk_off[j]) + hk_off[j + 1] - hk_off[j]
+            size += _field_size(hv_off, hv_valid, j)
+        sizes[i] = size
+        total += _varint_size(size) + size
+    return total
+
+
+@njit(cache=True, nogil=True)
+def _write_records(
+    ts: I64,
+    od: I64,
+    k_off: I64,
+    k_data: U8,
+    k_valid: npt.NDArray[np.bool_],
+    v_off: I64,
+    v_data: U8,
+    v_valid: npt.NDArray[np.bool_],
+    h_first: I64,
+    hk_off: I64,
+    hk_data: U8,
+    hv_off: I64,
+    hv_data: U8,
+    hv_valid: npt.NDArray[np.bool_],
+    sizes: I64,
+    out: U8,
+) -> int:
+    pos = 0
+    for i in range(ts.shape[0]):
+        pos = _put_varint(out, pos, sizes[i])
+        out[pos] = 0  # attributes: unused
+        pos = _put_varint(out, pos + 1, ts[i])
+        pos = _put_varint(out, pos, od[i])
+        pos = _put_field(out, pos, k_off, k_data, k_valid, i)
+        pos = _put_field(out, pos, v_off, v_data, v_valid, i)
+        pos = _put_varint(out, pos, h_first[i + 1] - h_first[i])
+        for j in range(h_first[i], h_first[i + 1]):
+            start, end = hk_off[j], hk_off[j + 1]
+            pos = _put_varint(out, pos, end - start)
+            out[pos : pos + end - start] = hk_data[start:end]
+            pos += end - start
+            pos = _put_field(out, pos, hv_off, hv_data, hv_valid, j)
+    return pos
+
+
+def encode_records(
+    timestamp_deltas: I64,
+    offset_deltas: I64,
+    key: Binary,
+    value: Binary,
+    header_counts: npt.NDArray[np.int32] | I64,
+    header_key: Binary,
+    header_value: Binary,
+) -> U8:
+    """A records section (uncompressed) holding one record per row: Kafka's DefaultRecord
+    layout, as decode_columns reads it. Header keys are never null (Kafka's rule)."""
+    n = int(timestamp_deltas.shape[0])
+    h_first = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(header_counts, out=h_first[1:])
+    ts = timestamp_deltas.astype(np.int64, copy=False)
+    od = offset_deltas.astype(np.int64, copy=False)
+    k_off, v_off = key.offsets.astype(np.int64), value.offsets.astype(np.int64)
+    hk_off, hv_off = header_key.offsets.astype(np.int64), header_value.offsets.astype(np.int64)
+    sizes = np.empty(n, dtype=np.int64)
+    total = _record_sizes(
+        ts, od, k_off, key.valid, v_off, value.valid, h_first, hk_off, hv_off,
+        header_value.valid, sizes,
+    )  # fmt: skip
+    out = np.empty(total, dtype=np.uint8)
+    _write_records(
+        ts, od, k_off, key.data, key.valid, v_off, value.data, value.valid, h_first,
+        hk_off, header_key.data, hv_off, header_value.data, header_value.valid, sizes, out,
+    )  # fmt: skip
     return out

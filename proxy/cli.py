@@ -26,17 +26,17 @@ from kipside.protocol import (
     scram_credential,
 )
 from kipside.proxy.arguments import KipsideParser, UsageError
-from kipside.proxy.network.certificates import ListenerTlsFiles, UpstreamTlsFiles
-from kipside.proxy.network.sasl import (
+from kipside.proxy.security import (
     CredentialsError,
     CredentialStore,
     load_credentials,
     with_user,
     write_credentials,
 )
-from kipside.proxy.network.upstream import DEFAULT_ANSWER_TIMEOUT_SECONDS
+from kipside.proxy.security.certificates import ListenerTlsFiles, UpstreamTlsFiles
 from kipside.proxy.server import DEFAULT_DISCOVERY_TIMEOUT_SECONDS, ServerConfig, run
 from kipside.proxy.telemetry.tracing import TraceConfig
+from kipside.proxy.upstream.connection import DEFAULT_ANSWER_TIMEOUT_SECONDS
 from kipside.rules import RuleError, RuleSet, default_rules, load_rules
 
 
@@ -161,8 +161,9 @@ def _add_upstream_options(parser: argparse.ArgumentParser) -> None:
         type=_positive_seconds,
         default=DEFAULT_ANSWER_TIMEOUT_SECONDS,
         metavar="SECONDS",
-        help="close a shared broker connection (a lane) whose oldest request has had no answer "
-        "for this long, or for its own timeout_ms if longer; its clients resend "
+        help="close a broker connection (a shared lane, or a client's own) whose oldest request "
+        "has had no answer for this long, or for its own timeout_ms if longer; its clients "
+        "resend "
         f"(default {DEFAULT_ANSWER_TIMEOUT_SECONDS:g}, Kafka's request.timeout.ms)",
     )
     parser.add_argument(

@@ -24,35 +24,37 @@ from kipside.protocol import (
     ApiKey,
     NotKafkaError,
 )
-from kipside.proxy.features.coalesce import Coalescer
-from kipside.proxy.features.context import FeatureContext
-from kipside.proxy.features.principals import FETCH_BY_NAME_MAX_VERSION, PrincipalRules
-from kipside.proxy.features.routing import Router
-from kipside.proxy.features.transactions import TransactionManager
-from kipside.proxy.features.versions import VersionPolicy
-from kipside.proxy.network.addresses import AddressRewriter
-from kipside.proxy.network.certificates import (
-    ListenerTlsFiles,
-    UpstreamTlsFiles,
-)
-from kipside.proxy.network.discovery import discover_nodes
-from kipside.proxy.network.identity import Principal
-from kipside.proxy.network.lanes import LanePool
-from kipside.proxy.network.limits import ServerLimits
-from kipside.proxy.network.nodes import NodeMap
-from kipside.proxy.network.sasl import (
-    ClientSasl,
-)
-from kipside.proxy.network.security import Security, SecurityError
-from kipside.proxy.network.session import Session
-from kipside.proxy.network.upstream import DEFAULT_ANSWER_TIMEOUT_SECONDS
+from kipside.proxy.core.decisions import Pipeline
+from kipside.proxy.core.identity import Principal
+from kipside.proxy.core.limits import ServerLimits
 from kipside.proxy.operations.admin import AdminApp, serve_admin
 from kipside.proxy.operations.cert_reload import CertificateReloader
 from kipside.proxy.operations.reload import RuleReloader
+from kipside.proxy.security import (
+    ClientSasl,
+)
+from kipside.proxy.security.certificates import (
+    ListenerTlsFiles,
+    UpstreamTlsFiles,
+)
+from kipside.proxy.security.settings import Security, SecurityError
+from kipside.proxy.session.answers import AnswerWriter
+from kipside.proxy.session.own_connection import OwnConnection
+from kipside.proxy.session.session import Session
+from kipside.proxy.stages.coalescing import Coalescer
+from kipside.proxy.stages.context import FeatureContext
+from kipside.proxy.stages.pipeline import Stages
+from kipside.proxy.stages.principals import FETCH_BY_NAME_MAX_VERSION
+from kipside.proxy.stages.versions import VersionPolicy
 from kipside.proxy.telemetry.metric_readers import otlp_metrics_endpoint
 from kipside.proxy.telemetry.metrics import Metrics
 from kipside.proxy.telemetry.stats import Stats
 from kipside.proxy.telemetry.tracing import TraceConfig, Tracer
+from kipside.proxy.upstream.addresses import AddressRewriter
+from kipside.proxy.upstream.connection import DEFAULT_ANSWER_TIMEOUT_SECONDS
+from kipside.proxy.upstream.discovery import discover_nodes
+from kipside.proxy.upstream.lanes import LanePool
+from kipside.proxy.upstream.nodes import NodeMap
 from kipside.rules import RuleSet, default_rules
 
 log = logging.getLogger("kipside.server")
@@ -120,17 +122,18 @@ class Server:
             if any(rule.topics is not None for rule in config.rules.principals)
             else None,
         )
-        self.principal_rules = PrincipalRules(lambda: self.rules)
         self.stats = Stats()
         self.tracer = tracer or Tracer(config.trace, config.rules.tracing)
+        self.writer = AnswerWriter(
+            self.versions, self.rewriter, self.stats, self.tracer if self.tracer.active else None
+        )
         self._shutdown_requested = trio.Event()
         self.limits = ServerLimits(lambda: self.rules.limits, self.stats)
-        self.coalescer: Coalescer | None = None
+        self.stages: Stages | None = None
+        self._pipeline: tuple[RuleSet, Pipeline] | None = None
         self.sessions: set[Session] = set()
         self._pools: dict[tuple[int, Principal], LanePool] = {}
         self._service_nursery: trio.Nursery | None = None
-        self.router: Router | None = None
-        self.transactions: TransactionManager | None = None
         self.bootstrap_address: Address | None = None
         self._listener_nursery: trio.Nursery | None = None
         self._session_nursery: trio.Nursery | None = None
@@ -242,21 +245,24 @@ class Server:
         if accepted is None:
             return
         wire, principal = accepted
+        max_frame_bytes = self.rules.limits.max_frame_bytes
+        own = OwnConnection(
+            targets,
+            max_frame_bytes=max_frame_bytes,
+            stats=self.stats,
+            dial=security.dial,
+            answer_timeout=self.config.upstream_request_timeout_seconds,
+        )
         session = Session(
             wire,
-            targets,
-            rewriter=self.rewriter,
-            versions=self.versions,
-            max_frame_bytes=self.rules.limits.max_frame_bytes,
-            shared_route=self.router.route if self.router is not None else None,
+            pipeline=self.pipeline,
+            own=own,
+            writer=self.writer,
+            limits=self.limits,
+            max_frame_bytes=max_frame_bytes,
             node_id=node_id,
-            stats=self.stats,
-            tracer=self.tracer if self.tracer.active else None,
-            dial=security.dial,
             principal=principal,
             sasl=ClientSasl(security.sasl_termination()),
-            check=self.principal_rules.refusal,
-            limits=self.limits,
         )
         self.sessions.add(session)
         try:
@@ -273,6 +279,19 @@ class Server:
             self.sessions.discard(session)
 
     # Shared upstream connections -------------------------------------------------------
+
+    def pipeline(self) -> Pipeline:
+        """The request pipeline under the rules in force (built again after a reload)."""
+        built = self._pipeline
+        rules = self.rules
+        if built is None or built[0] is not rules:
+            assert self.stages is not None, "serve() builds the stages before any session"
+            built = self._pipeline = (rules, self.stages.pipeline(rules))
+        return built[1]
+
+    @property
+    def coalescer(self) -> Coalescer | None:
+        return None if self.stages is None else self.stages.coalescer
 
     def pool(self, node_id: int, principal: Principal) -> LanePool:
         """The lanes to `node_id` for `principal` (made on first use)."""
@@ -352,6 +371,7 @@ class Server:
             self.nodes.node_port_base = bootstrap_port + 1
         async with trio.open_nursery() as service_nursery:
             self._service_nursery = service_nursery
+            shared = None
             if self.config.share_connections:
                 context = FeatureContext(
                     self.pool,
@@ -361,9 +381,9 @@ class Server:
                     service_nursery,
                     self.tracer if self.tracer.active else None,
                 )
-                self.coalescer = Coalescer(context, self.nodes)
-                self.transactions = TransactionManager(context)
-                self.router = Router(context, self.coalescer, self.transactions)
+                shared = (context, self.nodes)
+            terminates = self._security().sasl_termination() is not None
+            self.stages = Stages.build(lambda: self.rules, self.versions, shared, terminates)
             await self._serve_sessions(bootstrap, admin, found, task_status)
             service_nursery.cancel_scope.cancel()
         self.tracer.shutdown()

@@ -7,9 +7,10 @@ The result is an immutable :class:`RuleSet`; anything wrong with a file is raise
 documented in docs/rules.md, and rules/examples/kipside.yaml uses every section.
 
 This package must never import trio, sockets, ``kipside.proxy`` or ``kipside.pipeline``,
-never do I/O other than reading the rule file it is asked to load, and never use an unsafe
-YAML loader: the proxy depends on the rules, not the other way round, and a rule file is
-data, not code. Other packages import only the names in ``__all__``.
+never do I/O other than reading the rule file it is asked to load (and the schema and key
+files a columnar rule names), and never use an unsafe YAML loader: the proxy depends on the
+rules, not the other way round, and a rule file is data, not code. Other packages import only
+the names in ``__all__``.
 """
 
 from kipside.rules.errors import FILE_KEY, NO_LINE, RuleError, RuleProblem
@@ -18,10 +19,13 @@ from kipside.rules.model import (
     DEFAULT_SOURCE,
     CoalescingRule,
     CoalescingRules,
+    ColumnarEncryption,
+    ColumnarRule,
     HoldBegin,
     Limits,
     PrincipalRule,
     RuleSet,
+    TopicRule,
     Tracing,
     TransactionOutput,
     TransactionRule,
@@ -33,12 +37,15 @@ __all__ = [
     "NO_LINE",
     "CoalescingRule",
     "CoalescingRules",
+    "ColumnarEncryption",
+    "ColumnarRule",
     "HoldBegin",
     "Limits",
     "PrincipalRule",
     "RuleError",
     "RuleProblem",
     "RuleSet",
+    "TopicRule",
     "Tracing",
     "TransactionOutput",
     "TransactionRule",

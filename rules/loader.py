@@ -8,16 +8,22 @@ found in one pass. This module turns pydantic's errors into the operator's
 bounds, the default to fall back on from the field's default, so neither is written here.
 A model is only returned for a file with no problems.
 
-This module must never use an unsafe YAML loader, never do I/O other than reading the one
-rule file in :func:`load_rules`, and never import trio, sockets, ``kipside.proxy`` or
+A rule file may name other files: a columnar rule's schema file and key file. They are read
+(through ``read_file``, relative to the rule file's folder) once the file itself is valid, and
+a problem in one is reported at the key that names it, with the named file's own FILE:LINE.
+
+This module must never use an unsafe YAML loader, never do I/O other than reading the rule
+file and the files it names, and never import trio, sockets, ``kipside.proxy`` or
 ``kipside.pipeline``.
 """
 
 from __future__ import annotations
 
 import difflib
+import hashlib
 import math
 import os
+from collections.abc import Callable
 from dataclasses import MISSING, fields, is_dataclass
 from functools import cache
 from types import NoneType, UnionType
@@ -28,14 +34,25 @@ from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 from yaml.nodes import ScalarNode
 
+from kipside.protocol import (
+    ColumnarKeyFileError,
+    ColumnarKeys,
+    ValueSchemaError,
+    check_columnar_schema,
+    columnar_missing,
+    parse_value_schema,
+)
 from kipside.rules.errors import FILE_KEY, NO_LINE, RuleError, RuleProblem
 from kipside.rules.model import (
     CoalescingRule,
     CoalescingRules,
+    ColumnarEncryption,
+    ColumnarRule,
     HoldBegin,
     Limits,
     PrincipalRule,
     RuleSet,
+    TopicRule,
     Tracing,
     TransactionOutput,
     TransactionRule,
@@ -67,7 +84,13 @@ _MAPPINGS: dict[type, str] = {
     HoldBegin: "a mapping with the key {keys}",
     Tracing: "a mapping of tracing settings",
     PrincipalRule: "a principal rule mapping with keys {keys}",
+    TopicRule: "a topic rule mapping with keys {keys}",
+    ColumnarRule: "a columnar mapping with keys {keys}",
+    ColumnarEncryption: "an encrypt mapping with keys {keys}",
 }
+ReadFile = Callable[[str], str]
+# The fields a segment adds that a rule may encrypt besides the value's own.
+_ENCRYPTABLE = ("kafka_key", "kafka_headers")
 # RuleSet fields the loader fills in; they describe the file and are not keys in it.
 _NOT_IN_FILE = ("source", "version")
 
@@ -105,21 +128,41 @@ def load_rules(path: str | os.PathLike[str]) -> RuleSet:
     return parse_rules(text, source)
 
 
-def parse_rules(text: str, source: str) -> RuleSet:
+def parse_rules(text: str, source: str, *, read_file: ReadFile | None = None) -> RuleSet:
     """Validate rule-file ``text`` and return its model; ``source`` names it in messages.
 
-    Pure: no I/O. Raises :class:`RuleError` listing every problem found.
+    No I/O but reading the files a columnar rule names (schema and key files), through
+    ``read_file(path)`` (default: the file's UTF-8 text), relative to ``source``'s folder.
+    Raises :class:`RuleError` listing every problem found.
     """
     # surrogatepass: a str with lone surrogates still hashes; the YAML reader rejects it.
-    version = rules_version(text.encode("utf-8", "surrogatepass"))
+    data = text.encode("utf-8", "surrogatepass")
     # An empty section (every key commented out) means its defaults, as if it were absent.
     document = read_document(text, source, lambda path: is_dataclass(_base(_type_at(path))))
     check = _Check(source, document)
     sections = check.sections()
+    named = check.named_files(sections, read_file or _read_text) if not check.problems else []
     if check.problems:
         # Sections are checked one after another; report top to bottom, each thing once.
         raise RuleError(sorted(dict.fromkeys(check.problems), key=lambda p: p.line))
-    return RuleSet(source=source, version=version, **sections)
+    return RuleSet(source=source, version=_version(data, named), **sections)
+
+
+def _version(data: bytes, named: list[tuple[str, str]]) -> str:
+    """The rule file's version: of its bytes, and of the files it names (so a reload after
+    editing a schema or key file applies it)."""
+    if not named:
+        return rules_version(data)
+    digest = hashlib.sha256(data)
+    for path, text in named:
+        digest.update(b"\0" + path.encode("utf-8", "surrogatepass") + b"\0")
+        digest.update(text.encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()[:12]
+
+
+def _read_text(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
 
 
 def _file_error(source: str, line: int, message: str) -> RuleError:
@@ -351,6 +394,81 @@ class _Check:
             # An unquoted 1_000, no or 2024-01-01 is not text to YAML; quoting fixes it.
             return message + f'; quote it to use it as text: "{node.value}"'
         return message
+
+    def named_files(self, sections: dict[str, Any], read: ReadFile) -> list[tuple[str, str]]:
+        """Read the files columnar rules name into them; (path, text) of each file read."""
+        if columnar_missing() is not None and any(
+            t.columnar is not None for t in sections.get("topics", ())
+        ):
+            for i, topic in enumerate(sections["topics"]):
+                if topic.columnar is not None:
+                    self.problem(("topics", i, "columnar"), f"{columnar_missing()}")
+            return []
+        folder = os.path.dirname(self.source)
+        named: list[tuple[str, str]] = []
+        for i, topic in enumerate(sections.get("topics", ())):
+            if topic.columnar is not None:
+                named += self.columnar_files(
+                    ("topics", i, "columnar"), topic.columnar, folder, read
+                )
+        return named
+
+    def read_named(
+        self, path: Path, name: str, folder: str, read: ReadFile
+    ) -> tuple[str, str] | None:
+        where = os.path.join(folder, name)
+        try:
+            return where, read(where)
+        except FileNotFoundError:
+            self.problem(
+                path,
+                f"no such file: {where}; check the path (relative paths start from the rule "
+                "file's folder)",
+            )
+        except UnicodeDecodeError as e:
+            self.problem(path, f"{where} is not valid UTF-8 (byte {e.start}); save it as UTF-8")
+        except OSError as e:
+            self.problem(path, f"cannot read {where} ({e.strerror or e}); check its permissions")
+        return None
+
+    def columnar_files(
+        self, path: Path, rule: ColumnarRule, folder: str, read: ReadFile
+    ) -> list[tuple[str, str]]:
+        named: list[tuple[str, str]] = []
+        schema_file = self.read_named((*path, "schema"), rule.schema, folder, read)
+        if schema_file is None:
+            return named
+        named.append(schema_file)
+        try:
+            schema = parse_value_schema(schema_file[1], schema_file[0])
+            check_columnar_schema(schema)
+        except ValueSchemaError as e:
+            self.problem((*path, "schema"), f"{e}; fix the schema file")
+            return named
+        object.__setattr__(rule, "_value_schema", schema)
+        if rule.encrypt is None:
+            return named
+        fields_there = schema.struct.names()
+        for j, column in enumerate(rule.encrypt.columns):
+            if column not in (*fields_there, *_ENCRYPTABLE):
+                self.problem(
+                    (*path, "encrypt", "columns", j),
+                    f"{column!r} is not a top-level field of {schema_file[0]} (its fields: "
+                    f"{', '.join(fields_there)}); name one of them, kafka_key or kafka_headers",
+                )
+        key_file = self.read_named(
+            (*path, "encrypt", "key_file"), rule.encrypt.key_file, folder, read
+        )
+        if key_file is None:
+            return named
+        named.append(key_file)
+        try:
+            keys = ColumnarKeys.parse(key_file[1], key_file[0])
+        except ColumnarKeyFileError as e:
+            self.problem((*path, "encrypt", "key_file"), f"{e}; fix the key file")
+            return named
+        object.__setattr__(rule, "_keys", keys)
+        return named
 
     def check_request_fits_frame(self, data: dict[str, Any], sections: dict[str, Any]) -> None:
         # A coalesced request bigger than the frame limit could never be sent, so the two

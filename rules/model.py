@@ -9,7 +9,8 @@ classes check nothing: the loader is the validating constructor.
 
 This module must never do I/O and never import trio, sockets, ``kipside.proxy`` or
 ``kipside.pipeline``; the proxy reads a ``RuleSet`` but the ``RuleSet`` knows nothing about
-the proxy. It may use ``kipside.protocol``'s constants: a frame cap is the protocol's.
+the proxy. It may use ``kipside.protocol``'s constants and plain models: a frame cap is the
+protocol's, and so are a value schema and a columnar key file once read.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import fnmatch
 import hashlib
 import re
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from annotated_types import Ge, Interval, MinLen
 from pydantic import (
@@ -34,7 +35,16 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from kipside.protocol import DEFAULT_MAX_FRAME_BYTES, DecodeLimits
+from kipside.protocol import (
+    DEFAULT_MAX_FRAME_BYTES,
+    ColumnarKeys,
+    ColumnarOptions,
+    DecodeLimits,
+    ValueSchema,
+)
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = [
     "DEFAULT_SOURCE",
@@ -42,10 +52,13 @@ __all__ = [
     "DEFAULT_VERSION",
     "CoalescingRule",
     "CoalescingRules",
+    "ColumnarEncryption",
+    "ColumnarRule",
     "HoldBegin",
     "Limits",
     "PrincipalRule",
     "RuleSet",
+    "TopicRule",
     "Tracing",
     "TransactionOutput",
     "TransactionRule",
@@ -329,6 +342,94 @@ class Tracing:
     ] = DEFAULT_TRACED_API_KEYS
 
 
+FilePath = Annotated[
+    NonEmptyText,
+    Field(description="a file path (relative paths start from the rule file's folder)"),
+]
+ColumnNames = Annotated[
+    tuple[NonEmptyText, ...],
+    MinLen(1),
+    Field(description="a list of the schema's top-level field names (or kafka_key, kafka_headers)"),
+]
+ParquetCodec = Annotated[
+    Literal["zstd", "snappy", "gzip", "lz4", "none"],
+    Field(description="one of zstd, snappy, gzip, lz4, none"),
+]
+Encoding = Annotated[Literal["parquet"], Field(description="parquet (the one encoding there is)")]
+
+
+@_closed
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ColumnarEncryption:
+    """A columnar rule's ``encrypt``: which columns Parquet modular encryption covers, and the
+    key file whose ``write_key`` encrypts them."""
+
+    columns: ColumnNames
+    key_file: FilePath
+
+
+@_closed
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ColumnarRule:
+    """A topic rule's ``columnar``: the topic's batches travel as Parquet segments
+    (docs/columnar.md). The loader reads the schema file and the key file it names; `schema`
+    and `key_file` stay as written (relative to the rule file's folder)."""
+
+    encoding: Encoding = "parquet"
+    schema: FilePath
+    compression: ParquetCodec = "zstd"
+    lossless: StrictBool = False
+    encrypt: ColumnarEncryption | None = field(default=None, metadata={"absent": "no encryption"})
+    _value_schema: ValueSchema | None = field(init=False, repr=False, compare=False)
+    _keys: ColumnarKeys | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Filled in by the loader, once it has read the files (a model built in code has none).
+        object.__setattr__(self, "_value_schema", None)
+        object.__setattr__(self, "_keys", None)
+
+    @property
+    def value_schema(self) -> ValueSchema:
+        """The schema file, as the loader read it."""
+        if self._value_schema is None:
+            raise LookupError("this ColumnarRule was not made by the rule loader: no schema read")
+        return self._value_schema
+
+    @property
+    def keys(self) -> ColumnarKeys | None:
+        """The key file, as the loader read it (None without ``encrypt``)."""
+        return self._keys
+
+    def options(self) -> ColumnarOptions:
+        """The codec's options for this rule."""
+        return ColumnarOptions(
+            compression=self.compression,
+            lossless=self.lossless,
+            encrypt=self.encrypt.columns if self.encrypt else (),
+            keys=self._keys,
+        )
+
+    def arrow_schema(self) -> pa.Schema:
+        """The values' Arrow schema (imports pyarrow)."""
+        return self.value_schema.to_arrow()
+
+
+@_closed
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TopicRule:
+    """One ``topics`` entry: what kipside does with the data of topics whose name matches."""
+
+    topic: Glob
+    columnar: ColumnarRule | None = field(default=None, metadata={"absent": "ordinary batches"})
+    _topic_re: re.Pattern[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_topic_re", _compile_glob(self.topic))
+
+    def matches(self, topic: str) -> bool:
+        return self._topic_re.match(topic) is not None
+
+
 @_closed
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RuleSet:
@@ -347,6 +448,21 @@ class RuleSet:
         tuple[PrincipalRule, ...],
         Field(description="a list of principal rules ({principal, topics, transactional_ids})"),
     ] = ()
+    topics: Annotated[
+        tuple[TopicRule, ...], Field(description="a list of topic rules ({topic, columnar})")
+    ] = ()
+
+    def topic_rule_for(self, topic: str) -> TopicRule | None:
+        """The first ``topics`` entry whose glob matches, or None."""
+        for rule in self.topics:
+            if rule.matches(topic):
+                return rule
+        return None
+
+    def columnar_for(self, topic: str) -> ColumnarRule | None:
+        """The columnar rule of the first ``topics`` entry matching ``topic``, or None."""
+        rule = self.topic_rule_for(topic)
+        return None if rule is None else rule.columnar
 
     def principal_rule_for(self, principal: str) -> PrincipalRule | None:
         """The first ``principals`` entry whose glob matches, or None (no restriction)."""

@@ -3,7 +3,7 @@ a real Session is given them."""
 
 from __future__ import annotations
 
-from kipside.proxy.network.limits import ServerLimits
+from kipside.proxy.core.limits import ServerLimits
 from kipside.proxy.telemetry.stats import Stats
 from kipside.rules import Limits
 

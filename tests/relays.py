@@ -31,7 +31,7 @@ from kipside.protocol.errors import ProtocolError
 from kipside.protocol.headers import parse_request_header
 from kipside.protocol.produce import MAX_VERSION, MIN_VERSION, parse_produce_request
 from kipside.protocol.records import RecordBatchError, iter_batches
-from kipside.proxy.network.peek import produce_acks
+from kipside.proxy.session.peek import produce_acks
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,8 +22,8 @@ from kipside.protocol.messages import (
     known_versions,
     response_class,
 )
-from kipside.proxy.network.addresses import AddressRewriter, address_apis, carries_addresses
-from kipside.proxy.network.nodes import NodeMap, NodeMapError
+from kipside.proxy.upstream.addresses import AddressRewriter, address_apis, carries_addresses
+from kipside.proxy.upstream.nodes import NodeMap, NodeMapError
 
 ADVERTISE = "kipside.local"
 PORT_BASE = 30000

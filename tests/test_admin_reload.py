@@ -15,6 +15,7 @@ import os
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import trio
@@ -36,12 +37,12 @@ from admin_kit import admin as admin
 from testkit.metrics import parse
 
 from kipside.proxy.cli import main
-from kipside.proxy.features.coalesce import Coalescer
-from kipside.proxy.features.context import FeatureContext
-from kipside.proxy.network.identity import ANONYMOUS
+from kipside.proxy.core.identity import ANONYMOUS
 from kipside.proxy.operations.admin import AdminApp, serve_admin
 from kipside.proxy.operations.reload import POLL_SECONDS, apply_rules
 from kipside.proxy.server import Server
+from kipside.proxy.stages.coalescing import Coalescer
+from kipside.proxy.stages.context import FeatureContext
 from kipside.rules import RuleSet, load_rules, parse_rules
 
 # --------------------------------------------------------------------------- reload over HTTP
@@ -126,7 +127,7 @@ async def test_apply_reaches_every_reader_of_the_rules(
     server = make_server(path, 9)
     coalescer = Coalescer(
         FeatureContext(
-            lambda node_id, principal: object(),  # type: ignore[arg-type,return-value]
+            lambda node_id, principal: SimpleNamespace(lanes=2, node_id=node_id),  # type: ignore[arg-type,return-value]
             server.default_node,
             lambda: server.rules,
             server.stats,
@@ -134,8 +135,7 @@ async def test_apply_reaches_every_reader_of_the_rules(
         ),
         server.nodes,
     )
-    server.coalescer = coalescer
-    existing_lane = coalescer._lane(111, ANONYMOUS, 0)
+    existing_lanes = coalescer.lanes(111, ANONYMOUS)
     assert server.versions.lower_transaction_version is False
 
     path.write_text(
@@ -148,8 +148,7 @@ async def test_apply_reaches_every_reader_of_the_rules(
     new = server.rules
     assert new.coalescing.lanes == 5 and new.transactions
     assert coalescer.rules is new.coalescing
-    assert existing_lane.rules is new.coalescing  # linger/max bytes of running lanes follow
-    assert coalescer._lane(111, ANONYMOUS, 1).rules is new.coalescing
+    assert existing_lanes.rules is new.coalescing  # linger/max bytes of running lanes follow
     assert not coalescer.rules.applies("audit.x", "c")
     assert server.versions.lower_transaction_version is True
     assert "coalescing.lanes changed from 2 to 5" in caplog.text

@@ -18,14 +18,14 @@ import trio
 import trio.testing
 
 from kipside.protocol import ApiKey
-from kipside.proxy.features.transactions.hold import (
+from kipside.proxy.stages.transactions.hold import (
     CONCURRENT_TRANSACTIONS,
     HOLD_PROBE_SECONDS,
     HOLD_RETRY_SECONDS,
     BeginHold,
     first_probe_at,
 )
-from kipside.proxy.features.transactions.state import TransactionState
+from kipside.proxy.stages.transactions.state import TransactionState
 from kipside.proxy.telemetry.stats import Stats
 
 ROUND_TRIP = 0.001

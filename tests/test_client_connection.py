@@ -24,8 +24,10 @@ from kipside.protocol.framing import FrameDecoder
 from kipside.protocol.headers import (
     RequestHeader,
     build_frame,
+    encode_request_header,
     encode_response_header,
     parse_request_header,
+    response_correlation_id,
 )
 from kipside.protocol.messages import (
     build,
@@ -354,3 +356,85 @@ def test_pick_version_without_overlap(api_key: int, ours: VersionRange, message:
 
 def test_unsupported_version_is_a_protocol_error() -> None:
     assert issubclass(UnsupportedVersionError, ProtocolError)
+
+
+# ------------------------------------------- a proxy's use: other frames, tags, time
+
+
+def heartbeat_frame(correlation_id: int) -> bytes:
+    header = encode_request_header(ApiKey.HEARTBEAT, 0, correlation_id, "client")
+    return build_frame(header, b"\x00\x01g\x00\x00\x00\x01\x00\x01m")
+
+
+def test_a_forwarded_frame_goes_under_the_connection_id_and_comes_back_under_its_own() -> None:
+    client, broker = ClientConnection("kipside"), FakeBroker()
+    for original in (41, 7):
+        broker.receive(
+            [client.send_frame(heartbeat_frame(original), ApiKey.HEARTBEAT, 0, tag=original)]
+        )
+    assert [h.correlation_id for h, _ in broker.requests] == [0, 1]  # the connection's own
+    client.receive_data(broker.answer(0, b"\x00\x00") + broker.answer(1, b"\x00\x00"))
+    answers = drain(client)
+    assert [(r.correlation_id, r.tag) for r in answers] == [(41, 41), (7, 7)]
+    assert [response_correlation_id(r.frame) for r in answers] == [41, 7]
+
+
+def test_kept_ids_are_not_rewritten() -> None:
+    client, broker = ClientConnection("kipside", keep_correlation_ids=True), FakeBroker()
+    frame = heartbeat_frame(41)
+    sent = client.send_frame(frame, ApiKey.HEARTBEAT, 0)
+    assert sent is frame
+    broker.receive([sent])
+    client.receive_data(broker.answer(0, b"\x00\x00"))
+    assert [r.correlation_id for r in drain(client)] == [41]
+
+
+def test_own_requests_beside_kept_ids_count_down_from_the_highest_id() -> None:
+    # A client's acks=0 request (id 0, which Tansu answers anyway), then a request of the
+    # connection's own: their ids must not collide, or the dropped answer would be taken as
+    # the own request's.
+    client, broker = ClientConnection("kipside", keep_correlation_ids=True), FakeBroker()
+    broker.receive(
+        [client.send_frame(heartbeat_frame(0), ApiKey.PRODUCE, 9, expects_response=False)]
+    )
+    broker.receive(client.send_request(ApiKey.API_VERSIONS, 0, b"", tag="barrier"))
+    broker.receive(client.send_request(ApiKey.API_VERSIONS, 0, b"", tag="next"))
+    assert [h.correlation_id for h, _ in broker.requests] == [0, 2**31 - 1, 2**31 - 2]
+    client.receive_data(broker.answer(0, b"") + broker.answer(1, b"\x00\x00"))
+    assert [(r.correlation_id, r.tag) for r in drain(client)] == [(2**31 - 1, "barrier")]
+
+
+def test_an_answer_to_an_acks0_request_is_dropped() -> None:
+    client, broker = ClientConnection("kipside"), FakeBroker()
+    broker.receive(
+        [client.send_frame(heartbeat_frame(1), ApiKey.PRODUCE, 9, expects_response=False)]
+    )
+    broker.receive([client.send_frame(heartbeat_frame(2), ApiKey.HEARTBEAT, 0)])
+    assert client.waiting == 1
+    client.receive_data(broker.answer(0, b"") + broker.answer(1, b"\x00\x00"))  # Tansu answers
+    assert [r.correlation_id for r in drain(client)] == [2]
+
+
+def test_a_raw_token_is_answered_by_the_next_frame() -> None:
+    client = ClientConnection("kipside")
+    token = b"\x00\x00\x00\x03abc"
+    assert client.send_raw(token, tag="t") == token
+    client.receive_data(b"\x00\x00\x00\x00")  # PLAIN's answer: an empty frame
+    [answer] = drain(client)
+    assert (answer.tag, answer.frame) == ("t", b"\x00\x00\x00\x00")
+
+
+def test_the_oldest_request_is_overdue_after_its_timeout_or_its_allowance() -> None:
+    client, broker = ClientConnection("kipside", answer_timeout=5.0), FakeBroker()
+    assert client.deadline() == float("inf")
+    broker.receive([client.send_frame(heartbeat_frame(1), ApiKey.HEARTBEAT, 0, now=10.0)])
+    broker.receive(
+        [client.send_frame(heartbeat_frame(2), ApiKey.FETCH, 11, now=11.0, allowance=30.0)]
+    )
+    assert client.deadline() == 15.0 and client.overdue(14.9) is None
+    client.receive_data(broker.answer(0, b"\x00\x00"), now=14.0)  # the Fetch is the oldest now
+    assert client.deadline() == 14.0 + 30.0  # from when it became the oldest, its allowance
+    late = client.overdue(44.0)
+    assert late is not None and late.api_key == ApiKey.FETCH
+    assert [t for t in client.close()] == [None]
+    assert client.deadline() == float("inf")

@@ -15,8 +15,8 @@ from kipside.protocol import (
     parse_response_header,
 )
 from kipside.protocol.kafka_errors import ErrorCode
-from kipside.proxy.features.coalesce.client_produce import ClientProduce
-from kipside.proxy.network.nodes import NodeMap
+from kipside.proxy.stages.coalescing.client_produce import ClientProduce
+from kipside.proxy.upstream.nodes import NodeMap
 
 NOT_LEADER = int(ErrorCode.not_leader_or_follower)
 VERSION = 11

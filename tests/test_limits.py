@@ -1,4 +1,4 @@
-"""The rule file's limits, enforced by kipside.proxy.network.limits: the reporter (one line per
+"""The rule file's limits, enforced by kipside.proxy.core.limits: the reporter (one line per
 limit per interval, every event counted), the protocol caps (tagged fields, partitions, frame
 size) and that every limit is documented.
 
@@ -40,10 +40,10 @@ from kipside.protocol import (
     parse_request_header,
     request_body_offset,
 )
-from kipside.proxy.features.principals import PrincipalRules
-from kipside.proxy.network.hooks import RoutedClient
-from kipside.proxy.network.identity import ANONYMOUS, Principal
-from kipside.proxy.network.limits import LimitReporter
+from kipside.proxy.core.decisions import ClientHandle
+from kipside.proxy.core.identity import ANONYMOUS, Principal
+from kipside.proxy.core.limits import LimitReporter
+from kipside.proxy.stages.principals import PrincipalRules
 from kipside.proxy.telemetry.stats import Stats
 from kipside.rules import Limits, parse_rules
 
@@ -141,7 +141,7 @@ def test_a_principal_check_does_not_let_a_request_over_a_cap_through() -> None:
         "p.yaml",
     )
     check = PrincipalRules(lambda: rules)
-    client = cast(RoutedClient, _Client())
+    client = cast(ClientHandle, _Client())
     within, over = produce_frame(9, 1, 10), produce_frame(9, 1, 11)
     assert check.refusal(client, within, parse_request_header(within)) is None
     with pytest.raises(LimitExceeded):

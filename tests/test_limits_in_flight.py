@@ -1,5 +1,5 @@
 """The rule file's in-flight limits (limits.max_in_flight_bytes_per_client and
-limits.max_in_flight_bytes), enforced by kipside.proxy.network.limits: a client over its limit
+limits.max_in_flight_bytes), enforced by kipside.proxy.core.limits: a client over its limit
 is not read until its answers are taken.
 
 Socket-free on trio's autojump clock against a stand-in connection where the behaviour lives
@@ -21,28 +21,20 @@ from limits_kit import server_limits
 from test_session import TIMEOUT, answer_to, heartbeat_request, wired_session
 
 from kipside.protocol import ApiKey, response_correlation_id
-from kipside.proxy.network.limits import (
+from kipside.proxy.core.client_side import ClientSide
+from kipside.proxy.core.limits import (
     IN_FLIGHT,
     IN_FLIGHT_PER_CLIENT,
     REQUEST_OVERHEAD_BYTES,
     ClientLimits,
     ServerLimits,
 )
-from kipside.proxy.network.wire import READ_SIZE
+from kipside.proxy.session.reading import Room
 from kipside.proxy.telemetry.stats import Stats
+from kipside.proxy.transport.wire import READ_SIZE
 from kipside.rules import Limits, RuleSet
 
 # ------------------------------------------------------------------------- in-flight bytes
-
-
-class StandIn:
-    """A connection's backlog, as the limits see a Wire."""
-
-    def __init__(self) -> None:
-        self.report: Callable[[int], None] = lambda _delta: None
-
-    def on_backlog(self, callback: Callable[[int], None]) -> None:
-        self.report = callback
 
 
 @dataclass
@@ -54,8 +46,15 @@ class Clients:
     def __post_init__(self) -> None:
         self.server = ServerLimits(lambda: self.limits, self.stats)
 
-    def client(self, name: str, wire: StandIn | None = None) -> ClientLimits:
-        return self.server.client(wire or StandIn(), lambda: f"client {name}", lambda: None)
+    def client(self, name: str) -> tuple[ClientLimits, Room]:
+        """One client's limits, and where its driver waits for room (session.reading)."""
+        limits = self.server.client(lambda: f"client {name}", 0.0)
+        return limits, Room(limits)
+
+
+NO_SIDE = ClientSide(
+    Clients(Limits()).client("unused")[0], max_frame_bytes=1024, on_ready=lambda: None
+)
 
 
 async def paused(room: Callable[[], object]) -> bool:
@@ -70,36 +69,35 @@ async def test_a_client_over_its_limit_is_not_read_until_its_answers_are_taken(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     clients = Clients(Limits(max_in_flight_bytes_per_client=4096))
-    wire = StandIn()
-    client = clients.client("127.0.0.1:5555", wire)
+    client, room = clients.client("127.0.0.1:5555")
     with trio.fail_after(TIMEOUT * 10):
         charged = client.took(3000)
         assert charged == 3000 + REQUEST_OVERHEAD_BYTES
         assert client.over() is None
         client.arrived(1000)  # its answer came; not written yet
         assert client.over() == IN_FLIGHT_PER_CLIENT
-        assert await paused(lambda: client.room(0))
+        assert await paused(lambda: room.requests(NO_SIDE))
         assert clients.stats.limit_reached[IN_FLIGHT_PER_CLIENT] == 1
         assert "client 127.0.0.1:5555" in caplog.text
         assert "limits.max_in_flight_bytes_per_client (4096)" in caplog.text
-        client.written(charged, 1000)
-        wire.report(+9000)  # the socket did not take all of an answer: 9000 bytes unsent
+        client.written(0.0, charged, 1000)
+        client.backlog_changed(+9000)  # the socket did not take all of an answer: 9000 bytes unsent
         assert clients.stats.in_flight_bytes == 9000
         async with trio.open_nursery() as nursery:
 
             async def reader() -> None:
                 started = trio.current_time()
-                await client.room(0)
+                await room.requests(NO_SIDE)
                 assert trio.current_time() - started == pytest.approx(2.0, abs=0.01)
 
             nursery.start_soon(reader)
             await trio.sleep(1)
             assert clients.stats.paused_client_connections == 1
-            wire.report(-2000)  # the client reads a little: 7000, still over
+            client.backlog_changed(-2000)  # the client reads a little: 7000, still over
             await trio.sleep(1)
-            wire.report(-3000)  # and more: 4000, the reader goes on at once
+            client.backlog_changed(-3000)  # and more: 4000, the reader goes on at once
             await trio.sleep(1)
-            wire.report(-4000)
+            client.backlog_changed(-4000)
         assert clients.stats.paused_client_connections == 0
         assert clients.stats.in_flight_bytes == 0
 
@@ -108,36 +106,36 @@ async def test_its_own_broker_connection_waits_only_on_answers_the_socket_refuse
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     clients = Clients(Limits(max_in_flight_bytes_per_client=4096))
-    wire = StandIn()
-    client = clients.client("a", wire)
+    client, room = clients.client("a")
     with trio.fail_after(TIMEOUT * 10):
         client.took(8000)
         client.arrived(8000)  # e.g. waiting behind an answer still to come on that connection
         assert client.over() == IN_FLIGHT_PER_CLIENT
-        assert not await paused(client.answers_room)  # else that answer would never come
-        client.written(8000 + REQUEST_OVERHEAD_BYTES, 8000)
-        wire.report(+8000)  # written, but the client is not reading
-        assert await paused(client.answers_room)
-        wire.report(-8000)
-        assert not await paused(client.answers_room)
+        assert not await paused(room.answers)  # else that answer would never come
+        client.written(0.0, 8000 + REQUEST_OVERHEAD_BYTES, 8000)
+        client.backlog_changed(+8000)  # written, but the client is not reading
+        assert await paused(room.answers)
+        client.backlog_changed(-8000)
+        assert not await paused(room.answers)
 
 
 async def test_over_the_total_only_clients_above_an_equal_share_wait(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     clients = Clients(Limits(max_in_flight_bytes=1 << 20, max_in_flight_bytes_per_client=1 << 30))
-    hog, small = clients.client("hog"), clients.client("small")  # an equal share: 512 KiB
+    (hog, hog_room), (small, small_room) = clients.client("hog"), clients.client("small")
+    # An equal share of the total: 512 KiB.
     with trio.fail_after(TIMEOUT * 10):
         hog_bytes = hog.took(1_200_000)
         small.took(100)
         assert hog.over() == IN_FLIGHT
         assert small.over() is None  # the producer with its request out keeps being read
-        assert not await paused(lambda: small.room(0))
+        assert not await paused(lambda: small_room.requests(NO_SIDE))
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(hog.room, 0)
+            nursery.start_soon(hog_room.requests, NO_SIDE)
             await trio.sleep(1)
             assert clients.stats.paused_client_connections == 1
-            hog.written(hog_bytes, 0)  # answered: the total is back under the limit
+            hog.written(0.0, hog_bytes, 0)  # answered: the total is back under the limit
         assert clients.stats.limit_reached == {IN_FLIGHT: 1}
         small.close()
         hog.close()
@@ -150,11 +148,11 @@ async def test_a_reload_that_raises_the_limit_wakes_a_paused_client(
 ) -> None:
     caplog.set_level(logging.INFO, logger="kipside.limits")
     clients = Clients(Limits(max_in_flight_bytes_per_client=4096))
-    client = clients.client("a")
+    client, room = clients.client("a")
     with trio.fail_after(TIMEOUT * 10):
         client.took(8000)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(client.room, 0)
+            nursery.start_soon(room.requests, NO_SIDE)
             await trio.sleep(1)
             old = RuleSet(limits=clients.limits)
             clients.limits = Limits(max_in_flight_bytes_per_client=1 << 20)

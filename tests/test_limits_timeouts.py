@@ -1,27 +1,25 @@
-"""The rule file's timeouts (limits.idle_timeout_ms, limits.request_read_timeout_ms), enforced
-by kipside.proxy.network.deadlines.
+"""The rule file's timeouts (limits.idle_timeout_ms, limits.request_read_timeout_ms), decided by
+kipside.proxy.core.deadlines.
 
-Socket-free on trio's autojump clock where the behaviour lives in the Deadlines object; a real
-Session between loopback sockets (tests/test_session.py's wiring) where it is what a client
-sees: closed when idle or slow, not while it is owed an answer. Every test has an absolute
-trio.fail_after (TIMEOUT).
+Socket-free on a model clock where the behaviour lives, in the sans-I/O Deadlines object; a real
+Session between loopback sockets (tests/test_session.py's wiring), on trio's autojump clock,
+where it is what a client sees: closed when idle or slow, not while it is owed an answer. Every
+socket test has an absolute trio.fail_after (TIMEOUT).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 
 import pytest
 import trio
 import trio.testing
 from limits_kit import server_limits
-from test_session import TIMEOUT, answer_to, heartbeat_request, wired_session
+from test_session import answer_to, heartbeat_request, wired_session
 
 from kipside.protocol import ApiKey
-from kipside.proxy.network.deadlines import IDLE, REQUEST_READ, Deadlines
+from kipside.proxy.core.deadlines import IDLE, REQUEST_READ, Deadlines
 from kipside.rules import Limits
 
 # ------------------------------------------------------------------------- deadlines
@@ -29,83 +27,76 @@ from kipside.rules import Limits
 
 @dataclass
 class Watched:
-    """Deadlines under test, with what they reported."""
+    """Deadlines under test on a model clock, watched as the session's driver watches them:
+    at each deadline (or when told the limits changed) it asks whether one expired."""
 
     limits: Limits
     busy: bool = False
+    now: float = 0.0
     expired: list[tuple[str, float, int]] = field(default_factory=list)
 
-    def deadlines(self) -> Deadlines:
-        def expire(key: str, seconds: float, partial: int) -> None:
-            self.expired.append((key, round(trio.current_time() - START, 3), partial))
+    def __post_init__(self) -> None:
+        self.deadlines = Deadlines(lambda: self.limits, lambda: self.busy, self.now)
 
-        return Deadlines(lambda: self.limits, lambda: self.busy, expire)
+    def ask(self) -> None:
+        if self.expired:
+            return
+        found = self.deadlines.expired(self.now)
+        if found is not None:
+            self.expired.append((found[0], round(self.now, 3), self.deadlines.partial_bytes))
 
-    @asynccontextmanager
-    async def watching(self) -> AsyncIterator[Deadlines]:
-        """The deadlines, watched from the block's start until they expire (the block's end
-        waits for that)."""
-        deadlines = self.deadlines()
-        with trio.fail_after(TIMEOUT * 10):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(deadlines.watch)
-                yield deadlines
+    def sleep(self, seconds: float) -> None:
+        """Let `seconds` of model time pass, stopping at every deadline on the way."""
+        until = self.now + seconds
+        while not self.expired and (deadline := self.deadlines.next_deadline()) <= until:
+            self.now = max(self.now, deadline)
+            self.ask()
+        self.now = until
 
 
-START = 0.0  # trio's MockClock starts at 0
-
-
-async def test_idle_connection_closes_after_the_idle_timeout_and_not_while_it_is_owed(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
+def test_idle_connection_closes_after_the_idle_timeout_and_not_while_it_is_owed() -> None:
     watched = Watched(Limits(idle_timeout_ms=5000, request_read_timeout_ms=0), busy=True)
-    async with watched.watching() as deadlines:
-        await trio.sleep(12)  # owed answers all along: never idle
-        assert watched.expired == []
-        watched.busy = False  # at 12 s; last counted busy at 10 s
-        await trio.sleep(1)
-        deadlines.read(0, completed=True)  # a request at 13 s
+    watched.sleep(12)  # owed answers all along: never idle
+    assert watched.expired == []
+    watched.busy = False  # at 12 s; last counted busy at 10 s
+    watched.sleep(1)
+    watched.deadlines.read(watched.now, 0, completed=True)  # a request at 13 s
+    watched.sleep(60)
     # Idle from 13 s: closed at 18 s, not at 15 s.
     assert watched.expired == [(IDLE, 18.0, 0)]
 
 
-async def test_a_request_not_whole_within_the_read_timeout_closes_even_if_bytes_trickle(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
+def test_a_request_not_whole_within_the_read_timeout_closes_even_if_bytes_trickle() -> None:
     watched = Watched(Limits(idle_timeout_ms=0, request_read_timeout_ms=2000))
-    async with watched.watching() as deadlines:
-        await trio.sleep(1)
-        deadlines.read(5, completed=False)  # a request begins at 1 s
-        for partial in range(6, 30):  # a byte every 0.1 s: still the same request
-            await trio.sleep(0.1)
-            deadlines.read(partial, completed=False)
+    watched.sleep(1)
+    watched.deadlines.read(watched.now, 5, completed=False)  # a request begins at 1 s
+    for partial in range(6, 30):  # a byte every 0.1 s: still the same request
+        watched.sleep(0.1)
+        watched.deadlines.read(watched.now, partial, completed=False)
+    watched.sleep(60)
     assert watched.expired == [(REQUEST_READ, 3.0, 24)]
 
 
-async def test_a_whole_request_restarts_the_clock_and_a_paused_reader_stops_it(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
+def test_a_whole_request_restarts_the_clock_and_a_paused_reader_stops_it() -> None:
     watched = Watched(Limits(idle_timeout_ms=0, request_read_timeout_ms=2000))
-    async with watched.watching() as deadlines:
-        deadlines.read(10, completed=False)  # begins at 0
-        await trio.sleep(1.5)
-        deadlines.read(4, completed=True)  # whole at 1.5 s; the next begins
-        await trio.sleep(1.5)
-        deadlines.pause()  # kipside stops reading at 3 s: not the client's fault
-        await trio.sleep(30)
-        assert watched.expired == []
-        deadlines.resume(4)  # reading again at 33 s
+    deadlines = watched.deadlines
+    deadlines.read(0.0, 10, completed=False)  # begins at 0
+    watched.sleep(1.5)
+    deadlines.read(watched.now, 4, completed=True)  # whole at 1.5 s; the next begins
+    watched.sleep(1.5)
+    deadlines.pause()  # kipside stops reading at 3 s: not the client's fault
+    watched.sleep(30)
+    assert watched.expired == []
+    deadlines.resume(watched.now, 4)  # reading again at 33 s
+    watched.sleep(60)
     assert watched.expired == [(REQUEST_READ, 35.0, 4)]
 
 
-async def test_a_reload_applies_a_shorter_timeout_at_once(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
+def test_a_reload_applies_a_shorter_timeout_at_once() -> None:
     watched = Watched(Limits(idle_timeout_ms=600_000, request_read_timeout_ms=0))
-    async with watched.watching() as deadlines:
-        await trio.sleep(10)
-        watched.limits = replace(watched.limits, idle_timeout_ms=3000)
-        deadlines.reconsider()
+    watched.sleep(10)
+    watched.limits = replace(watched.limits, idle_timeout_ms=3000)
+    watched.ask()  # the driver asks again when the rules change
     assert watched.expired == [(IDLE, 10.0, 0)]  # idle for 10 s already: over 3 s
 
 

@@ -7,16 +7,14 @@ imported from the wheel's own files rather than the editable link tree.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
+from testkit.wheel import PACKAGE_DIRS, build_wheel
 
-REPO = Path(__file__).resolve().parent.parent
 PUBLIC = (
     "kipside.protocol",
     "kipside.proxy",
@@ -24,29 +22,11 @@ PUBLIC = (
     "kipside.pipeline",
     "kipside.evidence",
 )
-# The package folders at the top of the checkout, as pyproject maps them (and the Dockerfile copies
-# them: tests/test_dockerfile.py), plus the Spark shim, which keeps its own name.
-PACKAGE_DIRS: dict[str, str] = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"][
-    "setuptools"
-]["package-dir"]
-PACKAGE_FOLDERS = (*PACKAGE_DIRS.values(), "pyspark_kipside")
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # From a copy of what the Dockerfile copies too: a build/ folder left in the checkout by an
-    # earlier build could otherwise lend the wheel files that no longer exist.
-    source = tmp_path_factory.mktemp("source")
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(REPO / name, source / name)
-    skip = shutil.ignore_patterns("__pycache__")
-    for folder in PACKAGE_FOLDERS:
-        shutil.copytree(REPO / folder, source / folder, ignore=skip)
-    out = tmp_path_factory.mktemp("wheel")
-    build = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(out)]
-    subprocess.run([*build, str(source)], check=True, capture_output=True)
-    (found,) = out.glob("kipside-*.whl")
-    return found
+    return build_wheel(tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("source"))
 
 
 def test_only_kipside_and_the_spark_shim_are_top_level(wheel: Path) -> None:

@@ -27,9 +27,9 @@ from kipside.protocol import (
     parse_response_header,
 )
 from kipside.protocol.batch_builder import Record, encode_batch
-from kipside.proxy.features.principals import PrincipalRules
-from kipside.proxy.network.hooks import Narrowed, RoutedClient
-from kipside.proxy.network.identity import Principal
+from kipside.proxy.core.decisions import ClientHandle, Narrow
+from kipside.proxy.core.identity import Principal
+from kipside.proxy.stages.principals import PrincipalRules
 from kipside.rules import RuleError, parse_rules
 
 RULES = """\
@@ -81,7 +81,7 @@ def test_refused(text: str, message: str) -> None:
 
 # --------------------------------------------------------------------------- mixed requests
 # A request naming a topic the principal may use and one it may not: the allowed part goes on
-# (Narrowed), and the broker's answer to it gets the refused partitions back in the client's
+# (Narrow), and the broker's answer to it gets the refused partitions back in the client's
 # order (features.principals), as Apache Kafka answers such a request.
 
 
@@ -96,7 +96,7 @@ class _Client:
         return "client 127.0.0.1:1 (User:alice)"
 
 
-CLIENT = cast(RoutedClient, _Client())  # what the check reads of a session: principal, describe
+CLIENT = cast(ClientHandle, _Client())  # what the check reads of a session: principal, describe
 
 
 CHECK = PrincipalRules(lambda: parse_rules(RULES, "p.yaml"))
@@ -124,7 +124,7 @@ def test_mixed_produce_goes_on_without_the_refused_topic() -> None:
     frame, batches = _produce(acks=-1)
     header = parse_request_header(frame)
     verdict = CHECK.refusal(CLIENT, frame, header)
-    assert isinstance(verdict, Narrowed) and verdict.frame is not None and verdict.merge
+    assert isinstance(verdict, Narrow) and verdict.frame is not None and verdict.merge
     assert verdict.frame[4 : header.body_offset] == frame[4 : header.body_offset]  # same header
     kept = parse_produce_request(verdict.frame, header.body_offset, 9)
     assert (kept.acks, kept.timeout_ms) == (-1, 1000)
@@ -163,7 +163,7 @@ def test_refused_acks0_produce_closes_after_forwarding_the_rest() -> None:
     frame, _ = _produce(acks=0)
     header = parse_request_header(frame)
     verdict = CHECK.refusal(CLIENT, frame, header)
-    assert isinstance(verdict, Narrowed) and verdict.merge is None and verdict.frame is not None
+    assert isinstance(verdict, Narrow) and verdict.merge is None and verdict.frame is not None
     assert verdict.close is not None and "acks=0" in verdict.close and "payments" in verdict.close
     kept = parse_produce_request(verdict.frame, header.body_offset, 9)
     assert {b.topic for b in kept.partitions} == {"orders.eu", "audit"}
@@ -212,7 +212,7 @@ def test_mixed_fetch_merges_the_refused_topic_with_empty_records() -> None:
     frame = _fetch_v12({"payments": [0, 1], "audit": [2], "orders.eu": [0]})
     header = parse_request_header(frame)
     verdict = CHECK.refusal(CLIENT, frame, header)
-    assert isinstance(verdict, Narrowed) and verdict.frame is not None and verdict.merge
+    assert isinstance(verdict, Narrow) and verdict.frame is not None and verdict.merge
     sent = messages.decode_request(ApiKey.FETCH, 12, verdict.frame, header.body_offset)
     assert [t.topic for t in sent.topics] == ["audit", "orders.eu"]
 

@@ -1,8 +1,8 @@
 """Each kipside package's public API: what its __init__ lists in __all__ is there, and cheap.
 
 Other packages import only these names (`make lint` checks that); the names that need the
-pipeline extra (numba, pyspark) load on first use, so the sidecar and the command line never pay
-for them.
+pipeline or columnar extra (numba, pyspark, pyarrow) load on first use, so the sidecar and the
+command line never pay for them.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ def _loaded_after(statement: str, modules: tuple[str, ...]) -> list[str]:
     [
         ("import kipside.protocol", ("numba", "pyspark", "pyarrow")),
         ("import kipside.pipeline", ("numba", "pyspark", "pyarrow")),
+        ("import kipside.rules", ("numba", "pyspark", "pyarrow")),
         ("import kipside.proxy", ("numba", "pyspark", "pyarrow", "kipside.pipeline")),
     ],
 )
@@ -52,3 +53,8 @@ def test_importing_a_package_loads_no_optional_dependency(
 def test_the_compiled_kernel_loads_on_first_use() -> None:
     statement = "import kipside.protocol as p\nassert callable(p.decode_columns)"
     assert _loaded_after(statement, ("numba",)) == ["numba"]
+
+
+def test_the_columnar_codec_loads_on_first_use() -> None:
+    statement = "import kipside.protocol as p\nassert callable(p.decode_columnar_batch)"
+    assert _loaded_after(statement, ("pyarrow", "numba")) == ["numba", "pyarrow"]

@@ -94,7 +94,7 @@ REFUSED = [
         "unknown_key_lists_the_sections",
         "# rules\nlimit:\n  max_connections: 5\n",
         "kipside.yaml:2: limit: unknown key 'limit' (did you mean 'limits'?); "
-        "allowed keys here are: limits, coalescing, transactions, tracing, principals",
+        "allowed keys here are: limits, coalescing, transactions, tracing, principals, topics",
     ),
     refused(
         "unknown_key_lists_the_transaction_keys",
@@ -139,7 +139,7 @@ REFUSED = [
         "wrong_type_whole_file",
         "- limits\n",
         "kipside.yaml:1: (top level): expected a mapping with the sections limits, "
-        "coalescing, transactions, tracing, principals, got a list",
+        "coalescing, transactions, tracing, principals, topics, got a list",
     ),
     refused(
         "wrong_type_quoted_number_says_remove_the_quotes",
@@ -319,7 +319,7 @@ REFUSED = [
         "inside_an_unknown_key_nothing_more_is_said",
         "limit:\n  1: 2\n",
         "kipside.yaml:1: limit: unknown key 'limit' (did you mean 'limits'?); "
-        "allowed keys here are: limits, coalescing, transactions, tracing, principals",
+        "allowed keys here are: limits, coalescing, transactions, tracing, principals, topics",
     ),
     refused(
         "empty_optional_value_names_the_default",

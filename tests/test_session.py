@@ -1,4 +1,5 @@
-"""Tests for proxy.session: ordering and connection lifetime, against a scripted fake upstream.
+"""The session driver (proxy.session) on real sockets: ordering and connection lifetime, against a
+scripted fake upstream.
 
 Real loopback sockets on port 0 (Session dials its upstream itself, with
 trio.open_tcp_stream), but no broker: the fake upstream in each test reads request frames and
@@ -28,12 +29,17 @@ from kipside.protocol import (
     response_correlation_id,
 )
 from kipside.protocol.headers import build_frame, encode_request_header, encode_response_header
-from kipside.proxy.features.versions import VersionPolicy
-from kipside.proxy.network.addresses import AddressRewriter
-from kipside.proxy.network.limits import ServerLimits
-from kipside.proxy.network.nodes import NodeMap
-from kipside.proxy.network.session import Session
-from kipside.proxy.network.wire import Wire
+from kipside.proxy.core.limits import ServerLimits
+from kipside.proxy.session.answers import AnswerWriter
+from kipside.proxy.session.own_connection import OwnConnection
+from kipside.proxy.session.session import Session
+from kipside.proxy.stages.pipeline import Stages
+from kipside.proxy.stages.versions import VersionPolicy
+from kipside.proxy.telemetry.stats import Stats
+from kipside.proxy.transport.wire import Wire
+from kipside.proxy.upstream.addresses import AddressRewriter
+from kipside.proxy.upstream.nodes import NodeMap
+from kipside.rules import RuleSet
 
 # Every test runs on trio's autojump clock (the autojump_clock fixture): once every task waits,
 # on a socket or a timer, the clock jumps to the next deadline, so "nothing arrives for QUIET"
@@ -196,15 +202,21 @@ async def wired_session(limits: ServerLimits | None = None) -> AsyncIterator[Wir
         accepted = await front_listener.accept()
         await front_listener.aclose()
         nodes = NodeMap(advertise_host="127.0.0.1", node_port_base=None)
+        limits = limits or ServerLimits(lambda: RuleSet().limits, Stats())
+        versions = VersionPolicy()
+        pipeline = Stages.build(RuleSet, versions, None).pipeline(RuleSet())
         session = Session(
             Wire.from_stream(accepted),
-            [Address("127.0.0.1", upstream_port)],
-            rewriter=AddressRewriter(nodes),
-            versions=VersionPolicy(),
-            max_frame_bytes=1 << 20,
-            connect_timeout=5,
-            stats=limits.stats if limits is not None else None,
+            pipeline=lambda: pipeline,
+            own=OwnConnection(
+                [Address("127.0.0.1", upstream_port)],
+                max_frame_bytes=1 << 20,
+                stats=limits.stats,
+                connect_timeout=5,
+            ),
+            writer=AnswerWriter(versions, AddressRewriter(nodes), limits.stats),
             limits=limits,
+            max_frame_bytes=1 << 20,
         )
         ended = trio.Event()
 

@@ -1,6 +1,6 @@
-"""proxy.network.tls and .certificates without a broker: TlsWire's ordered writes and reads on
-real loopback sockets, a client certificate's principal as Kafka writes it (RFC 2253), and the
-TLS options' usage errors."""
+"""proxy.transport.tls and security.certificates without a broker: TlsWire's ordered writes and
+reads on real loopback sockets, a client certificate's principal as Kafka writes it (RFC 2253),
+and the TLS options' usage errors."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from cryptography.x509.oid import NameOID
 from testkit.ports import loopback_pair
 
 from kipside.proxy.cli import main
-from kipside.proxy.network.certificates import certificate_principal, rfc2253
-from kipside.proxy.network.identity import Principal
-from kipside.proxy.network.tls import TlsWire
+from kipside.proxy.core.identity import Principal
+from kipside.proxy.security.certificates import certificate_principal, rfc2253
+from kipside.proxy.transport.tls import TlsWire
 
 TIMEOUT = 10
 

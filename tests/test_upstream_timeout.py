@@ -15,7 +15,9 @@ import trio
 
 from kipside.protocol import Address, ApiKey, FrameDecoder, build_frame, encode_request_header
 from kipside.protocol.headers import parse_request_header
-from kipside.proxy.network.upstream import UpstreamConnection, UpstreamFailed
+from kipside.proxy.core.answers import UpstreamFailed
+from kipside.proxy.transport.waiting import answer_of
+from kipside.proxy.upstream.connection import UpstreamConnection
 
 TIMEOUT = 10
 ANSWER_TIMEOUT = 0.3
@@ -82,13 +84,13 @@ async def test_a_silent_broker_fails_the_requests_in_flight_and_closes() -> None
         async with connected(ScriptedBroker([0.0, None, None])) as connection:
             first = connection.send_nowait(metadata_request(1), ApiKey.METADATA, 1)
             assert first is not None
-            await first.wait()
+            await answer_of(first)
             started = trio.current_time()
             second = connection.send_nowait(metadata_request(2), ApiKey.METADATA, 1)
             third = connection.send_nowait(metadata_request(3), ApiKey.METADATA, 1)
             assert second is not None and third is not None
             with pytest.raises(UpstreamFailed) as failed:
-                await second.wait()
+                await answer_of(second)
             waited = trio.current_time() - started
             assert ANSWER_TIMEOUT <= waited < ANSWER_TIMEOUT * 1.25 + 0.2, waited
             assert str(failed.value) == (
@@ -105,7 +107,7 @@ async def test_a_request_allowance_and_a_slow_broker_are_waited_out() -> None:
             # Allowed 1 s by its own terms: answered at 0.6 s, past the 0.3 s timeout.
             allowed = connection.send_nowait(metadata_request(1), ApiKey.METADATA, 1, allowance=1.0)
             assert allowed is not None
-            await allowed.wait()
+            await answer_of(allowed)
             # Idle for longer than the timeout: nothing is in flight, nothing is cut.
             await trio.sleep(ANSWER_TIMEOUT * 2)
             # Each answer takes 0.2 s; three in a row keep the head moving, so none waits
@@ -115,5 +117,5 @@ async def test_a_request_allowance_and_a_slow_broker_are_waited_out() -> None:
             ]
             for p in pending:
                 assert p is not None
-                await p.wait()
+                await answer_of(p)
             assert not connection.closed

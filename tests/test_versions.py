@@ -16,8 +16,8 @@ from kipside.protocol.apis import ApiKey
 from kipside.protocol.errors import DecodeError
 from kipside.protocol.headers import build_frame, encode_response_header, parse_response_header
 from kipside.protocol.messages import decode_response, encode_message
-from kipside.proxy.features.versions import MAX_API_VERSIONS_VERSION, VersionPolicy, kipside_ranges
-from kipside.proxy.network.addresses import address_apis
+from kipside.proxy.stages.versions import MAX_API_VERSIONS_VERSION, VersionPolicy, kipside_ranges
+from kipside.proxy.upstream.addresses import address_apis
 
 HEARTBEAT = 12
 UNKNOWN_KEY = 1000

@@ -16,8 +16,8 @@ import trio
 import trio.testing
 from testkit.ports import loopback_pair
 
-from kipside.proxy.network import wire as wire_module
-from kipside.proxy.network.wire import Wire, WireBroken
+from kipside.proxy.transport import wire as wire_module
+from kipside.proxy.transport.wire import Wire, WireBroken
 
 TIMEOUT = 10
 

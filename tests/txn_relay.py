@@ -13,7 +13,7 @@ It is a filter on tests/relaykit's Relay, which is Kafka-frame aware in both dir
 requests are read whole, responses are matched to the requests they answer by correlation id,
 and a local answer is queued behind every response still owed on its connection, so each
 connection's responses stay in request order (clients and kipside require that). Local answers
-are built by kipside's own answer builders (kipside.proxy.features.transactions), in the
+are built by kipside's own answer builders (kipside.proxy.stages.transactions), in the
 request's API version, header version and correlation id.
 
 Independently of kipside it counts, per transactional id: forwarded ("accepted") and locally
@@ -52,7 +52,7 @@ from kipside.protocol.apis import ApiKey
 from kipside.protocol.errors import ProtocolError
 from kipside.protocol.headers import RequestHeader, parse_response_header
 from kipside.protocol.messages import decode_request, decode_response
-from kipside.proxy.features.transactions import add_offsets_answer, add_partitions_answer
+from kipside.proxy.stages.transactions import add_offsets_answer, add_partitions_answer
 
 CONCURRENT_TRANSACTIONS: Final = int(ErrorCode.concurrent_transactions)  # 51
 MAX_V3_ADD_PARTITIONS: Final = 3  # v4+ is the broker-to-broker batch form: forwarded as is

@@ -16,8 +16,8 @@ import logging
 
 import trio
 
-from kipside.proxy.network.certificates import CertificateError, ListenerTls, listener_context
 from kipside.proxy.operations.reload import POLL_SECONDS, FileStamp, file_stamp
+from kipside.proxy.security.certificates import CertificateError, ListenerTls, listener_context
 
 log = logging.getLogger("kipside.tls")
 

@@ -77,8 +77,10 @@ def conversation(
     handshake: bool = True,
     client_isn: int = 1000,
     server_isn: int = 5000,
+    server_closes_first: bool = False,
 ) -> list[Any]:
-    """One TCP connection: each request frame, then its response frame (None: no answer)."""
+    """One TCP connection: each request frame, then its response frame (None: no answer); then
+    the client closes it (FIN), or the server first."""
     from scapy.layers.inet import IP, TCP
     from scapy.layers.l2 import Ether
 
@@ -115,9 +117,14 @@ def conversation(
                 packets.append(segment(server, client, s_seq, c_seq, "PA", chunk))
                 s_seq += len(chunk)
             packets.append(segment(client, server, c_seq, s_seq, "A"))
-    packets.append(segment(client, server, c_seq, s_seq, "FA"))
-    packets.append(segment(server, client, s_seq, c_seq + 1, "FA"))
-    packets.append(segment(client, server, c_seq + 1, s_seq + 1, "A"))
+    if server_closes_first:
+        packets.append(segment(server, client, s_seq, c_seq, "FA"))
+        packets.append(segment(client, server, c_seq, s_seq + 1, "FA"))
+        packets.append(segment(server, client, s_seq + 1, c_seq + 1, "A"))
+    else:
+        packets.append(segment(client, server, c_seq, s_seq, "FA"))
+        packets.append(segment(server, client, s_seq, c_seq + 1, "FA"))
+        packets.append(segment(client, server, c_seq + 1, s_seq + 1, "A"))
     return packets
 
 

@@ -137,7 +137,9 @@ def test_a_packet_cut_by_the_snap_length_keeps_its_request_counted(
     headers = len(records[cut.index].data) - len(cut.payload)
     summary = damaged(tmp_path, pcapkit.snapped(records, cut.index, headers + 20))
     found = skipped(summary)
-    assert found.pop("unanswered", 0) <= 1  # if it was acks=0: its acks were in the lost bytes
+    # If it was acks=0 (its acks were in the lost bytes), it waits for an answer until the
+    # client closes the connection.
+    assert found.pop("unanswered", 0) + found.pop("abandoned", 0) <= 1
     assert found == {
         "snap_cut": 1,
         "snap_bytes": len(cut.payload) - 20,

@@ -63,6 +63,21 @@ def test_a_connection_is_summarised_and_its_answers_timed(tmp_path: Path) -> Non
     assert not any(summary.skipped.values())
 
 
+@pytest.mark.parametrize("server_closes_first", [False, True])
+def test_a_request_left_unanswered_when_the_client_closes_is_abandoned_not_lost(
+    tmp_path: Path, server_closes_first: bool
+) -> None:
+    request, _ = metadata_exchange(2)
+    packets = pcapkit.conversation(
+        [metadata_exchange(1), (request, None)], server_closes_first=server_closes_first
+    )
+    skipped = summarize(write(tmp_path, packets)).skipped
+    if server_closes_first:  # the server hung up on a request: its answer is missing
+        assert (skipped["unanswered"], skipped["abandoned"]) == (1, 0)
+    else:  # the client hung up before the answer came: nothing was lost
+        assert (skipped["unanswered"], skipped["abandoned"]) == (0, 1)
+
+
 def test_a_capture_that_begins_mid_connection_starts_at_the_next_frame(tmp_path: Path) -> None:
     exchanges = [metadata_exchange(n) for n in (1, 2, 3)]
     packets = pcapkit.conversation(exchanges, mss=12)

@@ -140,7 +140,9 @@ class ClientCapture:
 
 # Lose nothing: repeated or reordered segments (loopback's tail-loss probes retransmit), and
 # answers (the capture holds the client -> kipside direction only).
-_NOTHING_LOST_BUT = frozenset({"retransmitted", "overlapping", "out_of_order", "unanswered"})
+_NOTHING_LOST_BUT = frozenset(
+    {"retransmitted", "overlapping", "out_of_order", "unanswered", "abandoned"}
+)
 
 
 def _client_requests(capture: Path, ports: set[int]) -> list[ClientRequest]:

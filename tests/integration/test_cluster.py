@@ -15,8 +15,8 @@ not lead as Apache Kafka does, and records what kipside sent each node).
 - test_not_leader_answer_is_the_brokers: one raw Produce v11 naming a partition the node leads
   and one it does not, to kipside's listener and to the simulated node itself: the same answer
   (error, current leader, its endpoint), the endpoint rewritten to kipside's listener, on the
-  coalesced path (this module's kipside lingers); the nodes test below checks the same on the
-  pass-through path.
+  coalesced path (the request waits behind another client's on node 1's one lane, so kipside
+  writes it); the nodes test below checks the same on the pass-through path.
 - test_nodes_join_and_leave_mid_traffic (its own kipside, linger 0: the pass-through path):
   node 4 joins and leads two partitions, node 3 leaves, mid-traffic: kipside opens node 4's
   listener from Metadata, ends what it had open to node 3, keeps node 3's listener (its port
@@ -32,6 +32,7 @@ import re
 import socket
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -175,10 +176,24 @@ def check_not_leader_answer(stack: ClusterStack, topic: str, path: str) -> int:
     "pass-through" (the client's own frame: a first request dials node 1's lane, the second
     finds it idle). Returns how many records it wrote to partition 0."""
     cluster, ks = stack.cluster, stack.kipside
+    node1 = ("127.0.0.1", ks.node_ports[1])
     direct = _produce(("127.0.0.1", cluster.port(1)), topic, [0, 2])
+    _produce(node1, topic, [0, 2])  # node 1's lane is up
     if path == "pass-through":
-        _produce(("127.0.0.1", ks.node_ports[1]), topic, [0, 2])
-    via = _produce(("127.0.0.1", ks.node_ports[1]), topic, [0, 2])
+        via = _produce(node1, topic, [0, 2])  # on the idle lane, as the client wrote it
+    else:
+        # Another client's request in flight on node 1's one lane: this one waits for the
+        # lane's next request, which kipside writes (this module's rules: linger 5 ms).
+        with ThreadPoolExecutor(2) as pool:
+            cluster.hold(1)
+            try:
+                ahead = pool.submit(_produce, node1, topic, [0])
+                time.sleep(0.3)
+                behind = pool.submit(_produce, node1, topic, [0, 2])
+                time.sleep(0.3)
+            finally:
+                cluster.release(1)
+            via, _ = behind.result(30), ahead.result(30)
     upstream = cluster.record(1).produce[-1]
     assert upstream.client_id == ("kipside-it-raw" if path == "pass-through" else "kipside")
     assert upstream.refused == ((topic, 2),), upstream
@@ -191,7 +206,7 @@ def check_not_leader_answer(stack: ClusterStack, topic: str, path: str) -> int:
         assert [(e.node_id, e.host, e.port) for e in answer.node_endpoints] == [
             (3, "127.0.0.1", node3)
         ], answer
-    return 3 if path == "pass-through" else 2
+    return 3 if path == "pass-through" else 4
 
 
 def test_not_leader_answer_is_the_brokers(

@@ -28,7 +28,7 @@ from kipside.protocol import PartitionBatch, encode_produce_request
 from kipside.protocol.apis import ApiKey
 from kipside.protocol.framing import FrameDecoder
 from kipside.protocol.headers import build_frame, encode_request_header
-from kipside.proxy.network.wire import READ_SIZE
+from kipside.proxy.transport.wire import READ_SIZE
 
 from .clients import Msg, assert_exactly_once_in_order, make_messages
 from .clients_confluent import Deliveries, ck_config

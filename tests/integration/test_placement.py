@@ -1,7 +1,9 @@
-"""Produce lane placement: acks values on their own lanes, order kept, nothing left pinned.
+"""Produce lanes under mixed acks values: order kept per producer and partition, every batch
+exactly once, nothing left outstanding.
 
-kipside runs in this process (tests/inprocess.py) so the test can read its LanePlacement; the
-broker (Tansu) and the clients (confluent-kafka) are real.
+kipside runs in this process (tests/inprocess.py) so the test can read its produce scheduler;
+the broker (Tansu) and the clients (confluent-kafka) are real. The scheduler's placement rules
+are tested in memory in tests/test_produce_scheduler.py.
 """
 
 from __future__ import annotations
@@ -14,34 +16,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from inprocess import StartKipside
 from testkit.broker import Broker
 
-from kipside.proxy.features.coalesce.placement import LanePlacement, lane_index
-
 from .clients_read_back import consume_assigned
 
 PARTITIONS = 4
 MESSAGES = 200
-
-
-def test_a_clients_partition_stays_on_its_lane_while_outstanding() -> None:
-    placement = LanePlacement()
-    hashed = lane_index("t", 0, 2)
-    assert placement.place("a", 1, "t", 0, -1, 2) == hashed  # one acks value: spread by hash
-    assert placement.place("a", 1, "t", 0, 1, 2) == hashed  # outstanding there: follows it
-    placement.release("a", 1, "t", 0)
-    placement.release("a", 1, "t", 0)
-    assert placement.outstanding() == 0
-
-
-def test_while_acks_values_mix_each_goes_to_its_own_lane() -> None:
-    placement = LanePlacement()
-    placement.place("a", 1, "t", 0, -1, 2)  # an acks=all batch outstanding on node 1
-    assert placement.place("b", 1, "t", 1, 1, 2) == 1  # acks=1 meets it: acks=1's lane
-    assert placement.place("c", 1, "t", 2, -1, 2) == 0  # and acks=all now goes to lane 0
-    assert placement.place("d", 1, "t", 3, 0, 3) == 2  # acks=0: lane 2 when there are 3
-    assert placement.place("e", 2, "t", 1, 1, 2) == lane_index("t", 1, 2)  # other node: alone
-    for client, node, partition in (("a", 1, 0), ("b", 1, 1), ("c", 1, 2), ("d", 1, 3)):
-        placement.release(client, node, "t", partition)
-    assert placement.place("f", 1, "t", 5, 1, 2) == lane_index("t", 5, 2)  # no mix any more
 
 
 def _produce(bootstrap: str, topic: str, name: str, conf: dict[str, object], out: dict) -> None:  # type: ignore[type-arg]
@@ -85,8 +63,7 @@ def test_mixed_acks_share_partitions_exactly_once_in_order_and_release_every_lan
     assert results == {name: (0, []) for name in confs}
 
     assert kipside.server.coalescer is not None
-    placement = kipside.server.coalescer.placement
-    assert placement.outstanding() == 0  # every batch answered released its partition
+    assert kipside.server.coalescer.outstanding() == 0  # every batch answered is released
 
     # Read back without a group (a group's join would only add its rebalance delay here).
     messages, _ = consume_assigned(kipside.bootstrap, topic, PARTITIONS, MESSAGES * len(confs))

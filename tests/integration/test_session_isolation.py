@@ -18,7 +18,7 @@ from kipside.protocol import (
     build_frame,
     encode_request_header,
 )
-from kipside.proxy.network.session import Session
+from kipside.proxy.session.session import Session
 
 pytestmark = pytest.mark.integration
 
@@ -45,14 +45,14 @@ def test_an_unexpected_error_closes_one_connection_and_kipside_serves_on(
 ) -> None:
     kipside = start_kipside_in_process(tansu.bootstrap, "")
     host, port = kipside.bootstrap.rsplit(":", 1)
-    on_request = Session._on_request
+    handle = Session.handle
 
-    async def faulty(self: Session, frame: bytes, header: RequestHeader) -> None:
+    async def faulty(self: Session, header: RequestHeader, frame: bytes, now: float) -> None:
         if self.client_id == "trips-a-bug":
             raise RuntimeError("a bug in kipside")
-        await on_request(self, frame, header)
+        await handle(self, header, frame, now)
 
-    monkeypatch.setattr(Session, "_on_request", faulty)
+    monkeypatch.setattr(Session, "handle", faulty)
     with caplog.at_level(logging.ERROR, logger="kipside.server"):
         bystander = socket.create_connection((host, int(port)), timeout=10)
         victim = socket.create_connection((host, int(port)), timeout=10)

@@ -434,8 +434,8 @@ def test_upstream_mismatches_are_named(
         "turns TLS on toward every broker"
     )
     plaintext_to_tls = (
-        "closed the connection during discovery; if its listener uses TLS, start kipside with "
-        "--upstream-ca"
+        "closed the connection at a plaintext Kafka request and answers a TLS handshake; its "
+        "listener uses TLS: start kipside with --upstream-ca FILE"
     )
     wrong_name = (
         "the broker's certificate did not verify: Hostname mismatch, certificate is not valid "

@@ -144,7 +144,7 @@ def test_a_decompression_bomb_stops_the_lake_naming_partition_offset_and_option(
     assert "\n" not in line
     assert re.match(
         rf"{re.escape(topic)}-0: the zstd batch at offset 10 decompresses to more than "
-        r"100000000 bytes .*kafka\.receive\.message\.max\.bytes.*nothing was read past offset 9",
+        r"100,000,000 bytes .*kafka\.receive\.message\.max\.bytes.*nothing was read past offset 9",
         line,
     ), line
     written = spark.read.parquet(str(tmp_path / "out")).select("n", "kafka_offset").collect()

@@ -165,6 +165,13 @@ class SimulatedCluster:
         with self._lock:
             return sorted(self._live)
 
+    def hold(self, node_id: int) -> None:
+        """Requests to node `node_id` stay in flight at its relay until `release`."""
+        self._node(node_id).hold()
+
+    def release(self, node_id: int) -> None:
+        self._node(node_id).release()
+
     def port(self, node_id: int) -> int:
         with self._lock:
             return self._node(node_id).port

@@ -11,9 +11,11 @@
                    collect every failed delivery.
 - testkit.produce_frames  valid ProduceRequest and ProduceResponse frames (kipside.protocol's
                    writers), for the codec tests and the fuzz tests.
-- testkit.kipside  `kipside serve` in front of a broker, ready once it says so and its announced
-                   listeners are the ports it was given; its logs, its SIGTERM stop.
+- testkit.kipside  `kipside serve` in front of a broker (or `kipside dev`), ready once it says so
+                   and its announced listeners are the ports it was given; its logs, its SIGTERM
+                   stop; another install's `kipside` with `binary` and `env`.
 - testkit.procs    every child process a harness started, so a watchdog can kill them all.
+- testkit.wheel    kipside's wheel, built from a copy of the checkout as `pip install .` builds it.
 - testkit.tools    external tools (kcat, chromium, haproxy, tshark, java): a skip or an error that
                    names the missing tool and how to install it.
 

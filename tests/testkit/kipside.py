@@ -4,10 +4,12 @@ ready once it prints `kipside: ready` and its announced listeners match the port
     ks = start_kipside(broker, workdir)        # free ports; rules, extra args, node ids optional
     produce_to(ks.bootstrap)
     assert ks.stop() == 0                      # SIGTERM; it must exit within STOP_TIMEOUT
+    dev = start_kipside_dev(workdir)           # `kipside dev`: its own Tansu, kipside in front
 
-It runs the venv's `kipside` (KIPSIDE_BIN), adds KIPSIDE_TEST_SERVE_ARGS to every command line,
-and keeps both logs in the caller's directory: stderr (`Kipside.log()`, `wait_for_log`) and
-stdout (the ready and listening lines). Every process is tracked (testkit.procs) and every
+It runs the venv's `kipside` (KIPSIDE_BIN; `binary` and `env` run another install's, e.g. a
+fresh venv's), adds KIPSIDE_TEST_SERVE_ARGS to every `serve` command line, and keeps both logs
+in the caller's directory: stderr (`Kipside.log()`, `wait_for_log`) and stdout (the ready and
+listening lines). Every process is tracked (testkit.procs) and every
 stderr log listed (`started_logs()`), so a watchdog can kill them and show the logs' tails.
 """
 
@@ -20,7 +22,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -37,6 +39,7 @@ __all__ = [
     "KipsideError",
     "Upstream",
     "start_kipside",
+    "start_kipside_dev",
     "started_logs",
     "tail",
 ]
@@ -58,6 +61,7 @@ _NODE_LINE = re.compile(
     r"^kipside: node (\d+) listening on ([\d.]+):(\d+) -> upstream ([\w.\-]+):(\d+)$"
 )
 _BOOTSTRAP_LINE = re.compile(r"^kipside: bootstrap listening on ([\d.]+):(\d+)$")
+_EMBEDDED_LINE = re.compile(r"^kipside: embedded Tansu broker on ([\d.]+:\d+) \(in-memory\)$")
 
 
 class KipsideError(RuntimeError):
@@ -175,33 +179,76 @@ def start_kipside(
     nodes: Collection[int] = (TANSU_NODE_ID,),
     listen_port: int | None = None,
     node_port_base: int | None = None,
+    binary: Path = KIPSIDE_BIN,
+    env: Mapping[str, str] | None = None,
 ) -> Kipside:
     """Start `kipside serve` in front of `upstream` and wait for its `kipside: ready` line.
 
     extra_args go to `kipside serve` after those from KIPSIDE_TEST_SERVE_ARGS. `nodes` are the
     upstream node ids kipside must announce a listener for (Tansu alone is node 111).
     `listen_port` and `node_port_base` (free ones by default) let a test start kipside again
-    on the ports an earlier one had (a restart).
+    on the ports an earlier one had (a restart). `binary` and `env` (this process's environment
+    by default) run another installation's `kipside`.
     """
-    if not KIPSIDE_BIN.exists():
-        raise KipsideError(f"{KIPSIDE_BIN} is missing: pip install -e . in the venv")
-    workdir.mkdir(parents=True, exist_ok=True)
     listen = free_port() if listen_port is None else listen_port
     base = _node_port_base(nodes) if node_port_base is None else node_port_base
-    args = _serve_args(upstream, listen, base, rules, extra_args)
+    args = _serve_args(binary, upstream, listen, base, rules, extra_args)
+    return _start(args, workdir, listen, base, nodes, timeout, env, upstream.bootstrap)
+
+
+def start_kipside_dev(
+    workdir: Path,
+    timeout: float = READY_TIMEOUT,
+    binary: Path = KIPSIDE_BIN,
+    env: Mapping[str, str] | None = None,
+) -> Kipside:
+    """Start `kipside dev` (its embedded Tansu, kipside in front) on free loopback ports, its
+    admin endpoint included, and wait for its `kipside: ready` line. The returned Kipside's
+    upstream is the embedded broker; stop() (SIGTERM) stops both."""
+    listen, base = free_port(), _node_port_base((TANSU_NODE_ID,))
+    args = [str(binary), "dev", "--listen", f"127.0.0.1:{listen}", "--node-port-base", str(base)]
+    args += ["--admin", f"127.0.0.1:{free_port()}"]
+    return _start(args, workdir, listen, base, (TANSU_NODE_ID,), timeout, env, None)
+
+
+def _start(
+    args: Sequence[str],
+    workdir: Path,
+    listen: int,
+    base: int,
+    nodes: Collection[int],
+    timeout: float,
+    env: Mapping[str, str] | None,
+    upstream: str | None,
+) -> Kipside:
+    """Run `args`, wait until ready and check the announced listeners. `upstream` is what the
+    node lines must point at; None: the embedded broker that `kipside dev` announces."""
+    if not Path(args[0]).exists():
+        raise KipsideError(f"{args[0]} is missing: pip install -e . in the venv")
+    workdir.mkdir(parents=True, exist_ok=True)
     log_path = workdir / "kipside.stderr.log"
     stdout_path = workdir / "kipside.stdout.log"
     with log_path.open("wb") as err, stdout_path.open("wb") as out:
-        proc = procs.track(subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=err))
+        proc = procs.track(
+            subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                env=None if env is None else dict(env),
+            )
+        )
     _LOGS.append(log_path)
     out_text = _wait_until_ready(proc, args, stdout_path, log_path, timeout)
+    if upstream is None:
+        upstream = _embedded_broker(out_text)
     node_ports, bootstrap = _announced_listeners(out_text, upstream)
     ks = Kipside(
         proc=proc,
         host="127.0.0.1",
         port=listen,
         node_ports=node_ports,
-        upstream=upstream.bootstrap,
+        upstream=upstream,
         log_path=log_path,
         stdout_path=stdout_path,
     )
@@ -212,12 +259,25 @@ def start_kipside(
     return ks
 
 
+def _embedded_broker(out_text: str) -> str:
+    """The address of the broker `kipside dev` says it started."""
+    for line in out_text.splitlines():
+        if m := _EMBEDDED_LINE.match(line):
+            return m.group(1)
+    raise KipsideError(f"kipside dev named no embedded broker:\n{out_text}")
+
+
 def _serve_args(
-    upstream: Upstream, listen: int, base: int, rules: Path | None, extra_args: Sequence[str]
+    binary: Path,
+    upstream: Upstream,
+    listen: int,
+    base: int,
+    rules: Path | None,
+    extra_args: Sequence[str],
 ) -> list[str]:
     """The `kipside serve` command line: ours, then KIPSIDE_TEST_SERVE_ARGS, then the test's."""
     args = [
-        str(KIPSIDE_BIN),
+        str(binary),
         "serve",
         "--upstream",
         upstream.bootstrap,
@@ -264,16 +324,16 @@ def _wait_until_ready(
 
 
 def _announced_listeners(
-    out_text: str, upstream: Upstream
+    out_text: str, upstream: str
 ) -> tuple[dict[int, int], tuple[str, int] | None]:
     """The node listeners (node id -> port) and the bootstrap address kipside's stdout names;
-    every node line must point at one of `upstream`'s addresses."""
+    every node line must point at one of the `upstream` addresses (comma-separated)."""
     node_ports: dict[int, int] = {}
     bootstrap: tuple[str, int] | None = None
     for line in out_text.splitlines():
         if m := _NODE_LINE.match(line):
             node_ports[int(m.group(1))] = int(m.group(3))
-            assert f"{m.group(4)}:{m.group(5)}" in upstream.bootstrap.split(","), line
+            assert f"{m.group(4)}:{m.group(5)}" in upstream.split(","), line
         elif m := _BOOTSTRAP_LINE.match(line):
             bootstrap = (m.group(1), int(m.group(2)))
     return node_ports, bootstrap
