@@ -11,7 +11,7 @@ over the same listeners.
   the checkpoint or Spark's event log (what Spark's UI shows); `mirror translate` reads both
   clusters with the same files.
 - `format("kipside")` reads the source with Spark's Kafka option names.
-- `kipside lake` ingests from it.
+- `kipside lake` ingests from it, with no secret in its checkpoint or its own files.
 - A wrong password, or a broker certificate no trusted CA signed, is one error line, at once.
 """
 
@@ -247,6 +247,8 @@ def test_the_lake_ingests_from_a_secured_cluster(spark: Any, secured: Secured) -
     assert query.awaitTermination(180)
     rows = spark.read.parquet(job.out).select("n").collect()
     assert sorted(r.n for r in rows) == list(range(RECORDS))
+    kept = _files_text(Path(job.checkpoint), Path(job.out) / "_kipside")
+    assert kept and not any(secret in kept for secret in SECRETS), "a password leaked"
 
 
 def _one_error(stderr: str, command: str) -> str:
