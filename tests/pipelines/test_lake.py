@@ -135,6 +135,7 @@ def test_files_are_few_and_progress_is_reported(ingested: Ingested) -> None:
     assert "lag 0" in last
 
 
+@pytest.mark.hard_limit(400)  # two Spark jobs, one after the other
 def test_restart_mid_stream_writes_every_record_once(source_broker: Broker, tmp_path: Path) -> None:
     require_java()
     topic = fresh_topic(source_broker.bootstrap, "lake-restart", PARTITIONS)
