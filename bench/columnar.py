@@ -140,7 +140,7 @@ def stored(client: KafkaClient, topic: str) -> list[bytes]:
 
 def records_of(batch: bytes) -> list[tuple[Any, ...]]:
     """(offset, timestamp, key, value as JSON, headers) of each record, by kipside's kernel."""
-    columns, _ = decode_columns([RecordBatchView.from_buffer(batch)])
+    columns = decode_columns([RecordBatchView.from_buffer(batch)])
     out = []
     count = 0
     for i in range(len(columns)):

@@ -82,7 +82,7 @@ def main() -> int:
                 lake = ["lake", "--bootstrap", boot, "--topics", topics, "--once"]
                 lake += ["--schema", str(work / "orders.json"), "--out", str(out)]
                 lake += ["--checkpoint", str(ck)]
-                runs[name].append(timed(brokers, "kipside lake", INSTALLED.command(*lake), True))
+                runs[name].append(timed(brokers, "kipside lake", INSTALLED.command(*lake)))
                 sizes["kipside lake's Parquet (zstd)"] = parquet(out, n)
     shutil.rmtree(work, ignore_errors=True)
     data = f"Data: {args.records:,} JSON order records ({values / args.records:.0f} B on average, "

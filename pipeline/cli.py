@@ -30,7 +30,7 @@ examples:
   kipside mirror translate --source src:9092 --dest dst:9092 --group billing --commit
 
 The mirror copies record batches as they are (never decompressed), read_committed by default,
-at least once across restarts. See docs/mirror.md.
+at least once across restarts (exactly once with --exactly-once). See docs/mirror.md.
 """
 
 
@@ -65,6 +65,26 @@ def _topics(text: str) -> str:
     except re.error as exc:
         raise argparse.ArgumentTypeError(f"{text!r} is not a regular expression: {exc}") from None
     return text
+
+
+def _properties(text: str) -> Any:
+    """A Kafka client property file, read and checked now (a mistake is a usage error)."""
+    from kipside.pipeline.kafka.properties import PropertiesError, load_properties
+
+    try:
+        return load_properties(text)
+    except PropertiesError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
 
 
 def _count(text: str) -> int:
@@ -116,21 +136,41 @@ def _add_timeout_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_clusters(parser: argparse.ArgumentParser, *, required: bool) -> None:
-    # Required by `translate` (a leaf, so argparse checks it); the mirror checks its own in
-    # _mirror, because argparse would demand them of `mirror translate` too.
+def _add_config(parser: argparse.ArgumentParser, flag: str, which: str) -> None:
+    parser.add_argument(
+        flag,
+        type=_properties,
+        metavar="FILE",
+        help=f"Kafka client properties of the {which} cluster (security.protocol, sasl.*, "
+        "ssl.*, bootstrap.servers, client.id), as the Kafka tools take them",
+    )
+
+
+def _add_clusters(parser: argparse.ArgumentParser) -> None:
+    # Checked in the handlers (_bootstraps): a bootstrap may come from the property file, and
+    # argparse would demand them of `mirror translate` too.
     parser.add_argument(
         "--source",
         metavar="HOST:PORT[,...]",
-        required=required,
-        help="source cluster bootstrap (required)",
+        help="source cluster bootstrap (required, unless --source-config gives bootstrap.servers)",
     )
     parser.add_argument(
         "--dest",
         metavar="HOST:PORT[,...]",
-        required=required,
-        help="destination cluster bootstrap (required)",
+        help="destination cluster bootstrap (required, unless --dest-config gives "
+        "bootstrap.servers)",
     )
+    _add_config(parser, "--source-config", "source")
+    _add_config(parser, "--dest-config", "destination")
+
+
+def _bootstraps(args: argparse.Namespace, *pairs: tuple[str, str]) -> None:
+    """A bootstrap flag left out takes the bootstrap.servers of its property file (a flag
+    given wins, as with the Kafka tools' --bootstrap-server)."""
+    for flag, config in pairs:
+        properties = getattr(args, config, None)
+        if not getattr(args, flag) and properties is not None:
+            setattr(args, flag, properties.bootstrap)
 
 
 def _add_sync_topic(parser: argparse.ArgumentParser, help: str) -> None:
@@ -156,7 +196,7 @@ def register_mirror(sub: Any) -> None:
         epilog=_MIRROR_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _add_clusters(parser, required=False)
+    _add_clusters(parser)
     parser.add_argument(
         "--topics",
         type=_topics,
@@ -179,8 +219,30 @@ def register_mirror(sub: Any) -> None:
         help="about how many source bytes one micro-batch copies (default 256M)",
     )
     parser.add_argument("--once", action="store_true", help="copy what is there now, then stop")
+    parser.add_argument(
+        "--exactly-once",
+        action="store_true",
+        help="copy each partition's batches of a micro-batch in a Kafka transaction with their "
+        "offset syncs and progress: read_committed consumers see every record once, across "
+        "crashes",
+    )
     _add_sync_topic(
         parser, "compacted topic on the destination recording where batches landed ('' for none)"
+    )
+    parser.add_argument(
+        "--sync-groups",
+        type=_topics,
+        metavar="REGEX",
+        help="while copying, commit the translated offsets of the source consumer groups whose "
+        "whole name matches to the same groups on the destination (never backwards, never a "
+        "group with active members there)",
+    )
+    parser.add_argument(
+        "--sync-groups-interval",
+        type=_positive_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="how often --sync-groups syncs at most",
     )
     _add_run_options(parser, required=False)
     parser.set_defaults(handler=partial(_mirror, parser))
@@ -205,10 +267,11 @@ def _register_translate(sub: Any, *, prog: str) -> None:
         description="Translate a consumer group's committed offsets on the source into "
         "offsets on the destination, from the offset syncs the mirror wrote; optionally "
         "commit them there.",
+        usage=f"{prog} --source HOST:PORT[,...] --dest HOST:PORT[,...] --group GROUP [options]",
         epilog=_TRANSLATE_EPILOG,
     )
-    _add_clusters(parser, required=True)
-    parser.add_argument("--group", required=True, help="the consumer group")
+    _add_clusters(parser)
+    parser.add_argument("--group", help="the consumer group (required)")
     _add_sync_topic(parser, "the topic on the destination the mirror wrote its offset syncs to")
     parser.add_argument(
         "--commit",
@@ -219,7 +282,7 @@ def _register_translate(sub: Any, *, prog: str) -> None:
         "--json", dest="as_json", action="store_true", help="print the offsets as JSON"
     )
     _add_timeout_option(parser)
-    parser.set_defaults(handler=_translate)
+    parser.set_defaults(handler=partial(_translate, parser))
 
 
 def _pipeline_missing() -> str | None:
@@ -259,7 +322,9 @@ def _job(cls: type[_Job], args: argparse.Namespace) -> _Job:
     return cls(**{f.name: given[f.name] for f in dataclasses.fields(cls) if f.name in given})
 
 
-def _translate(args: argparse.Namespace) -> int:
+def _translate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    _bootstraps(args, ("source", "source_config"), ("dest", "dest_config"))
+    _require(parser, args, "source", "dest", "group")
     if not _ready("mirror translate"):
         return 2
     from kipside.pipeline.mirror.translate import TranslateJob, run_translate
@@ -268,7 +333,13 @@ def _translate(args: argparse.Namespace) -> int:
 
 
 def _mirror(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    _bootstraps(args, ("source", "source_config"), ("dest", "dest_config"))
     _require(parser, args, "source", "dest", "topics", "checkpoint")
+    if args.sync_groups and not args.sync_topic:
+        parser.error(
+            "--sync-groups translates through the offset syncs: --offset-sync-topic '' "
+            "turns them off"
+        )
     if not _ready("mirror"):
         return 2
     from kipside.pipeline.mirror.job import MirrorJob, run_mirror
@@ -286,38 +357,41 @@ quarantine with the reason. Exactly once across restarts. See docs/lake.md.
 """
 
 
+_LAKE_USAGE = """\
+kipside lake --bootstrap HOST:PORT[,...] --topics REGEX --schema FILE --out DIR
+                    --checkpoint DIR [options]"""
+
+
 def register_lake(sub: Any) -> None:
     parser = sub.add_parser(
         "lake",
         help="write topics to Parquet through a JSON schema (a Spark job)",
         description="Ingest Kafka topics into Parquet tables: JSON values decoded into typed "
         "columns, partitioned by topic and date, exactly once (KIP-1008's ingestion consumer).",
+        usage=_LAKE_USAGE,
         epilog=_LAKE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--bootstrap",
         metavar="HOST:PORT[,...]",
-        required=True,
-        help="Kafka bootstrap brokers (required)",
+        help="Kafka bootstrap brokers (required, unless --source-config gives bootstrap.servers)",
     )
+    _add_config(parser, "--source-config", "Kafka")
     parser.add_argument(
         "--topics",
         type=_topics,
         metavar="REGEX",
-        required=True,
         help="topics to ingest, a regular expression over whole names (required)",
     )
     parser.add_argument(
         "--schema",
         metavar="FILE",
-        required=True,
         help="the values' schema: Spark DDL (.ddl) or JSON Schema (.json) (required)",
     )
     parser.add_argument(
         "--out",
         metavar="DIR",
-        required=True,
         help="the table's directory (local, HDFS, ...) (required)",
     )
     parser.add_argument(
@@ -354,11 +428,13 @@ def register_lake(sub: Any) -> None:
         metavar="SECONDS",
         help="without --once: how often a micro-batch starts (default 60; fewer, bigger files)",
     )
-    _add_run_options(parser, required=True)
-    parser.set_defaults(handler=_lake)
+    _add_run_options(parser, required=False)
+    parser.set_defaults(handler=partial(_lake, parser))
 
 
-def _lake(args: argparse.Namespace) -> int:
+def _lake(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    _bootstraps(args, ("bootstrap", "source_config"))
+    _require(parser, args, "bootstrap", "topics", "schema", "out", "checkpoint")
     if not _ready("lake"):
         return 2
     from kipside.pipeline.lake.job import LakeJob, run_lake

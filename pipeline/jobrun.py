@@ -19,12 +19,12 @@ import re
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
-from typing import Any, Final, TextIO
+from typing import Any, Final, Protocol, TextIO
 
-from kipside.pipeline.kafka.client import ClientConfig, KafkaClient
+from kipside.pipeline.kafka.client import KafkaClient
 from kipside.pipeline.kafka.errors import KafkaError, TopicNotFound
 from kipside.pipeline.kafka.retry import RetryPolicy
 from kipside.pipeline.notices import NoticeReader
@@ -33,6 +33,7 @@ from kipside.pipeline.source.options import OptionError, parse_source_options
 from kipside.pipeline.source.planner import Planner
 
 __all__ = [
+    "Companion",
     "JobFiles",
     "announce",
     "preflight",
@@ -43,6 +44,8 @@ __all__ = [
 ]
 
 STOP_GRACE_SECONDS: Final = 60.0
+_EXCEPTION_LINE: Final = re.compile(r"^[A-Za-z_][\w.]*(?::|$)")
+_SPARK_PREFIX: Final = re.compile(r"^\[[A-Z_]+\] Query \[[^\]]*\] terminated with exception: ")
 _CAUSE: Final = re.compile(
     r"^(kipside\.(?:pipeline|protocol)\.[\w.]+\.\w+|[\w.]*OptionError|[\w.]*SchemaError): (.+)$",
     re.MULTILINE,
@@ -81,7 +84,9 @@ def preflight(
     """
     try:
         options = parse_source_options(source_options, streaming=True)
-        config = ClientConfig(client_id=client_id, retry=RetryPolicy(timeout_ms=timeout_ms))
+        config = replace(
+            options.client, client_id=client_id, retry=RetryPolicy(timeout_ms=timeout_ms)
+        )
         with KafkaClient(options.bootstrap, role=options.role, config=config) as source:
             return Planner(source, options).partitions()
     except (TopicNotFound, OptionError) as exc:
@@ -109,13 +114,37 @@ def announce(
 
 
 def root_cause(exc: BaseException) -> str:
-    """The kipside error inside Spark's wrapping (the last one in the Python traceback)."""
+    """What failed, in one line, from inside Spark's wrapping: the exception that ended the
+    last Python traceback in the text (a kipside error by its message alone, any other as
+    `ModuleNotFoundError: No module named ...`), else the kipside error Spark quotes, else
+    Spark's own first line."""
     text = str(exc)
-    found = _CAUSE.findall(text)
-    if found:
-        return str(found[-1][1]).strip()
+    raised = _python_exceptions(text)
+    if raised:
+        last = raised[-1]
+        found = _CAUSE.match(last)
+        return str(found.group(2)).strip() if found else last[:500]
+    found_all = _CAUSE.findall(text)
+    if found_all:
+        return str(found_all[-1][1]).strip()
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-    return first[:500]
+    return _SPARK_PREFIX.sub("", first)[:500]
+
+
+def _python_exceptions(text: str) -> list[str]:
+    """The line naming the exception at the end of each Python traceback in `text`."""
+    out = []
+    in_traceback = False
+    for line in text.splitlines():
+        if line.startswith("Traceback (most recent call last):") or line.endswith(
+            "Traceback (most recent call last):"
+        ):
+            in_traceback = True
+        elif in_traceback and line and not line[0].isspace():
+            if _EXCEPTION_LINE.match(line):
+                out.append(line.strip())
+            in_traceback = False
+    return out
 
 
 def start_stream(writer: Any, *, once: bool, trigger_seconds: float) -> Any:
@@ -126,12 +155,26 @@ def start_stream(writer: Any, *, once: bool, trigger_seconds: float) -> Any:
     return writer.trigger(processingTime=f"{trigger_seconds} seconds").start()
 
 
+class Companion(Protocol):
+    """Work a job runs beside its query on the driver (the mirror's group sync)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
 def run_query(
-    start: Callable[[], Any], files: JobFiles, line: LiveLine, command: str
+    start: Callable[[], Any],
+    files: JobFiles,
+    line: LiveLine,
+    command: str,
+    companion: Companion | None = None,
 ) -> tuple[str, str | None, Any]:
     """Start a query and wait for it: ("done" | "stopped", root cause or None, query)."""
     Path(files.stop_marker).unlink(missing_ok=True)  # left by a stop that was itself killed
     notices = NoticeReader(files.notices)
+    if companion is not None:
+        companion.start()
 
     def show_notices() -> None:
         for text in notices.new():
@@ -145,6 +188,8 @@ def run_query(
         outcome, error = "stopped", root_cause(exc)
     else:
         outcome, error = _wait(query, files.stop_marker, show_notices)
+    if companion is not None:
+        companion.stop()
     show_notices()
     notices.close()
     return outcome, error, query
@@ -158,6 +203,7 @@ def run_with_progress(
     command: str,
     query_name: str,
     render: Callable[[Totals], str],
+    companion: Companion | None = None,
 ) -> int:
     """Run the query named `query_name` (its observed metrics carry the same name) under a live
     line of `render(totals)` on `err`; print the final figures and the error if any, stop Spark,
@@ -165,7 +211,7 @@ def run_with_progress(
     line = LiveLine(err)
     listener = ProgressListener(query_name, query_name, render, line)
     spark.streams.addListener(listener)
-    outcome, error, query = run_query(start, files, line, command)
+    outcome, error, query = run_query(start, files, line, command, companion)
     if query is not None:
         listener.catch_up(query.recentProgress)
     line.finish(f"{command}: {outcome}: {render(listener.totals).split(': ', 1)[1]}")

@@ -21,7 +21,9 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-__all__ = ["start_session"]
+from kipside.pipeline.kafka.security import SECRET_CONFIGS
+
+__all__ = ["spark_python", "start_session"]
 
 
 @contextmanager
@@ -45,8 +47,22 @@ def _stderr_to(path: str | None) -> Iterator[None]:
         os.close(log)
 
 
+# Spark's default, plus the Kafka settings that hold a secret whatever their value looks like
+# (a PEM key inline): Spark hides an option's value when its name or value matches.
+REDACTION_REGEX = "(?i)secret|password|token|access[.]?key|" + "|".join(
+    sorted(name.replace(".", "[.]") for name in SECRET_CONFIGS)
+)
+
+
 def _log4j_config() -> str:
     return str(resources.files("kipside.pipeline") / "resources" / "log4j2.properties")
+
+
+def spark_python() -> str:
+    """The Python for Spark's workers: kipside-spark-python beside this interpreter when it is
+    installed (see pipeline.spark_python), else this interpreter."""
+    launcher = Path(sys.executable).with_name("kipside-spark-python")
+    return str(launcher) if os.access(launcher, os.X_OK) else sys.executable
 
 
 def start_session(
@@ -55,25 +71,29 @@ def start_session(
     conf: Mapping[str, str] | None = None,
     *,
     log_path: str | None = None,
+    java_options: str = "",
 ) -> SparkSession:
     """A session on `master` with kipside's source registered and Spark kept quiet.
 
     With `log_path`, the JVM (and the Python workers it starts) write their stderr there: the
-    JVM prints a few lines at start that no log setting silences.
+    JVM prints a few lines at start that no log setting silences. `java_options` go to the
+    driver's and executors' JVMs, after kipside's own.
     """
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_PYTHON", spark_python())
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     warnings.filterwarnings("ignore", module="pyspark")
-    java_options = f"-Dlog4j2.configurationFile=file:{_log4j_config()}"
+    java_options = f"-Dlog4j2.configurationFile=file:{_log4j_config()} {java_options}".strip()
+    builder = SparkSession.builder.appName(app_name)
+    if os.environ.get("KIPSIDE_UNDER_SPARK_SUBMIT") != "1":
+        builder = builder.master(master)  # under spark-submit, its --master stands
     builder = (
-        SparkSession.builder.appName(app_name)
-        .master(master)
-        .config("spark.ui.showConsoleProgress", "false")
+        builder.config("spark.ui.showConsoleProgress", "false")
         .config("spark.ui.enabled", "false")
         .config("spark.driver.extraJavaOptions", java_options)
         .config("spark.executor.extraJavaOptions", java_options)
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
         .config("spark.python.daemon.module", "kipside.pipeline.spark_daemon")
+        .config("spark.redaction.regex", REDACTION_REGEX)
     )
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)

@@ -5,7 +5,10 @@ import PySpark's worker modules, pyarrow, kipside's own modules and (where it is
 pandas again: about a second of CPU per task, more than a micro-batch of the shallow mirror
 costs otherwise (docs/performance.md, "Shallow mirror", has the profile).
 `spark.python.daemon.module=pipeline.spark_daemon` (set by pipeline.spark) imports them once in
-the daemon, and every fork shares them.
+the daemon, and every fork shares them. Spark's planning steps run daemons of their own
+(`pyspark.daemon` with the step's worker module); kipside-spark-python (pipeline.spark_python)
+runs this module in their place, which loads what that step needs (PLANNING), so a step run
+again and again (committing each micro-batch) forks with it already loaded.
 
 The daemon imports only what the pipeline extra installs: pandas is not in it, and kipside's
 tasks never need it. pyarrow imports pandas when it is there (on its first scalar, in every
@@ -41,6 +44,20 @@ PRELOAD = (
     "kio.schema.errors",
 )
 PRELOAD_IF_INSTALLED = ("pandas",)
+PLANNING = (
+    "pyarrow",
+    "kipside.pipeline.source.datasource",
+    "kipside.pipeline.mirror.sink",
+    "kio.schema.errors",
+)
+"""What a planning step's forks load (creating a data source or a writer, committing a
+micro-batch): the sink's commit runner forks once per micro-batch."""
+_NOTHING: tuple[str, ...] = ()
+_BY_WORKER = {
+    "pyspark.worker": PRELOAD,
+    # Finding data sources imports every pyspark_* module: no kipside module is needed there.
+    "pyspark.sql.worker.lookup_data_sources": _NOTHING,
+}
 THREADLESS_ENV = {
     "JE_ARROW_MALLOC_CONF": "background_thread:false",
     "OPENBLAS_NUM_THREADS": "1",
@@ -68,9 +85,17 @@ def _pip_pyspark_home() -> str | None:
     return None
 
 
-def preload() -> None:
-    for name in PRELOAD:
+def preload(worker_module: str = "pyspark.worker") -> None:
+    """Import what the forks of a daemon for `worker_module` need (Spark's task workers by
+    default; a planning step's worker module loads PLANNING and itself), and pandas with them
+    where it is installed."""
+    names = _BY_WORKER.get(worker_module)
+    if names is None:
+        names = (*PLANNING, worker_module) if worker_module.startswith("pyspark.sql.") else ()
+    for name in names:
         importlib.import_module(name)
+    if not names:
+        return
     for name in PRELOAD_IF_INSTALLED:
         if importlib.util.find_spec(name) is not None:
             importlib.import_module(name)
@@ -78,7 +103,7 @@ def preload() -> None:
 
 if __name__ == "__main__":
     configure()
-    preload()
+    preload(sys.argv[1] if len(sys.argv) > 1 else "pyspark.worker")
     from pyspark.daemon import manager
 
     manager()

@@ -204,14 +204,31 @@ if TYPE_CHECKING:
         reencode_if_carrier,
     )
     from kipside.protocol.record_columns import (
+        DEFAULT_MAX_DECOMPRESSED_BYTES,
         Binary,
         Columns,
+        DecompressionLimitError,
+        ScannedBatch,
+        columns_of,
         decode_batch_records,
         decode_columns,
+        scan_batch,
     )
 
 # The compiled kernel's names, loaded on first use (they need the pipeline extra).
-_RECORD_COLUMNS = frozenset({"Binary", "Columns", "decode_batch_records", "decode_columns"})
+_RECORD_COLUMNS = frozenset(
+    {
+        "DEFAULT_MAX_DECOMPRESSED_BYTES",
+        "Binary",
+        "Columns",
+        "DecompressionLimitError",
+        "ScannedBatch",
+        "columns_of",
+        "decode_batch_records",
+        "decode_columns",
+        "scan_batch",
+    }
+)
 # The columnar codec's, likewise (the columnar extra: pyarrow and the kernels).
 _COLUMNAR_CODEC = frozenset(
     {
@@ -247,6 +264,7 @@ __all__ = [
     "COLUMNAR_HEADER",
     "COLUMNAR_VERSION",
     "DEFAULT_MAX_DECODED_BYTES",
+    "DEFAULT_MAX_DECOMPRESSED_BYTES",
     "DEFAULT_MAX_FRAME_BYTES",
     "FETCH_MAX_VERSION",
     "FETCH_MIN_VERSION",
@@ -288,6 +306,7 @@ __all__ = [
     "DecimalOf",
     "DecodeError",
     "DecodeLimits",
+    "DecompressionLimitError",
     "Encoded",
     "ErrorCode",
     "FetchPartition",
@@ -322,6 +341,7 @@ __all__ = [
     "SaslError",
     "SaslProtocolError",
     "SaslServer",
+    "ScannedBatch",
     "SchemaField",
     "ScramCredential",
     "StructOf",
@@ -342,6 +362,7 @@ __all__ = [
     "columnar_decryption_properties",
     "columnar_missing",
     "columnar_version",
+    "columns_of",
     "count_batches",
     "count_produce_request",
     "ddl_field_lines",
@@ -399,6 +420,7 @@ __all__ = [
     "response_frame",
     "response_header_version",
     "restamp",
+    "scan_batch",
     "scram_credential",
     "sniff_foreign_protocol",
     "sniff_kafka_request",

@@ -255,7 +255,7 @@ class ColumnarEncoder:
             return refused
         try:
             _check_count(view, max_bytes)
-            columns, _ = decode_columns([view], max_bytes)
+            columns = decode_columns([view], max_bytes)
         except RecordBatchError as exc:
             return NotEncodable(NotEncodableKind.MALFORMED, str(exc))
         n = view.records_count
@@ -408,7 +408,7 @@ def _open_if_carrier(batch: Buffer | RecordBatchView, max_bytes: int) -> _Carrie
         if not view.crc_valid():
             raise ColumnarError(f"the carrier at offset {view.base_offset}: its CRC does not match")
         _check_count(view, max_bytes)
-        columns, _ = decode_columns([view], max_bytes)
+        columns = decode_columns([view], max_bytes)
     except RecordBatchError as exc:
         raise ColumnarError(f"not a readable record batch: {exc}") from None
     where = f"the carrier at offset {view.base_offset}"
@@ -463,7 +463,7 @@ def columnar_version(
         if view.is_control:
             return None
         _check_count(view, max_bytes)
-        columns, _ = decode_columns([view], max_bytes)
+        columns = decode_columns([view], max_bytes)
     except RecordBatchError as exc:
         raise ColumnarError(f"not a readable record batch: {exc}") from None
     return _version(columns)
@@ -679,13 +679,16 @@ def decode_producer_columns(
     keys: ColumnarKeys | None = None,
     *,
     max_bytes: int = DEFAULT_MAX_DECODED_BYTES,
+    columns: Columns | None = None,
 ) -> Columns:
     """decode_columns for a topic that may hold carriers: the records as their producers sent
     them, each carrier's in place of its segment and placeholders, ordinary batches as they
-    are. Decodes once when there is no carrier among `batches` (the marker is looked up in the
-    columns); a chunk with carriers is decoded again with them re-encoded. Raises
-    ColumnarError (ColumnarKeyError for encrypted columns without their key)."""
-    columns, _ = decode_columns(batches, max_bytes)
+    are. `columns` are the batches' columns when the caller has decoded them already. Decodes
+    once when there is no carrier among `batches` (the marker is looked up in the columns); a
+    chunk with carriers is decoded again with them re-encoded. Raises ColumnarError
+    (ColumnarKeyError for encrypted columns without their key)."""
+    if columns is None:
+        columns = decode_columns(batches, max_bytes)
     carriers = _carriers_among(batches, columns)
     if not carriers:
         return columns
@@ -695,7 +698,7 @@ def decode_producer_columns(
         else b
         for i, b in enumerate(batches)
     ]
-    return decode_columns(ordinary, max_bytes)[0]
+    return decode_columns(ordinary, max_bytes)
 
 
 def _carriers_among(batches: Sequence[RecordBatchView], columns: Columns) -> set[int]:

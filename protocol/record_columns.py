@@ -2,14 +2,16 @@
 
 Lake ingestion reads millions of records; one Python object per record would cost more than
 everything else together (KIP-1008's point). So a batch's records section is decompressed in
-one call (Kafka's codecs through cramjam) and walked by a compiled kernel (numba) that writes
-where every key, value and header lies, and a second kernel gathers those bytes into contiguous
-column buffers, ready to become Arrow arrays without a copy. Python touches each batch, never
-each record. Record layout (Kafka's DefaultRecord): length, attributes (int8), timestampDelta,
-offsetDelta, keyLength, key, valueLength, value, header count, then per header keyLength, key,
-valueLength, value; every length and delta a zigzag varint, -1 meaning null. The way back,
-:func:`encode_records`, writes columns as a records section by a third kernel (the columnar
-carrier's placeholders, and the ordinary batches a carrier becomes again).
+one call (Kafka's codecs through cramjam, into a buffer that never grows past a limit, as
+librdkafka's receive.message.max.bytes bounds a decompressed batch) and walked by a compiled
+kernel (numba) that writes where every key, value and header lies, and a second kernel gathers
+those bytes into contiguous column buffers, ready to become Arrow arrays without a copy. Python
+touches each batch, never each record. Record layout (Kafka's DefaultRecord): length,
+attributes (int8), timestampDelta, offsetDelta, keyLength, key, valueLength, value, header
+count, then per header keyLength, key, valueLength, value; every length and delta a zigzag
+varint, -1 meaning null. The way back, :func:`encode_records`, writes columns as a records
+section by a third kernel (the columnar carrier's placeholders, and the ordinary batches a
+carrier becomes again).
 
 Never does I/O; raises RecordBatchError (with the batch's offset) on anything malformed.
 """
@@ -28,13 +30,16 @@ from numba import njit
 from .records import Compression, RecordBatchError, RecordBatchView, TimestampType
 
 __all__ = [
-    "Binary",
+    "DEFAULT_MAX_DECOMPRESSED_BYTES",
     "Columns",
-    "DecompressionLimit",
+    "DecompressionLimitError",
+    "ScannedBatch",
+    "columns_of",
     "decode_batch_records",
     "decode_columns",
     "decompress",
     "encode_records",
+    "scan_batch",
 ]
 
 I64 = npt.NDArray[np.int64]
@@ -53,88 +58,99 @@ _MESSAGES: Final = {
 }
 
 
-class DecompressionLimit(RecordBatchError):
-    """A batch's records decompress to more bytes than the caller's cap."""
+DEFAULT_MAX_DECOMPRESSED_BYTES: Final = 100_000_000
+"""The most one batch's records may decompress to: librdkafka's receive.message.max.bytes
+default, which librdkafka applies to a decompressed batch as well as to a response."""
+_FIRST_GUESS_RATIO: Final = 4
+_MIN_GUESS: Final = 64 * 1024
 
 
-# cramjam's words when an output buffer is too small (as opposed to corrupt input).
-_BUFFER_FULL: Final = "failed to write whole buffer"
+class DecompressionLimitError(RecordBatchError):
+    """A batch's records decompress to more than the limit (a decompression bomb, or data
+    bigger than the reader was told to accept)."""
+
+    def __init__(self, message: str, *, base_offset: int, limit: int) -> None:
+        super().__init__(message)
+        self.base_offset = base_offset
+        self.limit = limit
 
 
-def _xerial(data: bytes | memoryview, cap: int | None) -> bytes:
+class _TooSmall(Exception):
+    """The output buffer was too small for what the input decompresses to."""
+
+
+_ratios: dict[Compression, float] = {}
+"""The last expansion seen per codec: batches of one stream compress alike, so the first
+buffer tried is usually big enough."""
+
+
+def _into(codec: Compression, body: memoryview, out: U8) -> int:
+    """Decompress `body` into `out`; the bytes written. _TooSmall if `out` can't hold it."""
+    try:
+        if codec == Compression.GZIP:
+            return int(cramjam.gzip.decompress_into(body, out.data))
+        if codec == Compression.SNAPPY:
+            if bytes(body[: len(_XERIAL_MAGIC)]) == _XERIAL_MAGIC:
+                return _xerial_into(body, out)
+            return int(cramjam.snappy.decompress_raw_into(body, out.data))
+        if codec == Compression.LZ4:
+            return int(cramjam.lz4.decompress_into(body, out.data))
+        return int(cramjam.zstd.decompress_into(body, out.data))
+    except cramjam.DecompressionError as exc:
+        text = str(exc)
+        if "whole buffer" in text or "smaller than required" in text:
+            raise _TooSmall from None
+        raise
+
+
+def _xerial_into(data: memoryview, out: U8) -> int:
     """Snappy in xerial framing (what Java's producer writes): a header, then
     (int32 length, raw snappy block) chunks."""
-    view = memoryview(data)
-    out = bytearray()
     pos = _XERIAL_HEADER
-    while pos < len(view):
-        size = int.from_bytes(view[pos : pos + 4], "big")
+    written = 0
+    while pos < len(data):
+        size = int.from_bytes(data[pos : pos + 4], "big")
         pos += 4
-        out += _capped(cramjam.snappy, view[pos : pos + size], _cap_left(cap, len(out)), raw=True)
+        chunk = data[pos : pos + size]
+        written += int(cramjam.snappy.decompress_raw_into(chunk, out[written:].data))
         pos += size
-    return bytes(out)
+    return written
 
 
-def _cap_left(cap: int | None, used: int) -> int | None:
-    return None if cap is None else cap - used
+def decompress(batch: RecordBatchView, max_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES) -> U8:
+    """The batch's records section, decompressed (a view of the batch when uncompressed).
 
-
-def _capped(module: object, body: bytes | memoryview, cap: int | None, raw: bool = False) -> bytes:
-    """`module`'s decompression of `body`, refusing to produce more than `cap` bytes: into a
-    buffer that doubles from a guess up to the cap, so a small batch that claims, or expands to,
-    gigabytes costs at most the cap."""
-    name = "decompress_raw" if raw else "decompress"
-    if cap is None:
-        return bytes(getattr(module, name)(body))
-    into = getattr(module, name + "_into")
-    size = min(cap + 1, max(4096, 8 * len(body)))
-    while True:
-        out = np.empty(size, dtype=np.uint8)
-        try:
-            written = int(into(body, out))
-        except Exception as exc:
-            if _BUFFER_FULL not in str(exc) or size > cap:
-                raise
-            size = min(cap + 1, size * 4)
-            continue
-        if written > cap:
-            raise DecompressionLimit(f"decompresses to more than {cap:,} bytes")
-        return out[:written].tobytes()
-
-
-def decompress(batch: RecordBatchView, max_bytes: int | None = None) -> bytes | memoryview:
-    """The batch's records section, decompressed (the view itself when uncompressed).
-
-    With `max_bytes`, a batch whose records would decompress to more raises DecompressionLimit
-    (a RecordBatchError) having allocated at most about that much.
+    Never holds more than `max_bytes` of output: a batch that expands past it raises
+    DecompressionLimitError before the rest is decompressed. The first buffer tried is sized
+    by the codec's last expansion; a bigger one is tried while the output does not fit.
     """
     body = batch.records
     codec = batch.compression
-    try:
-        if codec == Compression.NONE:
-            return body
-        if codec == Compression.GZIP:
-            return _capped(cramjam.gzip, body, max_bytes)
-        if codec == Compression.SNAPPY:
-            if bytes(body[: len(_XERIAL_MAGIC)]) == _XERIAL_MAGIC:
-                return _xerial(body, max_bytes)
-            return _capped(cramjam.snappy, body, max_bytes, raw=True)
-        if codec == Compression.LZ4:
-            return _capped(cramjam.lz4, body, max_bytes)
-        return _capped(cramjam.zstd, body, max_bytes)
-    except DecompressionLimit as exc:
-        raise DecompressionLimit(
-            f"the {codec.name.lower()} batch at offset {batch.base_offset} {exc}"
-        ) from None
-    except Exception as exc:  # cramjam raises its own DecompressionError types
-        if _BUFFER_FULL in str(exc):
-            raise DecompressionLimit(
-                f"the {codec.name.lower()} batch at offset {batch.base_offset} decompresses to "
-                f"more than {max_bytes:,} bytes"
-            ) from None
-        raise RecordBatchError(
-            f"cannot decompress the {codec.name.lower()} batch at offset {batch.base_offset}: {exc}"
-        ) from exc
+    if codec == Compression.NONE:
+        return np.frombuffer(body, dtype=np.uint8)
+    ratio = _ratios.get(codec, _FIRST_GUESS_RATIO)
+    size = min(max(int(len(body) * ratio * 1.25), _MIN_GUESS), max_bytes)
+    while True:
+        out = np.empty(size, dtype=np.uint8)
+        try:
+            written = _into(codec, body, out)
+        except _TooSmall:
+            if size >= max_bytes:
+                raise DecompressionLimitError(
+                    f"the {codec.name.lower()} batch at offset {batch.base_offset} decompresses "
+                    f"to more than {max_bytes:,} bytes",
+                    base_offset=batch.base_offset,
+                    limit=max_bytes,
+                ) from None
+            size = min(size * 4, max_bytes)
+            continue
+        except Exception as exc:  # cramjam raises its own DecompressionError types
+            raise RecordBatchError(
+                f"cannot decompress the {codec.name.lower()} batch at offset "
+                f"{batch.base_offset}: {exc}"
+            ) from exc
+        _ratios[codec] = max(written / max(len(body), 1), 1.0)
+        return out[:written]
 
 
 @njit(cache=True, nogil=True)
@@ -246,18 +262,27 @@ class Columns:
         return int(self.offset.shape[0])
 
 
-def _binary(buf: U8, starts: I64, lengths: I64) -> Binary:
-    sizes = np.maximum(lengths, 0)
-    offsets = np.zeros(sizes.shape[0] + 1, dtype=np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    out = np.empty(int(offsets[-1]), dtype=np.uint8)
-    _gather(buf, starts, lengths, offsets, out)
-    return Binary(offsets.astype(np.int32), out, lengths >= 0)
+@dataclass(frozen=True, slots=True)
+class ScannedBatch:
+    """One batch's records, decompressed and located: what columns_of gathers from."""
+
+    batch: RecordBatchView
+    buffer: U8
+    """The decompressed records section."""
+    fields: I64
+    headers: I64
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of decompressed records it holds."""
+        return int(self.buffer.shape[0])
 
 
-def _scan_batch(batch: RecordBatchView, max_bytes: int | None = None) -> tuple[U8, I64, I64]:
-    raw = decompress(batch, max_bytes)
-    buf = np.frombuffer(raw, dtype=np.uint8)
+def scan_batch(
+    batch: RecordBatchView, max_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
+) -> ScannedBatch:
+    """Decompress one batch (at most `max_bytes`, see decompress) and locate its records."""
+    buf = decompress(batch, max_bytes)
     count = batch.records_count
     if count < 0 or count > buf.shape[0]:
         raise RecordBatchError(f"batch at offset {batch.base_offset} claims {count} records")
@@ -273,84 +298,84 @@ def _scan_batch(batch: RecordBatchView, max_bytes: int | None = None) -> tuple[U
             f"batch at offset {batch.base_offset}: {_MESSAGES[code]} (byte {position} of its "
             "decompressed records)"
         )
-    return buf, fields, headers[:used]
+    return ScannedBatch(batch, buf, fields, headers[:used])
 
 
-def decode_columns(
-    batches: Sequence[RecordBatchView], max_bytes: int | None = None
-) -> tuple[Columns, list[U8]]:
-    """Every record of `batches` (data batches, in order) as columns.
+def _binary(parts: Sequence[tuple[U8, I64, I64]]) -> Binary:
+    """One binary column gathered from each part's (buffer, starts, lengths) in turn, into one
+    output buffer (the parts' buffers are never joined)."""
+    lengths = np.concatenate([p[2] for p in parts])
+    sizes = np.maximum(lengths, 0)
+    offsets = np.zeros(sizes.shape[0] + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    out = np.empty(int(offsets[-1]), dtype=np.uint8)
+    first = 0
+    for buf, starts, part_lengths in parts:
+        n = part_lengths.shape[0]
+        _gather(buf, starts, part_lengths, offsets[first : first + n + 1], out)
+        first += n
+    return Binary(offsets.astype(np.int32), out, lengths >= 0)
 
-    Also returns the decompressed buffers, which callers may drop: the columns own copies.
-    `max_bytes` caps each batch's decompressed records (see decompress).
-    """
-    parts = [_scan_batch(b, max_bytes) for b in batches]
-    if not parts:
-        empty = np.zeros(0, dtype=np.int64)
-        none = Binary(
-            np.zeros(1, dtype=np.int32), np.zeros(0, dtype=np.uint8), np.zeros(0, dtype=np.bool_)
-        )
-        return Columns(
-            empty,
-            empty,
-            np.zeros(0, dtype=np.int32),
-            none,
-            none,
-            np.zeros(0, dtype=np.int32),
-            none,
-            none,
-        ), []
-    # One buffer for all batches, so each column is gathered by one kernel call.
-    sizes = [p[0].shape[0] for p in parts]
-    shifts = np.cumsum([0, *sizes[:-1]])
-    buf = np.concatenate([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
-    fields = np.concatenate([p[1] + _shift_fields(s) for p, s in zip(parts, shifts, strict=True)])
-    headers = np.concatenate([p[2] + _shift_headers(s) for p, s in zip(parts, shifts, strict=True)])
-    offsets = np.concatenate(
-        [b.base_offset + p[1][:, 1] for b, p in zip(batches, parts, strict=True)]
+
+def _empty_columns() -> Columns:
+    empty = np.zeros(0, dtype=np.int64)
+    none = Binary(
+        np.zeros(1, dtype=np.int32), np.zeros(0, dtype=np.uint8), np.zeros(0, dtype=np.bool_)
     )
-    timestamps, types = _timestamps(batches, parts)
-    columns = Columns(
+    no_ints = np.zeros(0, dtype=np.int32)
+    return Columns(empty, empty, no_ints, none, none, no_ints, none, none)
+
+
+def columns_of(scanned: Sequence[ScannedBatch]) -> Columns:
+    """Every record of the scanned batches (data batches, in order) as columns; the columns
+    own copies of the bytes, so the scanned batches can be dropped afterwards."""
+    if not scanned:
+        return _empty_columns()
+    fields = [s.fields for s in scanned]
+    headers = [s.headers for s in scanned]
+    offsets = np.concatenate([s.batch.base_offset + s.fields[:, 1] for s in scanned])
+    timestamps, types = _timestamps(scanned)
+    return Columns(
         offset=offsets,
         timestamp=timestamps,
         timestamp_type=types,
-        key=_binary(buf, fields[:, 2], fields[:, 3]),
-        value=_binary(buf, fields[:, 4], fields[:, 5]),
-        header_counts=fields[:, 7].astype(np.int32),
-        header_key=_binary(buf, headers[:, 0], headers[:, 1]),
-        header_value=_binary(buf, headers[:, 2], headers[:, 3]),
+        key=_binary([(s.buffer, f[:, 2], f[:, 3]) for s, f in zip(scanned, fields, strict=True)]),
+        value=_binary([(s.buffer, f[:, 4], f[:, 5]) for s, f in zip(scanned, fields, strict=True)]),
+        header_counts=np.concatenate([f[:, 7] for f in fields]).astype(np.int32),
+        header_key=_binary(
+            [(s.buffer, h[:, 0], h[:, 1]) for s, h in zip(scanned, headers, strict=True)]
+        ),
+        header_value=_binary(
+            [(s.buffer, h[:, 2], h[:, 3]) for s, h in zip(scanned, headers, strict=True)]
+        ),
     )
-    return columns, [p[0] for p in parts]
 
 
-def _shift_fields(shift: int) -> I64:
-    # Positions (keyStart, valueStart) move with the buffer; everything else stays.
-    return np.array([0, 0, shift, 0, shift, 0, 0, 0], dtype=np.int64)
+def decode_columns(
+    batches: Sequence[RecordBatchView], max_batch_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
+) -> Columns:
+    """Every record of `batches` (data batches, in order) as columns; no batch may decompress
+    to more than `max_batch_bytes`."""
+    return columns_of([scan_batch(b, max_batch_bytes) for b in batches])
 
 
-def _shift_headers(shift: int) -> I64:
-    return np.array([shift, 0, shift, 0], dtype=np.int64)
-
-
-def _timestamps(
-    batches: Sequence[RecordBatchView], parts: Sequence[tuple[U8, I64, I64]]
-) -> tuple[I64, npt.NDArray[np.int32]]:
+def _timestamps(scanned: Sequence[ScannedBatch]) -> tuple[I64, npt.NDArray[np.int32]]:
     stamps = []
     types = []
-    for batch, (_, fields, _) in zip(batches, parts, strict=True):
-        n = fields.shape[0]
+    for s in scanned:
+        batch, n = s.batch, s.fields.shape[0]
         if batch.timestamp_type == TimestampType.LOG_APPEND_TIME:
             # The broker stamps the batch: every record gets its maxTimestamp.
             stamps.append(np.full(n, batch.max_timestamp, dtype=np.int64))
         else:
-            stamps.append(batch.base_timestamp + fields[:, 0])
+            stamps.append(batch.base_timestamp + s.fields[:, 0])
         types.append(np.full(n, int(batch.timestamp_type), dtype=np.int32))
     return np.concatenate(stamps), np.concatenate(types)
 
 
 def decode_batch_records(batch: RecordBatchView) -> list[tuple[bytes | None, bytes | None]]:
     """(key, value) of each record of one batch, for small bookkeeping reads (offset syncs)."""
-    columns, _ = decode_columns([batch])
+    columns = decode_columns([batch])
     out: list[tuple[bytes | None, bytes | None]] = []
     k, v = columns.key, columns.value
     for i in range(len(columns)):

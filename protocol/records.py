@@ -348,12 +348,18 @@ def count_batches_in(view: memoryview, start: int, end: int) -> tuple[int, int, 
 
 
 def restamp(
-    batch: RecordBatchView, producer_id: int, producer_epoch: int, base_sequence: int
+    batch: RecordBatchView,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+    *,
+    transactional: bool = False,
 ) -> tuple[bytes, memoryview]:
     """``batch`` re-headed for another producer, as (new header, untouched records).
 
     producerId, producerEpoch and baseSequence take the given values (-1 for a plain producer),
-    the transactional bit is cleared and the CRC is recomputed; compression and the records
+    the transactional bit is set as asked (cleared by default: the batch leaves the source's
+    transaction) and the CRC is recomputed; compression and the records
     bytes are kept, and the records come back as the same memoryview so they are never copied.
     baseOffset and partitionLeaderEpoch are left as they are: the broker assigns both.
     """
@@ -362,8 +368,9 @@ def restamp(
             f"refusing to re-produce a control batch (attributes 0x{batch.attributes & 0xFFFF:04x} "
             f"at byte {_ATTRIBUTES_OFFSET} of the batch): only brokers may write control records"
         )
+    attributes = batch.attributes & ~_TRANSACTIONAL_BIT
     covered_header = _CRC_COVERED_HEADER.pack(
-        batch.attributes & ~_TRANSACTIONAL_BIT,
+        attributes | _TRANSACTIONAL_BIT if transactional else attributes,
         batch.last_offset_delta,
         batch.base_timestamp,
         batch.max_timestamp,

@@ -1,5 +1,6 @@
-"""Topic and consumer-group operations the pipelines need: describe and create topics, read and
-commit a group's offsets. Each is one or two Kafka requests under the client's retry policy."""
+"""Topic and consumer-group operations the pipelines need: describe and create topics, add
+partitions, read and commit a group's offsets. Each is one or two Kafka requests under the
+client's retry policy."""
 
 from __future__ import annotations
 
@@ -22,23 +23,32 @@ from .errors import BrokerError, RetriableError, TopicNotFound
 __all__ = [
     "NewTopic",
     "commit_group_offsets",
+    "committed_offsets",
+    "create_partitions",
     "create_topics",
     "describe_topic_configs",
+    "group_has_members",
     "group_offsets",
+    "list_groups",
     "partition_counts",
 ]
 
 TopicPartition = tuple[str, int]
 DESCRIBE_CONFIGS: Final = VersionRange(1, 4)
 CREATE_TOPICS: Final = VersionRange(2, 7)
-FIND_COORDINATOR: Final = VersionRange(1, 3)
+CREATE_PARTITIONS: Final = VersionRange(0, 3)
 OFFSET_FETCH: Final = VersionRange(1, 9)
 _OFFSET_FETCH_BATCHED: Final = 8
 OFFSET_COMMIT: Final = VersionRange(2, 8)
+LIST_GROUPS: Final = VersionRange(0, 4)
+DESCRIBE_GROUPS: Final = VersionRange(0, 5)
+_NO_MEMBERS: Final = frozenset({"Empty", "Dead"})
+_GROUP_NOT_FOUND: Final = int(ErrorCode.group_id_not_found)
 _TOPIC_RESOURCE: Final = 2
 _TOPIC_CONFIG_SOURCE: Final = 1  # DYNAMIC_TOPIC_CONFIG: set on the topic itself
 _GROUP_KEY: Final = 0
 _ALREADY_EXISTS: Final = int(ErrorCode.topic_already_exists)
+_INVALID_PARTITIONS: Final = int(ErrorCode.invalid_partitions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,26 +140,68 @@ def create_topics(
     client.retrying("creating topics", attempt)
 
 
+def create_partitions(
+    client: KafkaClient, counts: Mapping[str, int], *, timeout_ms: int = 30_000
+) -> None:
+    """Raise each topic's partition count to `counts[topic]` (CreatePartitions, KIP-195); a
+    topic that has them already (another writer added them first) is fine."""
+    topics = [{"name": t, "count": n, "assignments": None} for t, n in counts.items()]
+    fields = {"topics": topics, "timeout": timeout_ms, "validate_only": False}
+    body = body_of(ApiKey.CREATE_PARTITIONS, fields)
+
+    def attempt() -> None:
+        controller = client.metadata().controller
+        node = controller if controller >= 0 else None
+        response = client.request(node, ApiKey.CREATE_PARTITIONS, CREATE_PARTITIONS, body)
+        for result in response.decode().results:
+            code = int(result.error_code)
+            if code == 0:
+                continue
+            if code == _INVALID_PARTITIONS:
+                known = partition_counts(client, [str(result.name)]).get(str(result.name), 0)
+                if known >= counts[str(result.name)]:
+                    continue  # added meanwhile
+            detail = f" ({result.error_message})" if result.error_message else ""
+            text = (
+                f"CreatePartitions for {result.name}: {client.where} answered "
+                f"{error_name(code)}{detail}"
+            )
+            if ErrorCode(code).retriable:
+                raise RetriableError(text, code=code)
+            raise BrokerError(
+                f"{text}. Add the partitions on the destination yourself (kafka-topics --alter "
+                f"--topic {result.name} --partitions {counts[str(result.name)]})",
+                code=code,
+            )
+
+    client.retrying("adding partitions", attempt)
+
+
 def _coordinator(client: KafkaClient, group: str) -> int:
-    body = body_of(ApiKey.FIND_COORDINATOR, {"key": group, "key_type": _GROUP_KEY})
-    response = client.request(None, ApiKey.FIND_COORDINATOR, FIND_COORDINATOR, body).decode()
-    check_error(int(response.error_code), f"FindCoordinator for group {group!r}", client.where)
-    node = int(response.node_id)
-    client.remember_broker(node, str(response.host), int(response.port))
-    return node
+    return client.coordinator(group, _GROUP_KEY)
 
 
-def group_offsets(client: KafkaClient, group: str) -> dict[TopicPartition, int]:
-    """The group's committed offsets (next offset to read) for every partition it committed.
+def committed_offsets(
+    client: KafkaClient, group: str, partitions: Sequence[TopicPartition] | None = None
+) -> dict[TopicPartition, int]:
+    """The group's committed offsets (next offset to read) of `partitions` (None: every one it
+    committed); partitions without one are left out. Offsets of transactions still open are
+    waited for (require_stable), so an answer never shows what may yet be aborted.
 
     OffsetFetch v8+ asks in the batched form (one group here); older brokers get v1-7.
     """
+    topics: list[dict[str, object]] | None = None
+    if partitions is not None:
+        by_topic: dict[str, list[int]] = {}
+        for topic, partition in sorted(partitions):
+            by_topic.setdefault(topic, []).append(partition)
+        topics = [{"name": t, "partition_indexes": ps} for t, ps in by_topic.items()]
 
     def body(version: int) -> bytes:
         fields: dict[str, object] = (
-            {"groups": [{"group_id": group, "topics": None}], "require_stable": True}
+            {"groups": [{"group_id": group, "topics": topics}], "require_stable": True}
             if version >= _OFFSET_FETCH_BATCHED
-            else {"group_id": group, "topics": None, "require_stable": True}
+            else {"group_id": group, "topics": topics, "require_stable": True}
         )
         return encode_message(build_request(ApiKey.OFFSET_FETCH, version, fields))
 
@@ -169,12 +221,52 @@ def group_offsets(client: KafkaClient, group: str) -> dict[TopicPartition, int]:
                     out[(str(topic.name), int(p.partition_index))] = int(p.committed_offset)
         return out
 
-    offsets = client.retrying(f"reading the offsets of group {group!r}", attempt)
+    return client.retrying(f"reading the offsets of group {group!r}", attempt)
+
+
+def group_offsets(client: KafkaClient, group: str) -> dict[TopicPartition, int]:
+    """Every committed offset of the group; TopicNotFound if it has none."""
+    offsets = committed_offsets(client, group)
     if not offsets:
         raise TopicNotFound(
             f"group {group!r} has no committed offsets in {client.where}: check the group name"
         )
     return offsets
+
+
+def list_groups(client: KafkaClient) -> list[str]:
+    """Every consumer group of the cluster (ListGroups, asked of each broker: a broker lists
+    the groups it coordinates)."""
+    body = body_of(ApiKey.LIST_GROUPS, {"states_filter": []})
+
+    def attempt() -> list[str]:
+        found: set[str] = set()
+        for node in sorted(client.metadata().brokers):
+            response = client.request(node, ApiKey.LIST_GROUPS, LIST_GROUPS, body).decode()
+            check_error(int(response.error_code), "ListGroups", client.where)
+            found.update(str(g.group_id) for g in response.groups)
+        return sorted(found)
+
+    return client.retrying("listing consumer groups", attempt)
+
+
+def group_has_members(client: KafkaClient, group: str) -> bool:
+    """Whether the group has active members (DescribeGroups: members, or a state other than
+    Empty and Dead)."""
+    fields = {"groups": [group], "include_authorized_operations": False}
+    body = body_of(ApiKey.DESCRIBE_GROUPS, fields)
+
+    def attempt() -> bool:
+        node = _coordinator(client, group)
+        response = client.request(node, ApiKey.DESCRIBE_GROUPS, DESCRIBE_GROUPS, body).decode()
+        described = response.groups[0]
+        if int(described.error_code) == _GROUP_NOT_FOUND:
+            return False
+        check_error(int(described.error_code), f"DescribeGroups {group!r}", client.where)
+        state = str(described.group_state)
+        return bool(described.members) or (state not in _NO_MEMBERS and state != "")
+
+    return client.retrying(f"describing group {group!r}", attempt)
 
 
 def commit_group_offsets(

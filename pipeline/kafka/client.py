@@ -32,7 +32,9 @@ from kipside.protocol import (
 
 from .connection import BrokerConnection, ConnectionFailed
 from .errors import BrokerError, RetriableError
+from .login import log_in
 from .retry import RetryPolicy, call_with_retries
+from .security import PLAINTEXT, Security, tls_context
 
 __all__ = [
     "ClientConfig",
@@ -48,6 +50,7 @@ BodyBuilder = Callable[[int], Sequence[Buffer] | Buffer]
 
 _API_VERSIONS_VERSION: Final = 2
 _METADATA: Final = VersionRange(4, 12)
+_FIND_COORDINATOR: Final = VersionRange(1, 3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +63,10 @@ class ClientConfig:
     request_timeout_ms: int = 30_000
     """request.timeout.ms"""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    security: Security = PLAINTEXT
+    """security.protocol, sasl.*, ssl.* (pipeline.kafka.security)"""
+    settings_hint: str = "option kafka.sasl.jaas.config"
+    """Where the user sets the credentials, named in a failed login's message."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +118,7 @@ class KafkaClient:
         self._versions: dict[int, dict[int, VersionRange]] = {}
         self._brokers: dict[int, Address] = {}
         self._metadata: ClusterMetadata | None = None
+        self._coordinators: dict[tuple[str, int], int] = {}
         self._bootstrap_turn = 0
 
     def __enter__(self) -> KafkaClient:
@@ -141,18 +149,21 @@ class KafkaClient:
 
     def invalidate_metadata(self) -> None:
         self._metadata = None
+        self._coordinators.clear()
 
     # Connections and versions ----------------------------------------------------------------
 
     def _open(
         self, address: Address, name: str
     ) -> tuple[BrokerConnection, dict[int, VersionRange]]:
+        security = self.config.security
         conn = BrokerConnection(
             address,
             client_id=self.config.client_id,
             connect_timeout=self.config.connect_timeout_ms / 1000,
             request_timeout=self.config.request_timeout_ms / 1000,
             name=name,
+            tls=tls_context(security.tls) if security.tls is not None else None,
         )
         try:
             message = build_request(ApiKey.API_VERSIONS, _API_VERSIONS_VERSION, {})
@@ -173,6 +184,12 @@ class KafkaClient:
             int(k.api_key): VersionRange(int(k.min_version), int(k.max_version))
             for k in response.api_keys
         }
+        if security.sasl is not None:
+            try:
+                log_in(conn, versions, security.sasl, self.config.settings_hint)
+            except BaseException:
+                conn.close()
+                raise
         return conn, versions
 
     def _bootstrap_connection(self) -> int:
@@ -249,6 +266,21 @@ class KafkaClient:
         """A new connection to `node` that only its caller uses, for requests kept in flight
         (the shared ones answer one request at a time, and must not interleave with these)."""
         return DedicatedConnection(*self._open_node(node))
+
+    def coordinator(self, key: str, key_type: int) -> int:
+        """The node coordinating a group (key_type 0) or a transactional id (1), from
+        FindCoordinator; remembered until the metadata is refreshed (a retriable error)."""
+        known = self._coordinators.get((key, key_type))
+        if known is not None:
+            return known
+        body = body_of(ApiKey.FIND_COORDINATOR, {"key": key, "key_type": key_type})
+        response = self.request(None, ApiKey.FIND_COORDINATOR, _FIND_COORDINATOR, body).decode()
+        what = "group" if key_type == 0 else "transactional id"
+        check_error(int(response.error_code), f"FindCoordinator for {what} {key!r}", self.where)
+        node = int(response.node_id)
+        self.remember_broker(node, str(response.host), int(response.port))
+        self._coordinators[(key, key_type)] = node
+        return node
 
     def remember_broker(self, node: int, host: str, port: int) -> None:
         """A broker address learned outside Metadata (FindCoordinator)."""

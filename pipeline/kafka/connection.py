@@ -5,20 +5,29 @@ This is the shell the way h11's docs show a plain-socket client driving h11: pro
 connect, write and read so a silent network partition becomes an error, never a hang. It runs in
 Spark's Python workers and driver, where there is no event loop, so it is deliberately
 synchronous. It never decodes a body.
+
+With TLS (an `ssl.SSLContext` from pipeline.kafka.security) the socket is wrapped after the
+connect, the broker's host name sent as SNI and, unless turned off, checked against its
+certificate. A certificate the trust store refuses is SecurityError (retrying won't fix it);
+anything else that breaks a handshake is ConnectionFailed, as any broken connection.
 """
 
 from __future__ import annotations
 
 import socket
+import ssl
 import time
 from collections.abc import Sequence
 
 from kipside.protocol import Address, Buffer, ClientConnection, ProtocolError, Response
 
+from .errors import SecurityError
+
 __all__ = ["BrokerConnection", "ConnectionFailed"]
 
 _READ_SIZE = 1 << 20
 _IOV_MAX = 512  # well under Linux's 1024 iovecs per sendmsg
+_TLS_JOIN = 64 * 1024  # small chunks are joined into one TLS write up to this
 
 
 class ConnectionFailed(OSError):
@@ -36,18 +45,39 @@ class BrokerConnection:
         connect_timeout: float,
         request_timeout: float,
         name: str | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.address = address
         self.name = name or f"broker {address}"
         self.request_timeout = request_timeout
         self._protocol = ClientConnection(client_id)
         try:
-            self._sock: socket.socket | None = socket.create_connection(
-                (address.host, address.port), timeout=connect_timeout
-            )
+            sock = socket.create_connection((address.host, address.port), timeout=connect_timeout)
         except OSError as exc:
             raise ConnectionFailed(f"cannot connect to {self.name}: {_reason(exc)}") from exc
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._tls = tls is not None
+        self._sock: socket.socket | None = sock
+        if tls is not None:
+            self._sock = self._handshake(sock, tls)
+
+    def _handshake(self, sock: socket.socket, tls: ssl.SSLContext) -> ssl.SSLSocket:
+        try:
+            return tls.wrap_socket(sock, server_hostname=self.address.host)
+        except ssl.SSLCertVerificationError as exc:
+            sock.close()
+            raise SecurityError(
+                f"TLS handshake with {self.name}: its certificate is refused: "
+                f"{exc.verify_message or exc.reason}. Check ssl.truststore.location (the CA "
+                "that signed the brokers' certificates) and the broker's address (checked "
+                "against the certificate unless ssl.endpoint.identification.algorithm is empty)"
+            ) from None
+        except OSError as exc:
+            sock.close()
+            raise ConnectionFailed(
+                f"TLS handshake with {self.name} failed: {_reason(exc)} (is it a TLS listener? "
+                "security.protocol says SSL or SASL_SSL)"
+            ) from exc
 
     @property
     def closed(self) -> bool:
@@ -67,6 +97,9 @@ class BrokerConnection:
         sock = self._live()
         deadline = time.monotonic() + self.request_timeout
         views = [memoryview(c).cast("B") for c in chunks if len(c)]
+        if self._tls:
+            self._send_tls(sock, views, deadline)
+            return
         first = 0
         try:
             while first < len(views):
@@ -80,6 +113,28 @@ class BrokerConnection:
                     else:
                         views[first] = head[sent:]
                         sent = 0
+        except OSError as exc:
+            self._fail()
+            raise ConnectionFailed(f"writing to {self.name} failed: {_reason(exc)}") from exc
+
+    def _send_tls(self, sock: socket.socket, views: list[memoryview], deadline: float) -> None:
+        """TLS has no scatter-gather write: small chunks are joined, big ones written as they
+        are (a record batch is never copied to be joined)."""
+        pending = bytearray()
+        try:
+            for view in views:
+                if len(view) >= _TLS_JOIN:
+                    if pending:
+                        sock.settimeout(_remaining(deadline))
+                        sock.sendall(pending)
+                        pending.clear()
+                    sock.settimeout(_remaining(deadline))
+                    sock.sendall(view)
+                else:
+                    pending += view
+            if pending:
+                sock.settimeout(_remaining(deadline))
+                sock.sendall(pending)
         except OSError as exc:
             self._fail()
             raise ConnectionFailed(f"writing to {self.name} failed: {_reason(exc)}") from exc

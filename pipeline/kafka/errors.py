@@ -10,12 +10,15 @@ from __future__ import annotations
 from kipside.protocol import error_name
 
 __all__ = [
+    "BatchTooLarge",
     "BrokerError",
     "ClusterUnreachable",
     "CorruptBatchError",
     "DataLossError",
+    "FencedError",
     "KafkaError",
     "RetriableError",
+    "SecurityError",
     "TopicNotFound",
 ]
 
@@ -55,3 +58,17 @@ class DataLossError(KafkaError):
 
 class CorruptBatchError(KafkaError):
     """A record batch read from the broker fails its CRC or can't be parsed."""
+
+
+class BatchTooLarge(KafkaError):
+    """A record batch decompresses to more than receive.message.max.bytes."""
+
+
+class SecurityError(KafkaError):
+    """TLS or SASL refused the client: a certificate not trusted, a wrong password, a mechanism
+    the broker does not offer. Retrying won't help; the settings must change."""
+
+
+class FencedError(BrokerError):
+    """A transactional writer was fenced: a newer one with the same transactional id took over
+    (its transaction was aborted). The newer writer carries on; this one must stop."""

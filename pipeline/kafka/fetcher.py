@@ -60,6 +60,9 @@ class FetchConfig:
     """Spark's failOnDataLoss"""
     marker_timeout_ms: int = 60_000
     """How long to wait for a transaction marker the broker's last stable offset promised."""
+    receive_message_max_bytes: int = 100_000_000
+    """receive.message.max.bytes (librdkafka's name and default): the most one batch's records
+    may decompress to, for readers that decompress (rows=records)."""
 
 
 class RangeReader:

@@ -35,6 +35,7 @@ __all__ = [
     "LATEST",
     "TopicPartition",
     "Watermarks",
+    "bytes_per_offset",
     "list_offsets",
     "watermarks",
 ]
@@ -45,7 +46,7 @@ LATEST: Final = -1
 LIST_OFFSETS: Final = VersionRange(2, 9)
 FETCH: Final = VersionRange(FETCH_MIN_VERSION, FETCH_MAX_VERSION)
 _OUT_OF_RANGE: Final = int(ErrorCode.offset_out_of_range)
-_PROBE_BYTES: Final = 4096
+_PROBE_BYTES: Final = 64 * 1024
 _V = TypeVar("_V")
 
 
@@ -55,7 +56,8 @@ class Watermarks:
     high_watermark: int
     last_stable: int
     bytes_per_offset: float | None = None
-    """Size per offset of the batch at the probed offset, when the answer carried one."""
+    """Bytes per offset of the batches the probe saw from the probed offset on (their headers
+    give each one's size and offsets), when it saw any."""
 
     def end(self, committed_only: bool) -> int:
         """Where a reader stops: the last stable offset for read_committed, else the HW."""
@@ -136,8 +138,33 @@ def _probe(
     offsets: Mapping[TopicPartition, int],
     out_of_range: dict[TopicPartition, int],
 ) -> dict[TopicPartition, Watermarks]:
-    # A few KiB per partition: enough for a batch header (the size estimate), and a broker
-    # returns at least one batch of the first partition anyway.
+    """One leader's partitions, probed at `offsets`: watermarks, and the sizes of a few batches
+    of each that has data there. A broker may spend a response's byte limit on the first
+    partition's batch (Tansu 0.6.0 does); partitions it left without a batch are asked again,
+    without the ones answered, until each has shown one."""
+    found: dict[TopicPartition, Watermarks] = {}
+    pending = dict(offsets)
+    while pending:
+        answered = _probe_once(client, leader, pending, out_of_range)
+        found.update(answered)
+        unsized = {
+            tp: pending[tp]
+            for tp, m in answered.items()
+            if m.bytes_per_offset is None and pending[tp] < m.high_watermark
+        }
+        if len(unsized) == len(pending):
+            break  # nothing shown this time: the broker has nothing more to give
+        pending = unsized
+    return found
+
+
+def _probe_once(
+    client: KafkaClient,
+    leader: int,
+    offsets: Mapping[TopicPartition, int],
+    out_of_range: dict[TopicPartition, int],
+) -> dict[TopicPartition, Watermarks]:
+    # Up to _PROBE_BYTES per partition; a batch cut by the limit still shows its header.
     parts = [FetchPartition(t, p, max(o, 0), _PROBE_BYTES) for (t, p), o in offsets.items()]
 
     def body(version: int) -> bytes:
@@ -146,7 +173,7 @@ def _probe(
             parts,
             max_wait_ms=1,
             min_bytes=1,
-            max_bytes=1,
+            max_bytes=_PROBE_BYTES * len(parts),
             isolation_level=READ_UNCOMMITTED,
         )
 
@@ -160,10 +187,26 @@ def _probe(
             out_of_range[tp] = offsets[tp]
             continue
         check_error(p.error_code, f"Fetch for {tp[0]}-{tp[1]}", client.where)
-        extent = batch_extent(p.records)
-        density = extent[1] / extent[2] if extent is not None else None
+        density = bytes_per_offset(p.records, offsets[tp])
         found[tp] = Watermarks(p.log_start_offset, p.high_watermark, p.last_stable_offset, density)
     return found
+
+
+def bytes_per_offset(records: memoryview, offset: int) -> float | None:
+    """Bytes per offset of the batches whose headers `records` holds (the last may be cut
+    short), counting from the one holding `offset`; None if there are none."""
+    size = spanned = 0
+    view = memoryview(records)
+    pos = 0
+    while (extent := batch_extent(view[pos:])) is not None:
+        base, length, count = extent
+        if base + count > offset:
+            size += length
+            spanned += count
+        pos += length
+        if pos >= len(view):
+            break
+    return size / spanned if spanned else None
 
 
 def answered_all(

@@ -9,6 +9,12 @@ connection) are retried the idempotent way: everything in flight is drained, the
 batches go back to the front of their partition's queue with their sequences unchanged, and
 the broker drops any duplicate. What it must never do: reorder a partition, give a batch a new
 sequence, or report a batch written that the broker did not acknowledge.
+
+With a transactional id it is the producing half of a transactional producer
+(pipeline.kafka.transaction runs the transactions): its session comes from the transaction
+coordinator, batches carry the transactional bit and requests the id, and each partition is
+registered with the transaction (`register`) before its first batch is sent. A producer that a
+newer one with the same id fenced gets FencedError.
 """
 
 from __future__ import annotations
@@ -37,9 +43,9 @@ from kipside.protocol import (
 
 from .client import DedicatedConnection, KafkaClient, body_of, check_error
 from .connection import BrokerConnection, ConnectionFailed
-from .errors import BrokerError, KafkaError, RetriableError
+from .errors import BrokerError, FencedError, KafkaError, RetriableError
 
-__all__ = ["IdempotentProducer", "ProduceConfig", "Written"]
+__all__ = ["FENCED", "IdempotentProducer", "ProduceConfig", "Written"]
 
 Tag = TypeVar("Tag")
 TopicPartition = tuple[str, int]
@@ -49,6 +55,17 @@ _DUPLICATE: Final = int(ErrorCode.duplicate_sequence_number)
 _OUT_OF_ORDER: Final = int(ErrorCode.out_of_order_sequence_number)
 _ACKS_ALL: Final = -1
 _MAX_SEQUENCE: Final = 2**31 - 1
+FENCED: Final = frozenset(
+    {
+        int(ErrorCode.producer_fenced),
+        int(ErrorCode.invalid_producer_epoch),
+        int(ErrorCode.transactional_id_authorization_failed),
+        int(ErrorCode.invalid_txn_state),
+    }
+)
+"""Answers that end a transactional producer's session: a newer writer took over, or the
+transaction is no longer this producer's."""
+_TRANSACTION_COORDINATOR: Final = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,19 +124,47 @@ class _Session:
 class IdempotentProducer(Generic[Tag]):
     """One idempotent producer session on one cluster. Not thread-safe."""
 
-    def __init__(self, client: KafkaClient, config: ProduceConfig | None = None) -> None:
+    def __init__(
+        self,
+        client: KafkaClient,
+        config: ProduceConfig | None = None,
+        *,
+        transactional_id: str | None = None,
+        transaction_timeout_ms: int = 60_000,
+        register: Callable[[list[TopicPartition]], None] | None = None,
+        connections: dict[int, DedicatedConnection] | None = None,
+    ) -> None:
         self.client = client
         self.config = config or ProduceConfig()
+        self.transactional_id = transactional_id
+        self.transaction_timeout_ms = transaction_timeout_ms
+        self._register = register
         self._session: _Session | None = None
         self._queues: dict[TopicPartition, deque[_Outgoing[Tag]]] = {}
         self._queued_bytes = 0
         self._order = count()
-        # Produce requests stay in flight, so they get connections of their own.
-        self._connections: dict[int, DedicatedConnection] = {}
+        # Produce requests stay in flight, so they get connections of their own (a caller
+        # running one producer after another may hand them the same ones).
+        self._connections: dict[int, DedicatedConnection] = (
+            {} if connections is None else connections
+        )
+        self._owns_connections = connections is None
 
     @property
     def producer_id(self) -> int:
         return self._ensure_session().producer_id
+
+    @property
+    def producer_epoch(self) -> int:
+        return self._ensure_session().producer_epoch
+
+    def new_session(self) -> None:
+        """Ask for the session again (a transactional producer: the coordinator bumps the
+        epoch, fencing any older writer of the id and aborting what it left open)."""
+        self._session = None
+        self._queues.clear()
+        self._queued_bytes = 0
+        self._ensure_session()
 
     @property
     def queued_bytes(self) -> int:
@@ -137,7 +182,13 @@ class IdempotentProducer(Generic[Tag]):
         session = self._ensure_session()
         tp = (topic, partition)
         sequence = session.next_sequence.get(tp, 0)
-        header, body = restamp(batch, session.producer_id, session.producer_epoch, sequence)
+        header, body = restamp(
+            batch,
+            session.producer_id,
+            session.producer_epoch,
+            sequence,
+            transactional=self.transactional_id is not None,
+        )
         count = batch.records_count
         session.next_sequence[tp] = (sequence + count) % (_MAX_SEQUENCE + 1)
         outgoing = _Outgoing(
@@ -180,19 +231,25 @@ class IdempotentProducer(Generic[Tag]):
         return self._session
 
     def _init_producer_id(self) -> _Session:
-        # No transactional id: an idempotent producer; -1/-1 asks for a new producer id.
+        # -1/-1 asks for a producer id: a new one (idempotent), or the transactional id's with
+        # its epoch bumped (transactional).
         fields = {
-            "transactional_id": None,
-            "transaction_timeout": 60_000,
+            "transactional_id": self.transactional_id,
+            "transaction_timeout": self.transaction_timeout_ms,
             "producer_id": -1,
             "producer_epoch": -1,
         }
         body = body_of(ApiKey.INIT_PRODUCER_ID, fields)
-
+        node = None
+        if self.transactional_id is not None:
+            node = self.client.coordinator(self.transactional_id, _TRANSACTION_COORDINATOR)
         response = self.client.request(
-            None, ApiKey.INIT_PRODUCER_ID, INIT_PRODUCER_ID, body
+            node, ApiKey.INIT_PRODUCER_ID, INIT_PRODUCER_ID, body
         ).decode()
-        check_error(int(response.error_code), "InitProducerId", self.client.where)
+        what = "InitProducerId" + (
+            f" for transactional id {self.transactional_id!r}" if self.transactional_id else ""
+        )
+        check_error(int(response.error_code), what, self.client.where)
         return _Session(int(response.producer_id), int(response.producer_epoch))
 
     # Sending -------------------------------------------------------------------------------
@@ -230,6 +287,8 @@ class IdempotentProducer(Generic[Tag]):
         return written
 
     def _fill(self, in_flight: deque[_Request[Tag]]) -> None:
+        if self._register is not None:
+            self._register(list(self._queues))
         per_leader: dict[int, int] = {}
         for request in in_flight:
             per_leader[request.leader] = per_leader.get(request.leader, 0) + 1
@@ -282,6 +341,11 @@ class IdempotentProducer(Generic[Tag]):
             dedicated.connection.close()
         self._connections.clear()
 
+    def release(self) -> None:
+        """Done with this producer; connections it shares are left open for the next one."""
+        if self._owns_connections:
+            self.close()
+
     def _send(self, leader: int, batches: list[_Outgoing[Tag]]) -> _Request[Tag]:
         dedicated = self._connection(leader)
         conn = dedicated.connection
@@ -293,6 +357,7 @@ class IdempotentProducer(Generic[Tag]):
             partitions=[
                 PartitionBatch(b.topic, b.partition, b.body, prefix=b.header) for b in batches
             ],
+            transactional_id=self.transactional_id,
         )
         try:
             conn.send(ApiKey.PRODUCE, version, chunks)
@@ -335,6 +400,13 @@ class IdempotentProducer(Generic[Tag]):
                     code=code,
                 )
                 failed.append(batch)
+            elif code in FENCED and self.transactional_id is not None:
+                raise FencedError(
+                    f"Produce to {where} as transactional id {self.transactional_id!r} was "
+                    f"answered {error_name(code)} by {self.client.where}: a newer writer of the "
+                    "same id took over (a restarted or retried copy of this task)",
+                    code=code,
+                )
             else:
                 detail = f" ({result.error_message})" if result.error_message else ""
                 raise BrokerError(

@@ -25,6 +25,7 @@ from typing import Any, Final, TextIO
 from kipside.pipeline import jobrun
 from kipside.pipeline.jobrun import JobFiles
 from kipside.pipeline.kafka.errors import KafkaError
+from kipside.pipeline.kafka.properties import ClientProperties
 from kipside.pipeline.progress import Totals, describe_lag
 from kipside.pipeline.spark import start_session
 
@@ -56,6 +57,7 @@ class LakeJob:
     fail_on_data_loss: bool = True
     timeout_ms: int = 60_000
     conf: Mapping[str, str] = field(default_factory=dict)
+    source_config: ClientProperties | None = None
 
     @property
     def files(self) -> JobFiles:
@@ -77,7 +79,17 @@ class LakeJob:
             "kipside.stopMarker": self.files.stop_marker,
             "kipside.noticeFile": self.files.notices,
             "kipside.role": "Kafka cluster",
+            **_from_file(self.source_config),
         }
+
+
+def _from_file(config: ClientProperties | None) -> dict[str, str]:
+    """--source-config's settings as the source's options (kafka.KEY)."""
+    if config is None:
+        return {}
+    options = config.prefixed("kafka.", without=frozenset({"bootstrap.servers"}))
+    options["kipside.settingsHint"] = config.hint
+    return options
 
 
 @dataclass

@@ -15,27 +15,36 @@ copies as little again as possible.
 
 from __future__ import annotations
 
+import json
 import sys
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any, Final, TextIO
 
 from kipside.pipeline import jobrun
 from kipside.pipeline.jobrun import JobFiles
-from kipside.pipeline.kafka.client import ClientConfig, KafkaClient
+from kipside.pipeline.kafka.client import KafkaClient
 from kipside.pipeline.kafka.errors import KafkaError
-from kipside.pipeline.kafka.retry import RetryPolicy
+from kipside.pipeline.kafka.properties import ClientProperties, client_config
+from kipside.pipeline.notices import post_notice
 from kipside.pipeline.progress import Totals, describe_lag
 from kipside.pipeline.spark import start_session
 from kipside.protocol import Address
 
+from .exactly_once import query_prefix
+from .group_syncer import GroupSyncer
 from .offset_sync import DEFAULT_TOPIC
 from .sink import MirrorSink
 
 __all__ = ["MirrorJob", "run_mirror", "start_query"]
 
 QUERY_NAME: Final = "kipside_mirror"
+JAVA_OPTIONS: Final = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+"""The mirror's JVMs only hand batches between Python workers: C1 alone compiles all they run,
+at a fraction of C2's CPU, and one GC thread is plenty (docs/performance.md, fixed cost)."""
 OBSERVED: Final = QUERY_NAME  # the observed metrics are named as the query
 READ_UNCOMMITTED_WARNING: Final = (
     "kipside mirror: warning: --read-uncommitted copies every data batch, including those of "
@@ -60,6 +69,11 @@ class MirrorJob:
     sync_topic: str = DEFAULT_TOPIC
     timeout_ms: int = 60_000
     conf: Mapping[str, str] = field(default_factory=dict)
+    source_config: ClientProperties | None = None
+    dest_config: ClientProperties | None = None
+    exactly_once: bool = False
+    sync_groups: str | None = None
+    sync_groups_interval: float = 60.0
 
     def source_options(self) -> dict[str, str]:
         return {
@@ -77,6 +91,7 @@ class MirrorJob:
             "kipside.stopMarker": self.files.stop_marker,
             "kipside.noticeFile": self.files.notices,
             "kipside.role": "source cluster",
+            **_from_file(self.source_config, "kafka."),
         }
 
     @property
@@ -90,7 +105,46 @@ class MirrorJob:
             "rename": self.rename,
             "offsetSyncTopic": self.sync_topic,
             "checkpointLocation": self.checkpoint,
+            **self._exactly_once_options(),
+            **_from_file(self.dest_config, "kafka."),
+            **_from_file(self.source_config, "source.kafka."),
         }
+
+    def _exactly_once_options(self) -> dict[str, str]:
+        if not self.exactly_once:
+            return {}
+        return {
+            "exactlyOnce": "true",
+            "transactionalIdPrefix": query_prefix(query_id(self.checkpoint)),
+        }
+
+
+def query_id(checkpoint: str) -> str:
+    """The streaming query's id: the one Spark keeps in CHECKPOINT/metadata, written there
+    first (in Spark's format) if the query has never run, so that Spark takes it as its own.
+    A checkpoint elsewhere than on this machine's disk is named by its location instead."""
+    if "://" in checkpoint and not checkpoint.startswith("file:"):
+        return checkpoint
+    folder = Path(checkpoint.removeprefix("file://").removeprefix("file:"))
+    metadata = folder / "metadata"
+    try:
+        return str(json.loads(metadata.read_text().splitlines()[0])["id"])
+    except (OSError, ValueError, KeyError, IndexError):
+        pass
+    folder.mkdir(parents=True, exist_ok=True)
+    made = str(uuid.uuid4())
+    metadata.write_text(json.dumps({"id": made}) + "\n")
+    return made
+
+
+def _from_file(config: ClientProperties | None, prefix: str) -> dict[str, str]:
+    """A property file's configs as options named `prefix` + key, and where a failed login's
+    message should send the user."""
+    if config is None:
+        return {}
+    options = config.prefixed(prefix, without=frozenset({"bootstrap.servers"}))
+    options[f"{prefix.removesuffix('kafka.')}kipside.settingsHint"] = config.hint
+    return options
 
 
 def preflight(job: MirrorJob) -> list[tuple[str, int]]:
@@ -99,7 +153,7 @@ def preflight(job: MirrorJob) -> list[tuple[str, int]]:
     partitions = jobrun.preflight(
         job.source_options(), timeout_ms=job.timeout_ms, flag="--topics", client_id="kipside-mirror"
     )
-    config = ClientConfig(client_id="kipside-mirror", retry=RetryPolicy(timeout_ms=job.timeout_ms))
+    config = client_config(job.dest_config, "kipside-mirror", job.timeout_ms)
     dest_bootstrap = Address.parse_list(job.dest, what="--dest")
     with KafkaClient(dest_bootstrap, role="destination cluster", config=config) as dest:
         dest.retrying("reading the destination's metadata", dest.metadata)
@@ -142,6 +196,35 @@ def start_query(spark: Any, job: MirrorJob) -> Any:
     return jobrun.start_stream(writer, once=job.once, trigger_seconds=job.trigger_seconds)
 
 
+def group_syncer(job: MirrorJob) -> GroupSyncer | None:
+    """--sync-groups' thread, with clients of its own (a client is not thread-safe)."""
+    if job.sync_groups is None:
+        return None
+    source_bootstrap = Address.parse_list(job.source, what="--source")
+    source = KafkaClient(
+        source_bootstrap,
+        role="source cluster",
+        config=client_config(job.source_config, "kipside-mirror-groups", job.timeout_ms),
+    )
+    dest = KafkaClient(
+        Address.parse_list(job.dest, what="--dest"),
+        role="destination cluster",
+        config=client_config(job.dest_config, "kipside-mirror-groups", job.timeout_ms),
+    )
+    # The cluster id the offset syncs carry (as the sink names the source).
+    meta = source.retrying("reading the source cluster id", source.metadata)
+    cluster = meta.cluster_id or ",".join(map(str, source_bootstrap))
+    return GroupSyncer(
+        job.sync_groups,
+        job.sync_groups_interval,
+        source,
+        dest,
+        job.sync_topic,
+        cluster,
+        warn=partial(post_notice, job.files.notices),
+    )
+
+
 def run_mirror(job: MirrorJob, out: TextIO | None = None) -> int:
     """Run the mirror until --once drains the topics, or until SIGINT/SIGTERM."""
     err = out or sys.stderr
@@ -149,14 +232,28 @@ def run_mirror(job: MirrorJob, out: TextIO | None = None) -> int:
         err.write(READ_UNCOMMITTED_WARNING + "\n")
     try:
         partitions = preflight(job)
+        syncer = group_syncer(job)
     except (KafkaError, ValueError) as exc:
         err.write(f"kipside mirror: error: {exc}\n")
         return jobrun.exit_status(exc)
     renamed = f" as {job.rename}*" if job.rename else ""
     route = f"from {job.source} to {job.dest}{renamed}"
     jobrun.announce(err, "kipside mirror", partitions, route, job.files)
-    spark = start_session("kipside mirror", job.master, job.conf, log_path=job.files.spark_log)
-    start = partial(start_query, spark, job)
-    return jobrun.run_with_progress(
-        spark, start, job.files, err, "kipside mirror", QUERY_NAME, _render
+    spark = start_session(
+        "kipside mirror",
+        job.master,
+        job.conf,
+        log_path=job.files.spark_log,
+        java_options=JAVA_OPTIONS,
     )
+    start = partial(start_query, spark, job)
+    status = jobrun.run_with_progress(
+        spark, start, job.files, err, "kipside mirror", QUERY_NAME, _render, syncer
+    )
+    if syncer is not None:
+        t = syncer.totals
+        err.write(
+            f"kipside mirror: --sync-groups: {t.commits:,} offsets of {t.groups:,} group(s) "
+            f"committed on the destination in {t.rounds:,} round(s)\n"
+        )
+    return status

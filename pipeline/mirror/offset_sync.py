@@ -104,17 +104,26 @@ class Translation:
 class SyncIndex:
     """Every sync of one source cluster, by source partition, ordered by source offset."""
 
-    def __init__(self, cluster: str, syncs: Iterable[OffsetSync]) -> None:
+    def __init__(self, cluster: str, syncs: Iterable[OffsetSync] = ()) -> None:
         self.cluster = cluster
-        by_partition: dict[tuple[str, int], dict[int, OffsetSync]] = {}
+        self._by_partition: dict[tuple[str, int], dict[int, OffsetSync]] = {}
+        self._syncs: dict[tuple[str, int], list[OffsetSync]] = {}
+        self._starts: dict[tuple[str, int], list[int]] = {}
+        self.extend(syncs)
+
+    def extend(self, syncs: Iterable[OffsetSync]) -> None:
+        """Take in more syncs (read later from the topic, oldest first)."""
+        touched = set()
         for s in syncs:
-            if s.cluster == cluster:
+            if s.cluster == self.cluster:
                 # A batch copied twice (a retried task) keeps its latest landing.
-                by_partition.setdefault((s.topic, s.partition), {})[s.source_offset] = s
-        self._syncs = {
-            tp: sorted(v.values(), key=lambda s: s.source_offset) for tp, v in by_partition.items()
-        }
-        self._starts = {tp: [s.source_offset for s in v] for tp, v in self._syncs.items()}
+                tp = (s.topic, s.partition)
+                self._by_partition.setdefault(tp, {})[s.source_offset] = s
+                touched.add(tp)
+        for tp in touched:
+            ordered = sorted(self._by_partition[tp].values(), key=lambda s: s.source_offset)
+            self._syncs[tp] = ordered
+            self._starts[tp] = [s.source_offset for s in ordered]
 
     def partitions(self) -> list[tuple[str, int]]:
         return sorted(self._syncs)

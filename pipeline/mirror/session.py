@@ -27,7 +27,16 @@ from kipside.protocol import Address, Record, RecordBatchView, encode_batch
 from .offset_sync import DEFAULT_TOPIC, TOPIC_CONFIGS, OffsetSync, encode_sync
 from .topics import DestinationTopics
 
-__all__ = ["MirrorSession", "MirrorStats", "SinkOptions", "discard_session", "session_for"]
+__all__ = [
+    "BatchRow",
+    "MirrorSession",
+    "MirrorStats",
+    "SinkOptions",
+    "SourceRange",
+    "batch_rows_of",
+    "offset_syncs",
+    "sync_batch",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,12 +46,50 @@ class SinkOptions:
     rename: str = ""
     sync_topic: str | None = DEFAULT_TOPIC
     buffer_bytes: int = 64 * 1024 * 1024
+    exactly_once: bool = False
+    """Each source partition's batches of a micro-batch in one transaction (exactly_once)."""
+    transactional_prefix: str = "kipside-mirror"
+    """The query's transactional ids start with it; its progress group is named it."""
     client: ClientConfig = field(default_factory=ClientConfig)
+    """The destination's client settings."""
+    source_client: ClientConfig = field(default_factory=ClientConfig)
     produce: ProduceConfig = field(default_factory=ProduceConfig)
 
 
 @dataclass(frozen=True, slots=True)
-class _Source:
+class BatchRow:
+    """One row of rows=batches: a source batch, viewed in its Arrow buffer (never copied)."""
+
+    topic: str
+    partition: int
+    base_offset: int
+    last_offset: int
+    batch: RecordBatchView
+
+
+def batch_rows_of(rb: pa.RecordBatch) -> Iterator[BatchRow]:
+    """The rows of one Arrow record batch; their views point into `rb`, which must be kept
+    until they are sent."""
+    topics = rb.column("topic").to_pylist()
+    partitions = rb.column("partition").to_pylist()
+    bases = rb.column("baseOffset").to_pylist()
+    lasts = rb.column("lastOffset").to_pylist()
+    batch_col = rb.column("batch")
+    _validity, offsets_buf, data_buf = batch_col.buffers()
+    assert offsets_buf is not None and data_buf is not None
+    offsets = np.frombuffer(offsets_buf, dtype=np.int32)[
+        batch_col.offset : batch_col.offset + len(batch_col) + 1
+    ]
+    data = memoryview(data_buf)
+    for i, topic in enumerate(topics):
+        view = RecordBatchView.from_buffer(data[offsets[i] : offsets[i + 1]])
+        yield BatchRow(topic, partitions[i], bases[i], lasts[i], view)
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRange:
+    """Where a copied batch came from (its offset sync's source side)."""
+
     topic: str
     partition: int
     base_offset: int
@@ -58,16 +105,25 @@ class MirrorStats:
     records: int = 0
     bytes: int = 0
     syncs: int = 0
+    skipped: int = 0
+    """Batches a transaction of an earlier try had committed already (exactly_once)."""
     partitions: dict[str, int] = field(default_factory=dict)
     """Destination "topic-partition" -> batches written to it."""
+
+    def count(self, topic: str, partition: int, batch: RecordBatchView) -> None:
+        self.batches += 1
+        self.records += batch.records_count
+        self.bytes += batch.size
+        key = f"{topic}-{partition}"
+        self.partitions[key] = self.partitions.get(key, 0) + 1
 
 
 class MirrorSession:
     def __init__(self, options: SinkOptions) -> None:
         self.options = options
-        self.source = shared_client(options.source, "source cluster", options.client)
+        self.source = shared_client(options.source, "source cluster", options.source_client)
         self.dest = shared_client(options.dest, "destination cluster", options.client)
-        self.producer: IdempotentProducer[_Source | None] = IdempotentProducer(
+        self.producer: IdempotentProducer[SourceRange | None] = IdempotentProducer(
             self.dest, options.produce
         )
         self.topics = DestinationTopics(self.source, self.dest)
@@ -103,61 +159,30 @@ class MirrorSession:
         return self._stats
 
     def _queue(self, rb: pa.RecordBatch) -> None:
-        topics = rb.column("topic").to_pylist()
-        partitions = rb.column("partition").to_pylist()
-        bases = rb.column("baseOffset").to_pylist()
-        lasts = rb.column("lastOffset").to_pylist()
-        batch_col = rb.column("batch")
-        _validity, offsets_buf, data_buf = batch_col.buffers()
-        assert offsets_buf is not None and data_buf is not None
-        offsets = np.frombuffer(offsets_buf, dtype=np.int32)[
-            batch_col.offset : batch_col.offset + len(batch_col) + 1
-        ]
-        data = memoryview(data_buf)
         rename = self.options.rename
-        for i, topic in enumerate(topics):
-            view = RecordBatchView.from_buffer(data[offsets[i] : offsets[i + 1]])
-            dest = rename + topic
-            partition = partitions[i]
-            self.topics.ensure(topic, dest, partition)
-            self.producer.add(dest, partition, view, _Source(topic, partition, bases[i], lasts[i]))
-            stats = self._stats
-            stats.batches += 1
-            stats.records += view.records_count
-            stats.bytes += view.size
-            key = f"{dest}-{partition}"
-            stats.partitions[key] = stats.partitions.get(key, 0) + 1
+        stats = self._stats
+        for row in batch_rows_of(rb):
+            dest = rename + row.topic
+            self.topics.ensure(row.topic, dest, row.partition)
+            source = SourceRange(row.topic, row.partition, row.base_offset, row.last_offset)
+            self.producer.add(dest, row.partition, row.batch, source)
+            stats.count(dest, row.partition, row.batch)
 
     def _flush(self) -> None:
         self.producer.flush(self._on_written)
 
-    def _on_written(self, written: list[Written[_Source | None]]) -> None:
+    def _on_written(self, written: list[Written[SourceRange | None]]) -> None:
         topic = self.options.sync_topic
         if topic is None:
             return
-        syncs = [
-            OffsetSync(
-                self.cluster,
-                w.tag.topic,
-                w.tag.partition,
-                w.tag.base_offset,
-                w.tag.last_offset,
-                w.topic,
-                w.partition,
-                w.base_offset,
-            )
-            for w in written
-            if w.tag is not None and w.base_offset >= 0
-        ]
+        syncs = offset_syncs(self.cluster, written)
         if not syncs:
             return
-        self._ensure_sync_topic(topic)
-        records = [Record(*encode_sync(s)) for s in syncs]
-        batch = encode_batch(records, base_timestamp=int(time.time() * 1000))
-        self.producer.add(topic, 0, RecordBatchView.from_buffer(batch), None)
+        self.ensure_sync_topic(topic)
+        self.producer.add(topic, 0, sync_batch(syncs), None)
         self._stats.syncs += len(syncs)
 
-    def _ensure_sync_topic(self, topic: str) -> None:
+    def ensure_sync_topic(self, topic: str) -> None:
         if self._sync_ready:
             return
         if topic not in partition_counts(self.dest, [topic]):
@@ -166,18 +191,26 @@ class MirrorSession:
         self._sync_ready = True
 
 
-_sessions: dict[SinkOptions, MirrorSession] = {}
+def offset_syncs(cluster: str, written: list[Written[SourceRange | None]]) -> list[OffsetSync]:
+    """Where each acknowledged batch landed (duplicates the broker did not place: none)."""
+    return [
+        OffsetSync(
+            cluster,
+            w.tag.topic,
+            w.tag.partition,
+            w.tag.base_offset,
+            w.tag.last_offset,
+            w.topic,
+            w.partition,
+            w.base_offset,
+        )
+        for w in written
+        if w.tag is not None and w.base_offset >= 0
+    ]
 
 
-def session_for(options: SinkOptions) -> MirrorSession:
-    session = _sessions.get(options)
-    if session is None:
-        session = _sessions[options] = MirrorSession(options)
-    return session
-
-
-def discard_session(options: SinkOptions) -> None:
-    """After a failure: close the clients and forget the producer session."""
-    session = _sessions.pop(options, None)
-    if session is not None:
-        session.close()
+def sync_batch(syncs: list[OffsetSync]) -> RecordBatchView:
+    records = [Record(*encode_sync(s)) for s in syncs]
+    return RecordBatchView.from_buffer(
+        encode_batch(records, base_timestamp=int(time.time() * 1000))
+    )

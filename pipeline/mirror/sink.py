@@ -3,10 +3,13 @@
 Options (strings, as Spark passes them): kafka.bootstrap.servers (the destination),
 source.kafka.bootstrap.servers (the source, for topic configs and its cluster id), rename
 (a prefix for destination topic names), offsetSyncTopic ("" turns syncs off), bufferBytes,
-and the producer's kafka.request.timeout.ms, kafka.delivery.timeout.ms, kafka.max.request.size,
-kafka.client.id. Each write task copies its rows through the worker's MirrorSession and returns
-what it wrote, which the driver's commit logs. At-least-once: a retried task copies its batches
-again (docs/mirror.md says exactly when).
+the producer's kafka.request.timeout.ms, kafka.delivery.timeout.ms, kafka.max.request.size,
+kafka.client.id, and each cluster's TLS and SASL settings: kafka.security.protocol,
+kafka.sasl.*, kafka.ssl.* for the destination, the same under source.kafka. for the source.
+Each write task copies its rows through the worker's MirrorSession and returns what it wrote,
+which the driver's commit logs. At-least-once: a retried task copies its batches
+again (docs/mirror.md says exactly when); with exactlyOnce=true (and transactionalIdPrefix),
+exactly once (pipeline.mirror.exactly_once).
 """
 
 from __future__ import annotations
@@ -26,12 +29,19 @@ from pyspark.sql.types import StructType
 
 from kipside.pipeline.kafka.client import ClientConfig
 from kipside.pipeline.kafka.producer import ProduceConfig
+from kipside.pipeline.kafka.security import (
+    SECURITY_CONFIGS,
+    Security,
+    SecurityConfigError,
+    parse_security,
+)
 from kipside.pipeline.source.batch_rows import BATCH_STRUCT
 from kipside.pipeline.source.options import OptionError
 from kipside.protocol import Address
 
+from .exactly_once import ExactlyOnceSession
 from .offset_sync import DEFAULT_TOPIC
-from .session import SinkOptions, discard_session, session_for
+from .session import MirrorSession, SinkOptions
 
 __all__ = ["MirrorCommit", "MirrorSink", "parse_sink_options"]
 
@@ -45,6 +55,7 @@ class MirrorCommit(WriterCommitMessage):
     bytes: int = 0
     syncs: int = 0
     partitions: dict[str, int] = field(default_factory=dict)
+    skipped: int = 0
 
 
 def _addresses(options: Mapping[str, str], key: str) -> tuple[Address, ...]:
@@ -70,6 +81,18 @@ def _int(options: Mapping[str, str], key: str, default: int) -> int:
     return value
 
 
+def _security(options: Mapping[str, str], prefix: str) -> Security:
+    given = {
+        key.removeprefix(prefix): value
+        for key, value in options.items()
+        if key.startswith(prefix) and key.removeprefix(prefix) in SECURITY_CONFIGS
+    }
+    try:
+        return parse_security(given, lambda key: f"option {prefix}{key}")
+    except SecurityConfigError as exc:
+        raise OptionError(str(exc)) from None
+
+
 def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
     options = {k.lower(): str(v) for k, v in raw.items()}
     sync_topic = options.get("offsetsynctopic", DEFAULT_TOPIC)
@@ -87,9 +110,41 @@ def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
         rename=options.get("rename", ""),
         sync_topic=sync_topic or None,
         buffer_bytes=_int(options, "bufferbytes", 64 * 1024 * 1024),
-        client=ClientConfig(client_id=options.get("kafka.client.id", "kipside-mirror")),
+        exactly_once=options.get("exactlyonce", "false").strip().lower() == "true",
+        transactional_prefix=options.get("transactionalidprefix", "kipside-mirror"),
+        client=ClientConfig(
+            client_id=options.get("kafka.client.id", "kipside-mirror"),
+            security=_security(options, "kafka."),
+            settings_hint=options.get("kipside.settingshint", "option kafka.sasl.jaas.config"),
+        ),
+        source_client=ClientConfig(
+            client_id=options.get("source.kafka.client.id", "kipside-mirror"),
+            security=_security(options, "source.kafka."),
+            settings_hint=options.get(
+                "source.kipside.settingshint", "option source.kafka.sasl.jaas.config"
+            ),
+        ),
         produce=produce,
     )
+
+
+_sessions: dict[SinkOptions, MirrorSession] = {}
+
+
+def session_for(options: SinkOptions) -> MirrorSession:
+    """This worker's session for the query (kept between its tasks)."""
+    session = _sessions.get(options)
+    if session is None:
+        kind = ExactlyOnceSession if options.exactly_once else MirrorSession
+        session = _sessions[options] = kind(options)
+    return session
+
+
+def discard_session(options: SinkOptions) -> None:
+    """After a failure: close the clients and forget the producer session."""
+    session = _sessions.pop(options, None)
+    if session is not None:
+        session.close()
 
 
 class MirrorSink(DataSource):
@@ -120,7 +175,7 @@ class MirrorWriter(DataSourceStreamArrowWriter):
             discard_session(self.options)
             raise
         return MirrorCommit(
-            stats.batches, stats.records, stats.bytes, stats.syncs, stats.partitions
+            stats.batches, stats.records, stats.bytes, stats.syncs, stats.partitions, stats.skipped
         )
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

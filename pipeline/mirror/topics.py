@@ -1,11 +1,13 @@
-"""Destination topics: created on first use with the source's partition count and configs.
+"""Destination topics: created on first use with the source's partition count and configs, and
+given the source's new partitions as it gains them.
 
 Configs are those set on the source topic itself (not broker defaults), minus the ones
 MirrorMaker 2 also leaves out because they describe the source cluster's brokers or would
 change what the copy means: replication throttles, min.insync.replicas, unclean leader election,
-the timestamp type and its allowed skew. An existing destination topic is used as it is, but it
-must have at least as many partitions as the source: a batch is copied to the same partition
-number, so fewer partitions would have to merge partitions and lose their order.
+the timestamp type and its allowed skew. A batch is copied to the same partition number, so the
+destination needs at least the source's partitions: when it has fewer (the source grew, or an
+existing topic was made smaller), partitions are added to it (CreatePartitions), as
+MirrorMaker 2 does; a destination that refuses is an error saying which command adds them.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Final
 
 from kipside.pipeline.kafka.admin import (
     NewTopic,
+    create_partitions,
     create_topics,
     describe_topic_configs,
     partition_counts,
@@ -44,7 +47,8 @@ class DestinationTopics:
         self._partitions: dict[str, int] = {}
 
     def ensure(self, source_topic: str, dest_topic: str, partition: int) -> None:
-        """Make sure dest_topic exists and has `partition`; create it like source_topic."""
+        """Make sure dest_topic exists and has `partition`: create it like source_topic, or add
+        the partitions source_topic has and it lacks."""
         known = self._partitions.get(dest_topic)
         if known is not None and partition < known:
             return
@@ -56,7 +60,10 @@ class DestinationTopics:
             configs = describe_topic_configs(self.source, [source_topic]).get(source_topic, {})
             kept = {k: v for k, v in configs.items() if k not in EXCLUDED_CONFIGS}
             create_topics(self.dest, [NewTopic(dest_topic, source_count, kept)])
-            existing = self._wait_for(dest_topic)
+            existing = self._wait_for(dest_topic, source_count)
+        elif existing < source_count:
+            create_partitions(self.dest, {dest_topic: source_count})
+            existing = self._wait_for(dest_topic, source_count)
         if existing < source_count or partition >= existing:
             raise KafkaError(
                 f"destination topic {dest_topic} has {existing} partitions but source topic "
@@ -66,11 +73,13 @@ class DestinationTopics:
             )
         self._partitions[dest_topic] = existing
 
-    def _wait_for(self, topic: str) -> int:
+    def _wait_for(self, topic: str, partitions: int) -> int:
         def attempt() -> int:
             count = partition_counts(self.dest, [topic]).get(topic)
-            if count is None:
-                raise RetriableError(f"topic {topic} is not in the metadata yet")
+            if count is None or count < partitions:
+                raise RetriableError(
+                    f"{topic} with {partitions} partitions is not in the metadata yet"
+                )
             return count
 
-        return self.dest.retrying(f"waiting for the new topic {topic}", attempt)
+        return self.dest.retrying(f"waiting for {topic}'s partitions", attempt)

@@ -15,11 +15,11 @@ from dataclasses import asdict, dataclass
 from typing import TextIO
 
 from kipside.pipeline.kafka.admin import commit_group_offsets, group_offsets, partition_counts
-from kipside.pipeline.kafka.client import ClientConfig, KafkaClient
+from kipside.pipeline.kafka.client import KafkaClient
 from kipside.pipeline.kafka.errors import KafkaError
 from kipside.pipeline.kafka.fetcher import FetchConfig, RangeReader
 from kipside.pipeline.kafka.offsets import EARLIEST, list_offsets, watermarks
-from kipside.pipeline.kafka.retry import RetryPolicy
+from kipside.pipeline.kafka.properties import ClientProperties, client_config
 from kipside.protocol import Address, decode_batch_records
 
 from .offset_sync import OffsetSync, SyncIndex, Translation, decode_sync, translate_all
@@ -36,22 +36,28 @@ class TranslateJob:
     commit: bool = False
     as_json: bool = False
     timeout_ms: int = 30_000
+    source_config: ClientProperties | None = None
+    dest_config: ClientProperties | None = None
 
 
-def read_syncs(dest: KafkaClient, topic: str) -> tuple[list[OffsetSync], int]:
-    """Every sync record in the topic, oldest first (read_uncommitted: syncs are not
-    transactional), and how many records there were not syncs (skipped, reported)."""
+def read_syncs(
+    dest: KafkaClient, topic: str, start: int | None = None
+) -> tuple[list[OffsetSync], int, int]:
+    """The sync records of the topic from `start` (None: its beginning), oldest first, how many
+    records there were not syncs (skipped, reported), and where the next read starts. Read
+    committed: with --exactly-once, syncs are written in the transactions of their batches."""
     if topic not in partition_counts(dest, [topic]):
         raise KafkaError(
             f"{dest.where} has no offset-sync topic {topic!r}: nothing was mirrored there yet, "
             "or the mirror ran with another --offset-sync-topic"
         )
-    start = list_offsets(dest, {(topic, 0): EARLIEST})[(topic, 0)]
-    end = watermarks(dest, {(topic, 0): start})[(topic, 0)].high_watermark
-    reader = RangeReader(dest, FetchConfig(committed_only=False))
+    if start is None:
+        start = list_offsets(dest, {(topic, 0): EARLIEST})[(topic, 0)]
+    end = watermarks(dest, {(topic, 0): start})[(topic, 0)].end(committed_only=True)
+    reader = RangeReader(dest, FetchConfig(committed_only=True))
     syncs = []
     foreign = 0
-    for batch in reader.read(topic, 0, start, end):
+    for batch in reader.read(topic, 0, start, max(end, start)):
         for key, value in decode_batch_records(batch):
             try:
                 if key is None or value is None:
@@ -59,20 +65,19 @@ def read_syncs(dest: KafkaClient, topic: str) -> tuple[list[OffsetSync], int]:
                 syncs.append(decode_sync(key, value))
             except ValueError:
                 foreign += 1
-    return syncs, foreign
+    return syncs, foreign, max(end, start)
 
 
 def _clients(job: TranslateJob) -> tuple[KafkaClient, KafkaClient]:
-    config = ClientConfig(client_id="kipside-mirror", retry=RetryPolicy(timeout_ms=job.timeout_ms))
     source = KafkaClient(
         Address.parse_list(job.source, what="--source"),
         role="source cluster",
-        config=config,
+        config=client_config(job.source_config, "kipside-mirror", job.timeout_ms),
     )
     dest = KafkaClient(
         Address.parse_list(job.dest, what="--dest"),
         role="destination cluster",
-        config=config,
+        config=client_config(job.dest_config, "kipside-mirror", job.timeout_ms),
     )
     return source, dest
 
@@ -87,7 +92,7 @@ def run_translate(job: TranslateJob, out: TextIO, err: TextIO) -> int:
         try:
             committed = group_offsets(source, job.group)
             cluster = source.retrying("reading the cluster id", source.metadata).cluster_id
-            syncs, foreign = read_syncs(dest, job.sync_topic)
+            syncs, foreign, _ = read_syncs(dest, job.sync_topic)
             index = SyncIndex(cluster or job.source, syncs)
             done, missing = translate_all(index, committed)
             if job.commit and done:

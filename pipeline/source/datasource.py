@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -36,6 +36,7 @@ from pyspark.sql.types import StructType
 
 from kipside.pipeline.kafka.errors import DataLossError, KafkaError
 from kipside.pipeline.kafka.fetcher import RangeReader
+from kipside.pipeline.kafka.offsets import Watermarks
 from kipside.pipeline.kafka.shared import drop_client, shared_client
 from kipside.pipeline.notices import post_notice
 
@@ -47,11 +48,12 @@ from .ranges import (
     Offsets,
     byte_limit,
     decode_offsets,
+    densities,
     encode_offsets,
     plan_ranges,
     rate_limit,
 )
-from .record_rows import record_rows, record_struct
+from .record_schema import record_struct
 
 __all__ = ["KipsideDataSource", "RangePartition"]
 
@@ -112,7 +114,17 @@ def read_range(options: SourceOptions, offset_range: OffsetRange) -> Iterator[pa
         if options.rows == "batches":
             yield from batch_rows(r, batches)
         else:
-            yield from record_rows(r, batches, include_headers=options.include_headers)
+            # Decoding records needs the compiled kernels (numba): loaded by the tasks that
+            # decode, never by the planning processes that unpickle this module.
+            from .record_rows import record_rows
+
+            yield from record_rows(
+                r,
+                batches,
+                include_headers=options.include_headers,
+                max_batch_bytes=options.fetch.receive_message_max_bytes,
+                source=client.where,
+            )
     except (KafkaError, OSError):
         drop_client(client)
         raise
@@ -130,6 +142,40 @@ def _ranges(
         log.warning("%s", text)
         post_notice(options.notice_file, text)
     return [RangePartition(r) for r in plan_ranges(begin, end, options.min_partitions)]
+
+
+_SAMPLE_POINTS = (0.5, 1.0)
+"""Where, in a range the byte limit cuts, more batches are sampled (as fractions of it)."""
+
+
+def _byte_ends(
+    planner: Planner,
+    begin: Offsets,
+    latest: Offsets,
+    marks: Mapping[TopicPartition, Watermarks],
+    limit: int,
+) -> Offsets:
+    """End offsets that read about `limit` bytes of batches in all (maxBytesPerTrigger).
+
+    Sizes come from real batches: those the watermark probe saw at each start, then, where the
+    limit cuts a range, those at its middle and at its planned end, so a partition whose
+    batches change size along the way is planned by what it holds there."""
+    samples: dict[TopicPartition, list[float | None]] = {
+        tp: [m.bytes_per_offset] for tp, m in marks.items()
+    }
+    end = byte_limit(begin, latest, limit, densities(samples, latest))
+    for point in _SAMPLE_POINTS:
+        cut = {tp: e for tp, e in end.items() if e < latest[tp]}
+        if not cut:
+            break
+        probe_at = {
+            tp: min(begin[tp] + int((e - begin[tp]) * point), latest[tp] - 1)
+            for tp, e in cut.items()
+        }
+        for tp, m in planner.watermarks(probe_at).items():
+            samples.setdefault(tp, []).append(m.bytes_per_offset)
+        end = byte_limit(begin, latest, limit, densities(samples, latest))
+    return end
 
 
 class KipsideBatchReader(DataSourceReader):
@@ -199,8 +245,7 @@ class KipsideStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if isinstance(limit, ReadMaxRows):
             end = rate_limit(begin, latest, limit.max_rows)
         elif isinstance(limit, ReadMaxBytes):
-            density = {tp: m.bytes_per_offset or 1.0 for tp, m in marks.items()}
-            end = byte_limit(begin, latest, limit.max_bytes, density)
+            end = _byte_ends(planner, begin, latest, marks, limit.max_bytes)
         else:
             end = latest
         # Never move backwards (a truncated log shows as data loss when read, not here).

@@ -1,6 +1,7 @@
 """The names of the `kipside` source's options: which exist, which are refused, how each is spelled.
 
-The options are Spark's Kafka source's, the `kafka.`-prefixed client configs the reader honours,
+The options are Spark's Kafka source's, the `kafka.`-prefixed client configs the reader honours
+(TLS and SASL among them),
 and kipside's own; a few of Spark's are refused with what to use instead. Spark hands a Python
 data source its options lower-cased, so CANONICAL gives the spelling messages use.
 pipeline.source.options reads and checks the values.
@@ -9,6 +10,8 @@ pipeline.source.options reads and checks the values.
 from __future__ import annotations
 
 from typing import Final
+
+from kipside.pipeline.kafka.security import SECURITY_CONFIGS
 
 __all__ = ["CANONICAL", "KAFKA_IGNORED", "KAFKA_INT", "KNOWN", "UNSUPPORTED"]
 
@@ -26,9 +29,6 @@ UNSUPPORTED: Final[dict[str, str]] = {
     "kafka.value.deserializer": "values are bytes; decode them with DataFrame operations",
     "kafka.enable.auto.commit": "the query's checkpoint keeps its offsets",
     "kafka.interceptor.classes": "there are no JVM interceptors here",
-    "kafka.security.protocol": "TLS and SASL are not supported by the pipeline yet",
-    "kafka.sasl.mechanism": "TLS and SASL are not supported by the pipeline yet",
-    "kafka.sasl.jaas.config": "TLS and SASL are not supported by the pipeline yet",
 }
 
 # Kafka client configs the reader honours, passed as kafka.<name> like Spark's source.
@@ -42,6 +42,7 @@ KAFKA_INT: Final = {
     "kafka.fetch.max.bytes",
     "kafka.fetch.max.wait.ms",
     "kafka.transaction.marker.timeout.ms",
+    "kafka.receive.message.max.bytes",
 }
 # Accepted and ignored, as Spark's source ignores them for reading (documented).
 KAFKA_IGNORED: Final = {"kafka.group.id", "kafka.session.timeout.ms", "kafka.client.rack"}
@@ -71,9 +72,11 @@ KNOWN: Final = (
         "kipside.stopmarker",
         "kipside.noticefile",
         "kipside.role",
+        "kipside.settingshint",
     }
     | KAFKA_INT
     | KAFKA_IGNORED
+    | {f"kafka.{name}" for name in SECURITY_CONFIGS}
 )
 
 # Spark hands options to a Python data source lower-cased, so messages name them the way
@@ -104,5 +107,6 @@ CANONICAL: Final = {
         "kipside.stopMarker",
         "kipside.noticeFile",
         "kipside.role",
+        "kipside.settingsHint",
     )
 }

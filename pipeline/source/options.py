@@ -22,6 +22,7 @@ from kipside.pipeline.kafka.client import ClientConfig
 from kipside.pipeline.kafka.fetcher import FetchConfig
 from kipside.pipeline.kafka.offsets import EARLIEST, LATEST, TopicPartition
 from kipside.pipeline.kafka.retry import RetryPolicy
+from kipside.pipeline.kafka.security import SECURITY_CONFIGS, SecurityConfigError, parse_security
 from kipside.protocol import Address
 
 from .option_names import CANONICAL, KNOWN, UNSUPPORTED
@@ -289,7 +290,18 @@ def _client_config(raw: _Raw) -> ClientConfig:
         backoff_max_ms=raw.number("kafka.retry.backoff.max.ms", minimum=0, default=1000),
         timeout_ms=raw.number("kafka.default.api.timeout.ms", minimum=1, default=60_000),
     )
+    given = {
+        key.removeprefix("kafka."): value
+        for key, value in raw.values.items()
+        if key.removeprefix("kafka.") in SECURITY_CONFIGS and key.startswith("kafka.")
+    }
+    try:
+        security = parse_security(given, lambda key: f"option kafka.{key}")
+    except SecurityConfigError as exc:
+        raise OptionError(str(exc)) from None
     return ClientConfig(
+        security=security,
+        settings_hint=raw.get("kipside.settingshint") or "option kafka.sasl.jaas.config",
         client_id=raw.get("kafka.client.id") or "kipside-source",
         connect_timeout_ms=raw.number(
             "kafka.socket.connection.setup.timeout.ms", minimum=1, default=10_000
@@ -323,6 +335,11 @@ def _fetch_config(raw: _Raw) -> FetchConfig:
         fail_on_data_loss=raw.boolean("failondataloss", True),
         marker_timeout_ms=raw.number(
             "kafka.transaction.marker.timeout.ms", minimum=1, default=defaults.marker_timeout_ms
+        ),
+        receive_message_max_bytes=raw.number(
+            "kafka.receive.message.max.bytes",
+            minimum=1000,
+            default=defaults.receive_message_max_bytes,
         ),
     )
 

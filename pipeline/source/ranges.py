@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "Offsets",
     "byte_limit",
     "decode_offsets",
+    "densities",
     "encode_offsets",
     "owns_batch",
     "plan_ranges",
@@ -95,6 +96,21 @@ def byte_limit(
         take = math.ceil(offsets) if offsets < 1 else math.floor(offsets)
         out[tp] = min(end, begin + take)
     return out
+
+
+def densities(
+    samples: Mapping[TopicPartition, Sequence[float | None]], partitions: Iterable[TopicPartition]
+) -> dict[TopicPartition, float]:
+    """Each partition's bytes per offset: the mean of its samples (sizes of real batches, read
+    from their headers at points of its range). A partition with none takes the mean of the
+    others, so no partition is ever planned at one byte per offset while others are known."""
+    means = {
+        tp: sum(known) / len(known)
+        for tp, values in samples.items()
+        if (known := [v for v in values if v is not None and v > 0])
+    }
+    overall = sum(means.values()) / len(means) if means else 1.0
+    return {tp: means.get(tp, overall) for tp in partitions}
 
 
 def plan_ranges(

@@ -6,60 +6,43 @@ includeHeaders), in Spark's order and types. Records are decoded batch by batch 
 handed to Spark as pyarrow RecordBatches built straight from those column buffers. A columnar
 topic's carriers give the records their producers sent (protocol.decode_producer_columns). A
 range owns the records whose offsets lie in [start, end); the batches at its edges are trimmed.
+
+Memory is bounded by decompressed bytes, not by what the broker sent: no batch may decompress
+to more than receive.message.max.bytes (librdkafka's name and default, 100 MB), and an Arrow
+chunk is cut once the batches in it hold CHUNK_BYTES of decompressed records, so very
+compressible data costs no more than any other. A chunk is held about twice while its columns
+are built (the decompressed batches, then the columns).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from functools import cache
 from typing import Final
 
 import numpy as np
 import pyarrow as pa
-from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
+
+from kipside.pipeline.kafka.errors import BatchTooLarge
+from kipside.protocol import (
+    DEFAULT_MAX_DECOMPRESSED_BYTES,
+    Binary,
+    Columns,
+    DecompressionLimitError,
+    RecordBatchView,
+    ScannedBatch,
+    columns_of,
+    decode_producer_columns,
+    scan_batch,
 )
 
-from kipside.protocol import Binary, Columns, RecordBatchView, decode_producer_columns
-
 from .ranges import OffsetRange
+from .record_schema import record_arrow_schema
 
-__all__ = ["record_arrow_schema", "record_rows", "record_struct"]
+__all__ = ["CHUNK_BYTES", "record_rows"]
 
 _CHUNK_RECORDS: Final = 65_536
-_CHUNK_BYTES: Final = 32 * 1024 * 1024
-
-
-def record_struct(*, include_headers: bool) -> StructType:
-    """The columns of Spark's Kafka source (KafkaRecordToRowConverter), in its order."""
-    fields = [
-        StructField("key", BinaryType()),
-        StructField("value", BinaryType()),
-        StructField("topic", StringType()),
-        StructField("partition", IntegerType()),
-        StructField("offset", LongType()),
-        StructField("timestamp", TimestampType()),
-        StructField("timestampType", IntegerType()),
-    ]
-    if include_headers:
-        header = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
-        fields.append(StructField("headers", ArrayType(header)))
-    return StructType(fields)
-
-
-@cache
-def record_arrow_schema(*, include_headers: bool) -> pa.Schema:
-    """record_struct's columns in Arrow's types, by Spark's own conversion (the one it checks
-    the data source's batches with); timestamps are UTC instants."""
-    return to_arrow_schema(record_struct(include_headers=include_headers), timezone="UTC")
+CHUNK_BYTES: Final = 16 * 1024 * 1024
+"""Decompressed records an Arrow chunk is cut at (a single bigger batch is a chunk alone)."""
 
 
 # The headers column's type: a list of (key, value) structs.
@@ -67,17 +50,31 @@ _HEADERS: Final = record_arrow_schema(include_headers=True).field("headers").typ
 
 
 def record_rows(
-    r: OffsetRange, batches: Iterable[RecordBatchView], *, include_headers: bool
+    r: OffsetRange,
+    batches: Iterable[RecordBatchView],
+    *,
+    include_headers: bool,
+    max_batch_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
+    source: str = "the cluster",
 ) -> Iterator[pa.RecordBatch]:
-    """The records `r` owns, as Arrow record batches of up to ~64K records."""
+    """The records `r` owns, as Arrow record batches of up to ~64K records or CHUNK_BYTES."""
     schema = record_arrow_schema(include_headers=include_headers)
-    pending: list[RecordBatchView] = []
+    pending: list[ScannedBatch] = []
     count = size = 0
     for batch in batches:
-        pending.append(batch)
+        try:
+            scanned = scan_batch(batch, max_batch_bytes)
+        except DecompressionLimitError as exc:
+            raise BatchTooLarge(
+                f"{r.topic}-{r.partition}: {exc} (read from {source}; the limit is "
+                "receive.message.max.bytes, option kafka.receive.message.max.bytes); nothing "
+                f"was read past offset {exc.base_offset - 1}. If the data is genuine, raise "
+                "that limit; otherwise the batch is a decompression bomb"
+            ) from None
+        pending.append(scanned)
         count += batch.records_count
-        size += batch.size
-        if count >= _CHUNK_RECORDS or size >= _CHUNK_BYTES:
+        size += scanned.nbytes
+        if count >= _CHUNK_RECORDS or size >= CHUNK_BYTES:
             yield from _emit(r, pending, schema, include_headers)
             pending, count, size = [], 0, 0
     if pending:
@@ -85,9 +82,12 @@ def record_rows(
 
 
 def _emit(
-    r: OffsetRange, batches: list[RecordBatchView], schema: pa.Schema, include_headers: bool
+    r: OffsetRange, scanned: list[ScannedBatch], schema: pa.Schema, include_headers: bool
 ) -> Iterator[pa.RecordBatch]:
-    columns = decode_producer_columns(batches)
+    batches = [s.batch for s in scanned]
+    columns = columns_of(scanned)
+    scanned.clear()  # the decompressed batches: the columns hold copies
+    columns = decode_producer_columns(batches, columns=columns)
     n = len(columns)
     if n == 0:
         return

@@ -89,7 +89,7 @@ def test_carriers_and_ordinary_batches_through_the_broker(
                 for r in decode_columnar_batch(view)
             ]
         else:
-            columns, _ = decode_columns([view])
+            columns = decode_columns([view])
             records = [
                 (int(columns.offset[i]), int(columns.timestamp[i]), None, None, None)
                 for i in range(len(columns))

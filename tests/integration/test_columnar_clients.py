@@ -168,7 +168,7 @@ def stored(broker: Broker, topic: str, partition: int, keys: ColumnarKeys | None
         if columnar_version(view) == 1:
             records += [(r.offset, r.key, r.value) for r in decode_columnar_batch(view, keys)]
             continue
-        columns, _ = decode_columns([view])
+        columns = decode_columns([view])
         for i in range(len(columns)):
             k, v = columns.key, columns.value
             key = bytes(k.data[k.offsets[i] : k.offsets[i + 1]]) if k.valid[i] else None
@@ -464,7 +464,7 @@ def test_encrypted_fields_need_the_key(stack: Stack) -> None:
         decode_columnar_batch(carrier)
     segment = decode_columnar_batch(carrier, keys)  # the key decrypts it
     assert segment[0].value == next(m for m in sent if m.partition == 0).value
-    columns, _ = decode_columns([carrier])
+    columns = decode_columns([carrier])
     first = bytes(columns.value.data[columns.value.offsets[0] : columns.value.offsets[1]])
     assert "user" not in read_columnar_segment(first).column_names
     assert b"user-" not in first  # no plaintext of the field in the broker's bytes

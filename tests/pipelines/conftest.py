@@ -17,7 +17,7 @@ import os
 import re
 import shutil
 import subprocess
-import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from conftest import running_tansu, unique_name
+from conftest import HARD_LIMIT, _watchdog_fire, running_tansu, unique_name
 from testkit import procs
 from testkit.broker import Broker
 
@@ -35,6 +35,21 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parents[2]
 KIPSIDE = REPO / ".venv" / "bin" / "kipside"
 CLI_TIMEOUT = 240.0
+
+
+@pytest.fixture(autouse=True)
+def _hard_deadline(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The suite's backstop against hangs (tests/conftest.py), with the limit a test marked
+    hard_limit(SECONDS) asks for: those that start a Spark job again and again."""
+    marker = request.node.get_closest_marker("hard_limit")
+    seconds = float(marker.args[0]) if marker is not None else HARD_LIMIT
+    timer = threading.Timer(seconds, _watchdog_fire, args=(request.node.nodeid,))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 @pytest.fixture(scope="session")
@@ -94,8 +109,8 @@ class CliResult:
 def start_cli(
     *args: str, stdout: int = subprocess.PIPE, env: dict[str, str] | None = None
 ) -> subprocess.Popen[str]:
-    """`kipside ARGS` in the background (tracked, so a failed test leaves no Spark behind),
-    with Spark's Python workers on this venv's python; stderr piped."""
+    """`kipside ARGS` in the background (tracked, so a failed test leaves no Spark behind);
+    stderr piped. Spark's Python is the one kipside picks (this venv's)."""
     require_java()
     proc = subprocess.Popen(
         [str(KIPSIDE), *args],
@@ -103,7 +118,7 @@ def start_cli(
         stdout=stdout,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYSPARK_PYTHON": sys.executable, **(env or {})},
+        env={**os.environ, **(env or {})},
     )
     procs.track(proc)
     return proc

@@ -11,6 +11,7 @@ base (tests/relaykit), each in front of a real Tansu broker:
 - KafkaConfigSourcesRelay reports topic configs the way Apache Kafka does (Tansu marks them
   all as defaults), so the mirror's config copying can be checked.
 - DeletedRecordsRelay moves a partition's log start forward, as retention or DeleteRecords do.
+- PartitionGrowthRelay adds partitions to a topic, as CreatePartitions does on Apache Kafka.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from relaykit.base import Relay, response_frame
-from relaykit.decisions import FORWARD, Answer, Conn, Decision, Request
+from relaykit.decisions import FORWARD, Answer, Conn, Decision, Forward, Request
 from relaykit.tansu import tansu_behind
 from testkit.broker import Broker
 
@@ -29,7 +30,7 @@ from kipside.protocol.apis import ApiKey
 from kipside.protocol.fetch import MAX_VERSION as FETCH_MAX
 from kipside.protocol.fetch import MIN_VERSION as FETCH_MIN
 from kipside.protocol.fetch import parse_fetch_response
-from kipside.protocol.headers import parse_response_header
+from kipside.protocol.headers import RequestHeader, build_frame, parse_response_header
 from kipside.protocol.kafka_errors import ErrorCode
 from kipside.protocol.messages import (
     build,
@@ -279,3 +280,95 @@ class DeletedRecordsRelay(Relay):
                     parts.append(p)
                 topics.append(dataclasses.replace(t, partitions=tuple(parts)))
         return response_frame(h, encode_message(dataclasses.replace(message, topics=tuple(topics))))
+
+
+class PartitionGrowthRelay(Relay):
+    """SIMULATION of Apache Kafka's CreatePartitions (KIP-195), which Tansu 0.6.0 does not offer
+    (it is missing from its ApiVersions; seen here). Topics created through the relay are
+    created on Tansu with `capacity` partitions, and the relay shows clients only as many as
+    were asked for: Metadata leaves the rest out. A CreatePartitions request is answered here
+    and shows more of them, as Apache Kafka adds partitions; asking for fewer than a topic has,
+    or more than the capacity, is answered INVALID_PARTITIONS as Kafka does. Partitions not yet
+    shown are empty, and no client is told they exist."""
+
+    def __init__(self, capacity: int = 8) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self._shown: dict[str, int] = {}
+        self.grown: list[tuple[str, int]] = []
+
+    def shown(self, topic: str) -> int | None:
+        with self._lock:
+            return self._shown.get(topic)
+
+    def on_request(self, conn: Conn, request: Request) -> Decision:
+        h = request.header
+        if h.api_key == ApiKey.CREATE_TOPICS:
+            asked = decode_request(h.api_key, h.api_version, request.frame, h.body_offset)
+            topics = []
+            with self._lock:
+                for t in asked.topics:
+                    self._shown.setdefault(t.name, int(t.num_partitions))
+                    topics.append(dataclasses.replace(t, num_partitions=self.capacity))
+            body = encode_message(dataclasses.replace(asked, topics=tuple(topics)))
+            return Forward(build_frame(request.frame[4 : h.body_offset], body))
+        if h.api_key == ApiKey.CREATE_PARTITIONS:
+            return Answer(response_frame(h, self._grow(h.api_version, request, h.body_offset)))
+        return super().on_request(conn, request)
+
+    def _grow(self, version: int, request: Request, body_offset: int) -> bytes:
+        asked = decode_request(ApiKey.CREATE_PARTITIONS, version, request.frame, body_offset)
+        results = []
+        with self._lock:
+            for t in asked.topics:
+                now, wanted = self._shown.get(t.name), int(t.count)
+                error, message = 0, None
+                if now is None:
+                    error, message = int(ErrorCode.unknown_topic_or_partition), "unknown topic"
+                elif not now < wanted <= self.capacity:
+                    error = int(ErrorCode.invalid_partitions)
+                    message = f"Topic currently has {now} partitions, {wanted} is not a valid count"
+                elif not asked.validate_only:
+                    self._shown[t.name] = wanted
+                    self.grown.append((t.name, wanted))
+                results.append({"name": t.name, "error_code": error, "error_message": message})
+        message_class = response_class(ApiKey.CREATE_PARTITIONS, version)
+        return encode_message(build(message_class, {"throttle_time": 0, "results": results}))
+
+    def on_response(self, conn: Conn, request: Request, frame: bytes) -> bytes | None:
+        h = request.header
+        if h.api_key == ApiKey.API_VERSIONS:
+            return _offering_create_partitions(h, frame)
+        if h.api_key == ApiKey.METADATA:
+            body_offset = parse_response_header(frame, h.api_key, h.api_version).body_offset
+            message = decode_response(h.api_key, h.api_version, frame, body_offset)
+            with self._lock:
+                topics = [
+                    dataclasses.replace(
+                        t,
+                        partitions=tuple(
+                            p
+                            for p in t.partitions
+                            if int(p.partition_index) < self._shown.get(t.name, self.capacity)
+                        ),
+                    )
+                    for t in message.topics
+                ]
+            rebuilt = dataclasses.replace(message, topics=tuple(topics))
+            return response_frame(h, encode_message(rebuilt))
+        return super().on_response(conn, request, frame)
+
+
+def _offering_create_partitions(h: RequestHeader, frame: bytes) -> bytes:
+    """An ApiVersions answer that also offers CreatePartitions v0-3."""
+    head = parse_response_header(frame, ApiKey.API_VERSIONS, h.api_version)
+    message = decode_response(ApiKey.API_VERSIONS, h.api_version, frame, head.body_offset)
+    if message.error_code != 0:
+        return frame
+    entry = type(message.api_keys[0])
+    keys = [k for k in message.api_keys if k.api_key != ApiKey.CREATE_PARTITIONS]
+    keys.append(
+        build(entry, {"api_key": ApiKey.CREATE_PARTITIONS, "min_version": 0, "max_version": 3})
+    )
+    rebuilt = dataclasses.replace(message, api_keys=tuple(keys))
+    return response_frame(h, encode_message(rebuilt))

@@ -11,6 +11,7 @@ a consumer of Tansu returns (Tansu serves aborted records to read_committed cons
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -18,7 +19,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import confluent_kafka as ck
+from integration.raw_batches import read_frame
 from testkit.produce import send_all
+
+from kipside.protocol import (
+    ApiKey,
+    PartitionBatch,
+    build_frame,
+    encode_produce_request,
+    encode_request_header,
+    parse_produce_response,
+    parse_response_header,
+)
 
 FLUSH_TIMEOUT = 30.0
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
@@ -316,3 +328,24 @@ def produce_json_dataset(
     _flush(txn, errors)
     txn.abort_transaction(30)
     return JsonDataset(topic, partitions, good, bad, aborted)
+
+
+def produce_raw(bootstrap: str, topic: str, partition: int, batches: Sequence[bytes]) -> None:
+    """Write record batches exactly as given (built by the test, e.g. a decompression bomb no
+    client would write), one ProduceRequest v3 each (acks=all) over a plain socket; fails on
+    any error the broker answers."""
+    host, port = bootstrap.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        for n, batch in enumerate(batches):
+            body = encode_produce_request(
+                3,
+                acks=-1,
+                timeout_ms=30_000,
+                partitions=[PartitionBatch(topic, partition, memoryview(batch))],
+            )
+            header = encode_request_header(ApiKey.PRODUCE, 3, n, "kipside-pipeline-tests")
+            sock.sendall(build_frame(header, b"".join(bytes(c) for c in body)))
+            frame = read_frame(sock)
+            answer = parse_response_header(frame, ApiKey.PRODUCE, 3)
+            result = parse_produce_response(frame, answer.body_offset, 3).partitions[0]
+            assert result.error_code == 0, f"Produce of batch {n} answered {result.error_code}"

@@ -79,8 +79,8 @@ def test_a_bad_regex_names_the_option(
     code, stderr = _mirror(
         source_broker.bootstrap, dest_broker.bootstrap, "orders[", tmp_path / "ck"
     )
-    assert code == 2  # a usage error, found before anything starts
-    assert "argument --topics: 'orders[' is not a regular expression" in _error_line(stderr)
+    assert code == 2  # a command-line mistake, found before anything is dialled
+    assert "--topics: 'orders[' is not a regular expression" in _error_line(stderr)
 
 
 def _fails_with(spark: Any, job: MirrorJob) -> str:
@@ -174,3 +174,53 @@ def test_deleted_offsets_fail_the_mirror_unless_told_to_skip(
     got = records_of(consume_all(dest_broker.bootstrap, topic, 1))
     assert got == {0: first + kept}
     assert not set(lost) & set(got[0])
+
+
+@pytest.mark.spark
+def test_a_failed_task_is_reported_by_its_root_cause_in_one_line(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Any exception a Python task raises (not only kipside's own) is what the job prints, not
+    Spark's [STREAM_FAILED] wrapping."""
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+    class Reader(DataSourceStreamReader):
+        def initialOffset(self) -> dict[str, int]:
+            return {"o": 0}
+
+        def latestOffset(self, start: dict[str, int], limit: Any) -> dict[str, int]:
+            return {"o": 1}
+
+        def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+            return [InputPartition(0)]
+
+        def read(self, partition: InputPartition) -> Any:
+            import kipside_tests_no_such_module  # type: ignore[import-not-found]  # noqa: F401
+
+            yield (1,)
+
+    class Missing(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "kipside-tests-missing-module"
+
+        def schema(self) -> str:
+            return "x int"
+
+        def streamReader(self, schema: Any) -> DataSourceStreamReader:
+            return Reader()
+
+    spark.dataSource.register(Missing)
+    query = (
+        spark.readStream.format(Missing.name())
+        .load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    with pytest.raises(Exception) as failure:
+        query.awaitTermination(120)
+    assert "[STREAM_FAILED]" in str(failure.value)
+    cause = root_cause(failure.value)
+    assert cause == "ModuleNotFoundError: No module named 'kipside_tests_no_such_module'"

@@ -236,7 +236,16 @@ OPTION_ERRORS = [
         "startingOffsets",
     ),
     bad(
-        "unsupported-security", {"Kafka.Security.Protocol": "SSL"}, "not supported", "TLS and SASL"
+        "security-protocol-unknown",
+        {"kafka.security.protocol": "TLS"},
+        "must be one of",
+        "SASL_SSL",
+    ),
+    bad(
+        "sasl-without-sasl-protocol",
+        {"kafka.sasl.mechanism": "PLAIN"},
+        "is set but option kafka.security.protocol is PLAINTEXT",
+        "SASL_SSL",
     ),
     bad(
         "unsupported-group-id-prefix",

@@ -9,14 +9,17 @@ import itertools
 import json
 import math
 
+from batches import data_batch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from kipside.pipeline.kafka.offsets import bytes_per_offset
 from kipside.pipeline.source.ranges import (
     OffsetRange,
     Offsets,
     byte_limit,
     decode_offsets,
+    densities,
     encode_offsets,
     owns_batch,
     plan_ranges,
@@ -131,6 +134,37 @@ def test_rate_limit_invariants(backlog: tuple[Offsets, Offsets], limit: int) -> 
 
 
 # ---- byte_limit: maxBytesPerTrigger --------------------------------------------------------
+
+
+def test_densities_average_the_samples_of_a_partition() -> None:
+    samples: dict[tuple[str, int], list[float | None]] = {
+        ("t", 0): [100.0, None, 300.0],
+        ("t", 1): [50.0],
+    }
+    assert densities(samples, [("t", 0), ("t", 1)]) == {("t", 0): 200.0, ("t", 1): 50.0}
+
+
+def test_a_partition_without_samples_is_planned_like_the_others_not_at_one_byte() -> None:
+    samples: dict[tuple[str, int], list[float | None]] = {
+        ("t", 0): [100.0],
+        ("t", 1): [300.0],
+        ("t", 2): [None],
+    }
+    assert densities(samples, [("t", 0), ("t", 1), ("t", 2), ("t", 3)]) == {
+        ("t", 0): 100.0,
+        ("t", 1): 300.0,
+        ("t", 2): 200.0,
+        ("t", 3): 200.0,
+    }
+
+
+def test_batch_headers_give_bytes_per_offset_even_when_the_last_is_cut() -> None:
+    first = data_batch(base_offset=10, values=(b"a" * 100, b"b" * 100))
+    second = data_batch(base_offset=12, values=(b"c" * 400,) * 4)
+    records = memoryview(first + second[: len(second) // 2])  # the broker cut the second
+    assert bytes_per_offset(records, 10) == (len(first) + len(second)) / 6
+    assert bytes_per_offset(records, 12) == len(second) / 4  # the batch holding the offset on
+    assert bytes_per_offset(memoryview(b""), 0) is None
 
 
 def test_byte_limit_everything_fits() -> None:

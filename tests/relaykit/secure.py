@@ -14,6 +14,9 @@ TLS relay its handshakes, the SASL relay who logged in on each connection and wh
 connection carried (relaykit.sasl.Carried). A connection to the TLS relay is one connection to
 the SASL relay, so what the SASL relay records per connection is per upstream connection of
 the client (kipside's lanes and dedicated connections).
+
+`secure_broker()` is the one-node form: a Tansu behind a TLS relay and a SASL relay, for
+clients that need one secured broker rather than a cluster (the pipelines' tests).
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+
+from testkit.broker import start_tansu
 
 from .base import LOOPBACK
 from .cluster import SimulatedCluster, simulated_cluster
@@ -78,3 +84,40 @@ def secure_simulated_cluster(
             cluster.advertise(node_id, tls.port)
             fronts[node_id] = SecureFront(node_id, tls, sasl)
         yield SecureCluster(cluster, fronts)
+
+
+@dataclass(frozen=True)
+class SecureBroker:
+    """One Tansu reached only through a TLS listener and a SASL-enforcing listener: a
+    SIMULATION of one Apache Kafka broker with a SASL_SSL listener."""
+
+    tls: TlsTerminatingRelay
+    sasl: SaslRelay
+
+    @property
+    def bootstrap(self) -> str:
+        """The TLS listener (what clients dial and the broker advertises)."""
+        return f"{LOOPBACK}:{self.tls.port}"
+
+    def problems(self) -> list[str]:
+        return [f"TLS front: {p}" for p in self.tls.problems()] + [
+            f"SASL front: {p}" for p in self.sasl.problems()
+        ]
+
+
+@contextmanager
+def secure_broker(
+    certificate: CertFiles, users: dict[str, str], client_ca: Path | None = None
+) -> Iterator[SecureBroker]:
+    """A fresh Tansu behind TLS (serving `certificate`; with `client_ca`, clients must present
+    a certificate it signed) and SASL (PLAIN, SCRAM-SHA-256/512 for `users`), advertising the
+    TLS listener so that every connection, from bootstrap on, passes both. Stops on exit."""
+    with ExitStack() as stack:
+        tls = TlsTerminatingRelay(certificate, client_ca=client_ca).start()
+        stack.callback(tls.close)
+        sasl = SaslRelay(users).start()
+        stack.callback(sasl.close)
+        broker = stack.enter_context(start_tansu(advertised_port=tls.port))
+        sasl.upstream = (LOOPBACK, broker.port)
+        tls.upstream = (LOOPBACK, sasl.port)
+        yield SecureBroker(tls, sasl)
