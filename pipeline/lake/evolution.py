@@ -102,8 +102,7 @@ def _types(
         _fields(list(old), list(new), f"{where}.", out, problems)
         return
     if _is_list(old) and _is_list(new):
-        element = new.value_field.with_name(old.value_field.name)
-        _fields([old.value_field], [element], f"{where}[].", out, problems)
+        _types(old.value_type, new.value_type, f"{where}[]", out, problems)
         return
     before, after = _shape(old), _shape(new)
     if before == after:

@@ -77,6 +77,8 @@ class CatalogSpec:
     def open(self) -> Any:
         from pyiceberg.catalog import load_catalog
 
+        if self.uri.startswith("sqlite:///"):  # SQLite makes the file, not its folder
+            os.makedirs(os.path.dirname(self.uri.removeprefix("sqlite:///")) or ".", exist_ok=True)
         settings: dict[str, str | None] = {"type": self.kind, "uri": self.uri}
         if self.kind == "sql":
             settings["warehouse"] = self.warehouse

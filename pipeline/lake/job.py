@@ -48,7 +48,7 @@ from .iceberg import (
 )
 from .schema import DDL_SUFFIXES, LakeSchema, SchemaError, load_schema
 
-__all__ = ["LakeJob", "run_lake", "start_query"]
+__all__ = ["LakeJob", "prepare_tables", "run_lake", "start_on", "start_query"]
 
 QUERY_NAME: Final = "kipside_lake"
 OBSERVED: Final = QUERY_NAME  # the observed metrics are named as the query
@@ -293,7 +293,7 @@ def _schema(job: LakeJob, spark: Any | None) -> LakeSchema:
     return load_schema(job.schema, StructType.fromDDL if spark is not None else None)
 
 
-def _prepare_tables(
+def prepare_tables(
     job: LakeJob, schema: LakeSchema, partitions: list[tuple[str, int]], err: TextIO
 ) -> tuple[IcebergTables, str]:
     """The Iceberg tables, created or evolved to the schema file's (SchemaChangeRefused before
@@ -314,9 +314,10 @@ def _prepare_tables(
 def run_lake(job: LakeJob, out: TextIO | None = None) -> int:
     err = out or sys.stderr
     is_ddl = job.schema.lower().endswith(DDL_SUFFIXES)
+    schema: LakeSchema | None = None
     try:
         if not is_ddl:
-            _schema(job, None)  # a JSON Schema is checked before anything starts
+            schema = _schema(job, None)  # a JSON Schema is checked before anything starts
         partitions = jobrun.preflight(
             job.source_options(),
             timeout_ms=job.timeout_ms,
@@ -335,6 +336,14 @@ def run_lake(job: LakeJob, out: TextIO | None = None) -> int:
     else:
         route = f"from {job.bootstrap} to {job.out} (quarantine: {job.quarantine_dir})"
     jobrun.announce(err, "kipside lake", partitions, route, job.files)
+    tables: IcebergTables | None = None
+    starting: str | None = None
+    if job.iceberg and schema is not None:
+        try:  # a JSON Schema's tables are ready, or refused, before Spark starts
+            tables, starting = prepare_tables(job, schema, partitions, err)
+        except SchemaChangeRefused as exc:
+            err.write(f"kipside lake: error: {exc}\n")
+            return jobrun.exit_status(exc)
     # Dates and timestamps in UTC; timestamps as Parquet's TIMESTAMP_MICROS, which every
     # reader understands (Spark's default, INT96, is deprecated in Parquet).
     conf = {
@@ -343,12 +352,10 @@ def run_lake(job: LakeJob, out: TextIO | None = None) -> int:
         **job.conf,
     }
     spark = start_session("kipside lake", job.master, conf, log_path=job.files.spark_log)
-    tables: IcebergTables | None = None
-    starting: str | None = None
     try:
         schema = _schema(job, spark)
-        if job.iceberg:
-            tables, starting = _prepare_tables(job, schema, partitions, err)
+        if job.iceberg and tables is None:
+            tables, starting = prepare_tables(job, schema, partitions, err)
     except (SchemaError, SchemaChangeRefused) as exc:
         err.write(f"kipside lake: error: {exc}\n")
         spark.stop()
@@ -359,3 +366,11 @@ def run_lake(job: LakeJob, out: TextIO | None = None) -> int:
     return jobrun.run_with_progress(
         spark, start, job.files, err, "kipside lake", QUERY_NAME, render
     )
+
+
+def start_on(spark: Any, job: LakeJob, partitions: list[tuple[str, int]], err: TextIO) -> Any:
+    """The lake's query on a session already running (the tests share one): the schema read,
+    the Iceberg tables ready, the query started; the caller waits for it."""
+    schema = _schema(job, spark)
+    tables, starting = prepare_tables(job, schema, partitions, err) if job.iceberg else (None, None)
+    return start_query(spark, job, schema, _Written(), tables, starting)

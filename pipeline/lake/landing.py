@@ -110,7 +110,8 @@ def split_batch(
         columns = dict(zip(names, values, strict=True))
         for name in (*_META, "topic", "date"):
             columns[name] = good[name]
-        rows = pa.table(columns).cast(data_schema)
+        # The table's column order: fields a schema change added come after the lake's own.
+        rows = pa.table(columns).select(data_schema.names).cast(data_schema)
         for (topic, date), part in _groups(rows, ["topic", "date"]):
             landing.data.append(((topic, date), part))
     bad = pa.Table.from_batches([batch]).filter(
