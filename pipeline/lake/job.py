@@ -368,9 +368,16 @@ def run_lake(job: LakeJob, out: TextIO | None = None) -> int:
     )
 
 
-def start_on(spark: Any, job: LakeJob, partitions: list[tuple[str, int]], err: TextIO) -> Any:
+def start_on(
+    spark: Any,
+    job: LakeJob,
+    partitions: list[tuple[str, int]],
+    err: TextIO,
+    starting: str | None = None,
+) -> Any:
     """The lake's query on a session already running (the tests share one): the schema read,
-    the Iceberg tables ready, the query started; the caller waits for it."""
+    the Iceberg tables ready, the query started; the caller waits for it. `starting` replaces
+    the startingOffsets the tables give (a test replaying what they hold)."""
     schema = _schema(job, spark)
-    tables, starting = prepare_tables(job, schema, partitions, err) if job.iceberg else (None, None)
-    return start_query(spark, job, schema, _Written(), tables, starting)
+    tables, resume = prepare_tables(job, schema, partitions, err) if job.iceberg else (None, None)
+    return start_query(spark, job, schema, _Written(), tables, starting or resume)

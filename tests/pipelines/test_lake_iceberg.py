@@ -5,6 +5,7 @@ refused schema change."""
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 from collections.abc import Iterator
@@ -121,24 +122,16 @@ def test_a_replayed_micro_batch_adds_nothing(
         schema_file(landed.tmp),
         checkpoint=str(landed.tmp / "ck-replay"),
     )
-    from kipside.pipeline.lake.job import start_query
+    from kipside.pipeline.lake.job import start_on
 
-    query = _replay_from_earliest(spark, job, start_query)
+    query = start_on(
+        spark, job, [(landed.data.topic, p) for p in range(PARTITIONS)], io.StringIO(), "earliest"
+    )
+    assert query.awaitTermination(120)
     assert query.exception() is None
     after = {name: len(table(landed.out, name).snapshots()) for name in before}
     assert after == before, "a replayed micro-batch was committed again"
     assert not duplicates(rows(landed.out))
-
-
-def _replay_from_earliest(spark: Any, job: Any, start_query: Any) -> Any:
-    from kipside.pipeline.lake.iceberg import IcebergTables
-    from kipside.pipeline.lake.job import _Written, _schema
-
-    schema = _schema(job, spark)
-    tables = IcebergTables(job.catalog_spec(), job.table, job.quarantine_table, job.compression)
-    query = start_query(spark, job, schema, _Written(), tables, "earliest")
-    assert query.awaitTermination(120)
-    return query
 
 
 def test_an_optional_field_added_to_the_schema_evolves_the_table(
@@ -208,3 +201,34 @@ def test_an_unsafe_schema_change_is_refused_before_anything_is_written(
     assert len(table(out).snapshots()) == snaps
     assert sorted(out.rglob("*.parquet")) == files_before
     assert not (tmp_path / "ck").exists() or not list((tmp_path / "ck").rglob("*"))
+
+
+def test_a_fresh_checkpoint_resumes_where_the_table_says(
+    landed: Landed, source_broker: Broker, spark: Any
+) -> None:
+    """(Last: it adds records to the landed topic.) With the checkpoint gone, the source
+    starts at the records table's offsets: only what came since is read and committed."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": source_broker.bootstrap})
+    extra = [{"id": 10_000 + i, "user": "late"} for i in range(5)]
+    for i, value in enumerate(extra):
+        producer.produce(landed.data.topic, json.dumps(value).encode(), partition=i % PARTITIONS)
+    producer.flush(30)
+    job = lake_job(
+        source_broker.bootstrap,
+        landed.data.topic,
+        landed.tmp,
+        schema_file(landed.tmp),
+        checkpoint=str(landed.tmp / "ck-fresh"),
+    )
+    from kipside.pipeline.lake.job import start_on
+
+    query = start_on(spark, job, [(landed.data.topic, p) for p in range(PARTITIONS)], io.StringIO())
+    assert query.awaitTermination(120)
+    assert query.exception() is None
+    read = sum(int(p.numInputRows) for p in query.recentProgress)
+    assert read == len(extra), f"read {read} records: not resumed from the table's offsets"
+    found = rows(landed.out)
+    assert not duplicates(found)
+    assert len(found) == len(landed.data.good) + len(extra)
