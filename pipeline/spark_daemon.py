@@ -37,6 +37,8 @@ PRELOAD = (
     "pandas",
     "kipside.pipeline.source.datasource",
     "kipside.pipeline.mirror.sink",
+    "kipside.pipeline.lake.iceberg",  # the Iceberg lake's tasks: pyarrow's Parquet and compute
+    "kipside.pipeline.lake.decode",
     "kio.schema.errors",
 )
 PLANNING = (
