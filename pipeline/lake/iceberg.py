@@ -297,12 +297,13 @@ class IcebergTables:
     def table(self, kind: str) -> Any:
         return self.catalog.load_table(self.names[kind])
 
-    def location(self, kind: str) -> str:
+    def target(self, kind: str) -> tuple[Target, TableOffsets]:
+        """The table as this micro-batch's tasks write to it (one metadata read), and the
+        offsets it holds."""
         table = self.table(kind)
-        return str(table.metadata.properties.get(_DATA_PATH, table.location()))
-
-    def schema(self, kind: str) -> pa.Schema:
-        return self.table(kind).schema().as_arrow()
+        offsets = _offsets(table)
+        location = str(table.metadata.properties.get(_DATA_PATH, table.location()))
+        return Target(location, offsets.to_json(), table.schema().as_arrow()), offsets
 
     def offsets(self, kind: str) -> TableOffsets:
         return _offsets(self.table(kind))

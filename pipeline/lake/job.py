@@ -41,7 +41,6 @@ from .iceberg import (
     BatchResult,
     CatalogSpec,
     IcebergTables,
-    Target,
     TaskPlan,
     crash_point,
     write_task,
@@ -209,16 +208,14 @@ class IcebergBatchWriter:
         self.tables = tables
         self.written = written
 
-    def _target(self, kind: str, offsets: str) -> Target:
-        return Target(self.tables.location(kind), offsets, self.tables.schema(kind))
-
     def __call__(self, df: Any, batch_id: int) -> None:
         started = time.monotonic()
-        before = {kind: self.tables.offsets(kind) for kind in ("data", "quarantine")}
+        data, data_before = self.tables.target("data")
+        quarantine, quarantine_before = self.tables.target("quarantine")
         plan = TaskPlan(
             batch_id=batch_id,
-            data=self._target("data", before["data"].to_json()),
-            quarantine=self._target("quarantine", before["quarantine"].to_json()),
+            data=data,
+            quarantine=quarantine,
             compression=self.job.compression,
             max_records_per_file=self.job.max_records_per_file,
             schema_json=self.schema.struct.json(),
@@ -230,10 +227,10 @@ class IcebergBatchWriter:
         crash_point(batch_id)
         if result.quarantine:
             self.tables.commit(
-                "quarantine", result.quarantine, before["quarantine"], result.seen, batch_id
+                "quarantine", result.quarantine, quarantine_before, result.seen, batch_id
             )
-        if before["data"].moves(result.seen):
-            self.tables.commit("data", result.data, before["data"], result.seen, batch_id)
+        if data_before.moves(result.seen):
+            self.tables.commit("data", result.data, data_before, result.seen, batch_id)
         took = max(time.monotonic() - started, 1e-3)
         with self.written.lock:
             self.written.rows += result.rows
