@@ -367,9 +367,10 @@ kipside lake --bootstrap HOST:PORT[,...] --topics REGEX --schema FILE --out DIR
 def register_lake(sub: Any) -> None:
     parser = sub.add_parser(
         "lake",
-        help="write topics to Parquet through a JSON schema (a Spark job)",
-        description="Ingest Kafka topics into Parquet tables: JSON values decoded into typed "
-        "columns, partitioned by topic and date, exactly once (KIP-1008's ingestion consumer).",
+        help="write topics to Parquet or Iceberg through a JSON schema (a Spark job)",
+        description="Ingest Kafka topics into Parquet or Iceberg tables: JSON values decoded into "
+        "typed columns, partitioned by topic and date, exactly once (KIP-1008's ingestion "
+        "consumer).",
         usage=_LAKE_USAGE,
         epilog=_LAKE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,

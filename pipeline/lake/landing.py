@@ -46,10 +46,14 @@ class Landing:
         self.quarantine = []
 
 
-def _fresh(batch: pa.RecordBatch | pa.Table, offsets: TableOffsets) -> pa.Array:
-    """True for the rows whose offsets the table does not hold yet."""
+def _fresh(batch: pa.RecordBatch, offsets: TableOffsets, present: list[TopicPartition]) -> pa.Array:
+    """True for the rows whose offsets the table does not hold yet (`present`: the batch's
+    partitions, so the work is per partition read, not per partition the table knows)."""
     keep = pc.greater_equal(batch["kafka_offset"], 0)
-    for (topic, partition), floor in offsets.next.items():
+    for topic, partition in present:
+        floor = offsets.floor(topic, partition)
+        if floor <= 0:
+            continue
         here = pc.and_(
             pc.equal(batch["topic"], topic), pc.equal(batch["kafka_partition"], partition)
         )
@@ -59,14 +63,16 @@ def _fresh(batch: pa.RecordBatch | pa.Table, offsets: TableOffsets) -> pa.Array:
     return keep
 
 
-def _note_seen(batch: pa.RecordBatch, seen: dict[TopicPartition, int]) -> None:
+def _note_seen(batch: pa.RecordBatch, seen: dict[TopicPartition, int]) -> list[TopicPartition]:
+    """Add the batch's next offset per partition to `seen`; returns the batch's partitions."""
     if batch.num_rows == 0:
-        return
+        return []
     grouped = (
         pa.table({"t": batch["topic"], "p": batch["kafka_partition"], "o": batch["kafka_offset"]})
         .group_by(["t", "p"])
         .aggregate([("o", "max")])
     )
+    present = []
     for topic, partition, last in zip(
         grouped["t"].to_pylist(),
         grouped["p"].to_pylist(),
@@ -75,6 +81,8 @@ def _note_seen(batch: pa.RecordBatch, seen: dict[TopicPartition, int]) -> None:
     ):
         tp = (str(topic), int(partition))
         seen[tp] = max(seen.get(tp, 0), int(last) + 1)
+        present.append(tp)
+    return present
 
 
 def _groups(table: pa.Table, keys: list[str]) -> Iterable[tuple[tuple[Any, ...], pa.Table]]:
@@ -101,9 +109,11 @@ def split_batch(
     seen added to); `data_schema` is the main table's columns as written, `explain(value,
     hint)` the reason a value didn't fit."""
     landing.next_batch()
-    _note_seen(batch, landing.seen)
+    present = _note_seen(batch, landing.seen)
     fits = pc.is_null(batch[ERROR])
-    good = pa.Table.from_batches([batch]).filter(pc.and_(fits, _fresh(batch, data_offsets)))
+    good = pa.Table.from_batches([batch]).filter(
+        pc.and_(fits, _fresh(batch, data_offsets, present))
+    )
     if good.num_rows:
         values = good[PARSED].combine_chunks().flatten()
         names = [f.name for f in good.schema.field(PARSED).type]
@@ -115,7 +125,7 @@ def split_batch(
         for (topic, date), part in _groups(rows, ["topic", "date"]):
             landing.data.append(((topic, date), part))
     bad = pa.Table.from_batches([batch]).filter(
-        pc.and_(pc.invert(fits), _fresh(batch, quarantine_offsets))
+        pc.and_(pc.invert(fits), _fresh(batch, quarantine_offsets, present))
     )
     if bad.num_rows:
         reasons = [
