@@ -103,7 +103,8 @@ def quarantine_arrow_schema() -> pa.Schema:
 
 @dataclass(frozen=True)
 class Target:
-    """One table as the executors see it: where files go, and the offsets it already holds."""
+    """One table as the executors see it: where its data files go (`write.data.path`, by
+    default the table's location + /data), and the offsets it already holds."""
 
     location: str
     offsets: str  # TableOffsets as JSON
@@ -125,11 +126,10 @@ class TaskPlan:
 class _Files:
     """Open Parquet writers by partition directory, rolled at a row count."""
 
-    def __init__(self, target: Target, plan: TaskPlan, kind: str) -> None:
+    def __init__(self, target: Target, plan: TaskPlan) -> None:
         self.filesystem, self.root = pafs.FileSystem.from_uri(target.location)
         self.location = target.location.rstrip("/")
         self.plan = plan
-        self.kind = kind
         self.schema = target.schema
         self.open: dict[str, tuple[pq.ParquetWriter, str, int]] = {}
         self.paths: dict[str, str] = {}  # the files' paths on the file system
@@ -137,12 +137,15 @@ class _Files:
         self.task = uuid.uuid4().hex
 
     def write(self, folder: str, table: pa.Table) -> None:
-        writer, path, rows = self.open.get(folder) or self._new(folder)
-        writer.write_table(table.cast(self.schema))
-        rows += table.num_rows
-        self.open[folder] = (writer, path, rows)
-        if rows >= self.plan.max_records_per_file:
-            self._close(folder)
+        table = table.cast(self.schema)
+        while table.num_rows:
+            writer, path, rows = self.open.get(folder) or self._new(folder)
+            room = self.plan.max_records_per_file - rows
+            writer.write_table(table.slice(0, room))
+            self.open[folder] = (writer, path, rows + min(room, table.num_rows))
+            if rows + table.num_rows >= self.plan.max_records_per_file:
+                self._close(folder)
+            table = table.slice(room)
 
     def _new(self, folder: str) -> tuple[pq.ParquetWriter, str, int]:
         n = len(self.done) + len(self.open)
@@ -175,8 +178,8 @@ def write_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa
     tables; yields one row per file and one per Kafka partition read (RESULT_DDL)."""
     from .decode import explain
 
-    data = _Files(plan.data, plan, "data")
-    quarantine = _Files(plan.quarantine, plan, "quarantine")
+    data = _Files(plan.data, plan)
+    quarantine = _Files(plan.quarantine, plan)
     data_offsets = TableOffsets.parse(plan.data.offsets)
     quarantine_offsets = TableOffsets.parse(plan.quarantine.offsets)
     landing = Landing()
@@ -187,9 +190,9 @@ def write_task(plan: TaskPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa
     for batch in batches:
         split_batch(batch, landing, data_offsets, quarantine_offsets, plan.data.schema, reason)
         for (topic, date), part in landing.data:
-            data.write(f"data/topic={topic}/date={date}", part)
+            data.write(f"topic={topic}/date={date}", part)
         for topic, part in landing.quarantine:
-            quarantine.write(f"data/topic={topic}", part)
+            quarantine.write(f"topic={topic}", part)
     rows: list[dict[str, Any]] = [
         {"kind": kind, "path": path, "rows": count, "bytes": size}
         for kind, files in (("data", data.finish()), ("quarantine", quarantine.finish()))
@@ -302,7 +305,7 @@ class IcebergTables:
         offsets it holds."""
         table = self.table(kind)
         offsets = _offsets(table)
-        location = str(table.metadata.properties.get(_DATA_PATH, table.location()))
+        location = str(table.metadata.properties.get(_DATA_PATH, f"{table.location()}/data"))
         return Target(location, offsets.to_json(), table.schema().as_arrow()), offsets
 
     def offsets(self, kind: str) -> TableOffsets:

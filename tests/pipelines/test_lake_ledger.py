@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from kipside.pipeline.lake.evolution import SchemaChangeRefused, plan_evolution
@@ -195,3 +197,32 @@ def test_rows_the_tables_hold_are_dropped_and_the_rest_grouped() -> None:
     assert topic == "orders" and bad.to_pydict()["kafka_offset"] == [7]
     assert bad.to_pydict()["error"] == ["why: bad"]
     assert landing.seen == {("orders", 0): 8, ("orders", 1): 1}
+
+
+def test_a_task_writes_files_of_at_most_max_records_and_reports_them(tmp_path: Path) -> None:
+    """write_task (the executors' side) on plain Arrow, no Spark: files under the tables' data
+    locations, split at max_records_per_file, and the next offset per partition read."""
+    from kipside.pipeline.lake.iceberg import Target, TaskPlan, quarantine_arrow_schema, write_task
+
+    batch = _decoded([(0, o, "bad" if o == 3 else None, 1) for o in range(7)])
+    plan = TaskPlan(
+        batch_id=4,
+        data=Target((tmp_path / "data").as_uri(), "{}", DATA_SCHEMA),
+        quarantine=Target((tmp_path / "bad").as_uri(), "{}", quarantine_arrow_schema()),
+        compression="zstd",
+        max_records_per_file=4,
+        schema_json='{"type": "struct", "fields": []}',
+    )
+    (result,) = list(write_task(plan, iter([batch])))
+    out = result.to_pylist()
+    files = [r for r in out if r["kind"] == "data"]
+    assert [r["rows"] for r in files] == [4, 2]
+    for r in files:
+        path = Path(r["path"].removeprefix("file://"))
+        assert path.parent.name == "date=2026-11-01" and path.name.startswith("b000000000004-")
+        assert pq.read_table(path).num_rows == r["rows"]
+    (bad,) = [r for r in out if r["kind"] == "quarantine"]
+    assert bad["rows"] == 1 and "/bad/topic=orders/" in bad["path"]
+    assert [
+        (r["topic"], r["kafka_partition"], r["next_offset"]) for r in out if r["kind"] == "offset"
+    ] == [("orders", 0, 7)]
