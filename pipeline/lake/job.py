@@ -97,10 +97,15 @@ class LakeJob:
 
     def catalog_spec(self) -> CatalogSpec:
         """--catalog, or a SQLite file in OUT; OUT is the warehouse new tables go to."""
-        out = self.out.rstrip("/")
+        out = self.out.rstrip("/").removeprefix("file://")
         local = "://" not in out
         if local:
             out = os.path.abspath(out)
+        if self.catalog is None and not local:
+            raise ValueError(
+                f"--out {self.out}: the default catalog is a SQLite file in OUT, which must then "
+                "be a local directory; name a catalog with --catalog"
+            )
         uri = self.catalog or f"sqlite:///{out}/catalog.db"
         return CatalogSpec(uri, f"file://{out}" if local else out, dict(self.catalog_properties))
 
@@ -315,6 +320,7 @@ def run_lake(job: LakeJob, out: TextIO | None = None) -> int:
     try:
         if not is_ddl:
             schema = _schema(job, None)  # a JSON Schema is checked before anything starts
+        catalog = job.catalog_spec().uri if job.iceberg else ""
         partitions = jobrun.preflight(
             job.source_options(),
             timeout_ms=job.timeout_ms,
@@ -325,7 +331,6 @@ def run_lake(job: LakeJob, out: TextIO | None = None) -> int:
         err.write(f"kipside lake: error: {exc}\n")
         return jobrun.exit_status(exc)
     if job.iceberg:
-        catalog = job.catalog_spec().uri
         route = (
             f"from {job.bootstrap} to Iceberg table {job.table} (quarantine: "
             f"{job.quarantine_table}; catalog {catalog})"
