@@ -319,6 +319,8 @@ def _job(cls: type[_Job], args: argparse.Namespace) -> _Job:
     """The job the command line describes: each option's dest is the name of the job's field it
     sets, and the run options give timeout_ms and conf."""
     given = vars(args) | {"timeout_ms": int(args.timeout * 1000), "conf": dict(args.conf)}
+    if "catalog_properties" in given:
+        given["catalog_properties"] = dict(args.catalog_properties)
     return cls(**{f.name: given[f.name] for f in dataclasses.fields(cls) if f.name in given})
 
 
@@ -365,9 +367,10 @@ kipside lake --bootstrap HOST:PORT[,...] --topics REGEX --schema FILE --out DIR
 def register_lake(sub: Any) -> None:
     parser = sub.add_parser(
         "lake",
-        help="write topics to Parquet through a JSON schema (a Spark job)",
-        description="Ingest Kafka topics into Parquet tables: JSON values decoded into typed "
-        "columns, partitioned by topic and date, exactly once (KIP-1008's ingestion consumer).",
+        help="write topics to Parquet or Iceberg through a JSON schema (a Spark job)",
+        description="Ingest Kafka topics into Parquet or Iceberg tables: JSON values decoded into "
+        "typed columns, partitioned by topic and date, exactly once (KIP-1008's ingestion "
+        "consumer).",
         usage=_LAKE_USAGE,
         epilog=_LAKE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -396,8 +399,38 @@ def register_lake(sub: Any) -> None:
     )
     parser.add_argument(
         "--quarantine",
-        metavar="DIR",
-        help="where values that don't fit go (default OUT/_quarantine)",
+        metavar="DIR|TABLE",
+        help="where values that don't fit go (default OUT/_quarantine; with --format iceberg, "
+        "the table TABLE_quarantine)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=["parquet", "iceberg"],
+        default="parquet",
+        help="plain Parquet files under OUT (default), or Iceberg tables committed with their "
+        "Kafka offsets",
+    )
+    parser.add_argument(
+        "--catalog",
+        metavar="URL",
+        help="with --format iceberg: the Iceberg catalog, sqlite:///FILE (a SQL catalog; "
+        "default OUT/catalog.db) or the http(s) URL of a REST catalog",
+    )
+    parser.add_argument(
+        "--catalog-property",
+        dest="catalog_properties",
+        type=_conf,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --format iceberg: a pyiceberg catalog property (credential, token, "
+        "warehouse, ...), repeatable",
+    )
+    parser.add_argument(
+        "--table",
+        default="kipside.lake",
+        metavar="NAMESPACE.NAME",
+        help="with --format iceberg: the records table (default kipside.lake)",
     )
     parser.add_argument("--once", action="store_true", help="ingest what is there now, then stop")
     parser.add_argument(

@@ -41,6 +41,8 @@ PRELOAD = (
     "numpy",
     "kipside.pipeline.source.datasource",
     "kipside.pipeline.mirror.sink",
+    "kipside.pipeline.lake.iceberg",  # the Iceberg lake's tasks: pyarrow's Parquet and compute
+    "kipside.pipeline.lake.decode",
     "kio.schema.errors",
 )
 PRELOAD_IF_INSTALLED = ("pandas",)

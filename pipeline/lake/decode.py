@@ -32,12 +32,20 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from .landing import ERROR
+from .landing import PARSED as _PARSED
 from .schema import LakeSchema
 
-__all__ = ["ERROR", "decode", "explain", "good_rows", "quarantine_rows"]
+__all__ = [
+    "ERROR",
+    "decode",
+    "explain",
+    "good_rows",
+    "landing_rows",
+    "quarantine_rows",
+    "table_struct",
+]
 
-ERROR: Final = "_error"
-_PARSED: Final = "_value"
 _CORRUPT: Final = "_corrupt_record"
 _NULL_VALUE: Final = "the value is null (a tombstone or an empty record)"
 _NOT_OBJECT: Final = "the value is not a JSON object"
@@ -80,6 +88,43 @@ def good_rows(decoded: DataFrame, schema: LakeSchema) -> DataFrame:
         F.col("timestamp").alias("kafka_timestamp"),
         F.col("topic"),
         F.to_date(F.col("timestamp")).alias("date"),
+    )
+
+
+def table_struct(schema: LakeSchema) -> StructType:
+    """The records table's columns, as good_rows makes them: the schema's fields (required
+    ones not null), where each row came from, topic and date."""
+    fields = [
+        StructField(f.name, f.dataType, nullable=f.name not in schema.required)
+        for f in schema.struct.fields
+    ]
+    return StructType(
+        [
+            *fields,
+            StructField("kafka_partition", IntegerType()),
+            StructField("kafka_offset", LongType()),
+            StructField("kafka_timestamp", TimestampType()),
+            StructField("topic", StringType()),
+            StructField("date", DateType()),
+        ]
+    )
+
+
+def landing_rows(decoded: DataFrame, schema: LakeSchema) -> DataFrame:
+    """Every row for the Iceberg writer (pipeline.lake.landing splits them): the parsed value
+    as a struct of the schema's fields, where the record came from, topic and date, its raw key
+    and value, and the error (null when it fit)."""
+    fields = [F.col(f"{_PARSED}.`{f.name}`").alias(f.name) for f in schema.struct.fields]
+    return decoded.select(
+        F.struct(*fields).alias(_PARSED),
+        F.col("partition").alias("kafka_partition"),
+        F.col("offset").alias("kafka_offset"),
+        F.col("timestamp").alias("kafka_timestamp"),
+        F.col("topic"),
+        F.to_date(F.col("timestamp")).alias("date"),
+        F.col("key"),
+        F.col("value"),
+        F.col(ERROR),
     )
 
 

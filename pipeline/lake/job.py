@@ -9,11 +9,15 @@ each micro-batch (foreachBatch, on the driver):
          -> values that don't fit, with why, under OUT/_quarantine (or --quarantine)
          -> published exactly once (pipeline.lake.commit), keyed by the micro-batch id that
             Spark's checkpoint keeps.
+With --format iceberg the two tables are Iceberg tables instead (pipeline.lake.iceberg):
+executors write the data files, the driver commits each table's in one snapshot with the
+micro-batch's Kafka offsets, and the tables, not the staging protocol, say what was published.
 The progress line shows rows and quarantined values written, files, rows/s and the lag.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -30,14 +34,26 @@ from kipside.pipeline.progress import Totals, describe_lag
 from kipside.pipeline.spark import start_session
 
 from .commit import BatchPublisher
-from .decode import ERROR, decode, good_rows, quarantine_rows
+from .decode import ERROR, decode, good_rows, landing_rows, quarantine_rows, table_struct
+from .evolution import SchemaChangeRefused
+from .iceberg import (
+    RESULT_DDL,
+    BatchResult,
+    CatalogSpec,
+    IcebergTables,
+    TaskPlan,
+    crash_point,
+    write_task,
+)
 from .schema import DDL_SUFFIXES, LakeSchema, SchemaError, load_schema
 
-__all__ = ["LakeJob", "run_lake", "start_query"]
+__all__ = ["LakeJob", "prepare_tables", "run_lake", "start_on", "start_query"]
 
 QUERY_NAME: Final = "kipside_lake"
 OBSERVED: Final = QUERY_NAME  # the observed metrics are named as the query
 COMPRESSIONS: Final = ("zstd", "snappy", "none")
+FORMATS: Final = ("parquet", "iceberg")
+DEFAULT_TABLE: Final = "kipside.lake"
 
 
 @dataclass(frozen=True)
@@ -58,6 +74,10 @@ class LakeJob:
     timeout_ms: int = 60_000
     conf: Mapping[str, str] = field(default_factory=dict)
     source_config: ClientProperties | None = None
+    format: str = "parquet"
+    catalog: str | None = None
+    table: str = DEFAULT_TABLE
+    catalog_properties: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def files(self) -> JobFiles:
@@ -66,6 +86,28 @@ class LakeJob:
     @property
     def quarantine_dir(self) -> str:
         return self.quarantine or f"{self.out.rstrip('/')}/_quarantine"
+
+    @property
+    def iceberg(self) -> bool:
+        return self.format == "iceberg"
+
+    @property
+    def quarantine_table(self) -> str:
+        return self.quarantine or f"{self.table}_quarantine"
+
+    def catalog_spec(self) -> CatalogSpec:
+        """--catalog, or a SQLite file in OUT; OUT is the warehouse new tables go to."""
+        out = self.out.rstrip("/").removeprefix("file://")
+        local = "://" not in out
+        if local:
+            out = os.path.abspath(out)
+        if self.catalog is None and not local:
+            raise ValueError(
+                f"--out {self.out}: the default catalog is a SQLite file in OUT, which must then "
+                "be a local directory; name a catalog with --catalog"
+            )
+        uri = self.catalog or f"sqlite:///{out}/catalog.db"
+        return CatalogSpec(uri, f"file://{out}" if local else out, dict(self.catalog_properties))
 
     def source_options(self) -> dict[str, str]:
         return {
@@ -160,17 +202,75 @@ class BatchWriter:
             self.written.rows_per_second = (rows + bad) / took
 
 
-def start_query(spark: Any, job: LakeJob, schema: LakeSchema, written: _Written) -> Any:
+class IcebergBatchWriter:
+    """The foreachBatch function with --format iceberg: the executors write both tables' data
+    files, then each table gets one snapshot with the micro-batch's offsets (quarantine first,
+    so the records table's offsets are always a safe place to resume)."""
+
+    def __init__(self, job: LakeJob, schema: LakeSchema, tables: IcebergTables, written: _Written):
+        self.job = job
+        self.schema = schema
+        self.tables = tables
+        self.written = written
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        started = time.monotonic()
+        data, data_before = self.tables.target("data")
+        quarantine, quarantine_before = self.tables.target("quarantine")
+        plan = TaskPlan(
+            batch_id=batch_id,
+            data=data,
+            quarantine=quarantine,
+            compression=self.job.compression,
+            max_records_per_file=self.job.max_records_per_file,
+            schema_json=self.schema.struct.json(),
+        )
+        rows = landing_rows(decode(df, self.schema), self.schema)
+        result = BatchResult.gather(
+            rows.mapInArrow(partial(write_task, plan), RESULT_DDL).collect()
+        )
+        crash_point(batch_id)
+        if result.quarantine:
+            self.tables.commit(
+                "quarantine", result.quarantine, quarantine_before, result.seen, batch_id
+            )
+        if data_before.moves(result.seen):
+            self.tables.commit("data", result.data, data_before, result.seen, batch_id)
+        took = max(time.monotonic() - started, 1e-3)
+        with self.written.lock:
+            self.written.rows += result.rows
+            self.written.quarantined += result.quarantined
+            self.written.files += len(result.data) + len(result.quarantine)
+            self.written.bytes += result.bytes
+            self.written.rows_per_second = (result.rows + result.quarantined) / took
+
+
+def start_query(
+    spark: Any,
+    job: LakeJob,
+    schema: LakeSchema,
+    written: _Written,
+    tables: IcebergTables | None = None,
+    starting: str | None = None,
+) -> Any:
     from pyspark.sql import functions as F
 
+    options = job.source_options()
+    if starting is not None:
+        options["startingOffsets"] = starting
     stream = (
         spark.readStream.format("kipside")
-        .options(**job.source_options())
+        .options(**options)
         .load()
         .observe(OBSERVED, F.count(F.lit(1)).alias("records"))
     )
+    batches = (
+        BatchWriter(spark, job, schema, written)
+        if tables is None
+        else IcebergBatchWriter(job, schema, tables, written)
+    )
     writer = (
-        stream.writeStream.foreachBatch(BatchWriter(spark, job, schema, written))
+        stream.writeStream.foreachBatch(batches)
         .option("checkpointLocation", job.checkpoint)
         .queryName(QUERY_NAME)
     )
@@ -195,12 +295,32 @@ def _schema(job: LakeJob, spark: Any | None) -> LakeSchema:
     return load_schema(job.schema, StructType.fromDDL if spark is not None else None)
 
 
+def prepare_tables(
+    job: LakeJob, schema: LakeSchema, partitions: list[tuple[str, int]], err: TextIO
+) -> tuple[IcebergTables, str]:
+    """The Iceberg tables, created or evolved to the schema file's (SchemaChangeRefused before
+    anything is changed), and where a fresh checkpoint starts: the records table's offsets."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    tables = IcebergTables(job.catalog_spec(), job.table, job.quarantine_table, job.compression)
+    plans = tables.prepare(to_arrow_schema(table_struct(schema), timezone="UTC"))
+    for kind, plan in plans.items():
+        name = tables.names[kind]
+        if plan is None:
+            err.write(f"kipside lake: created Iceberg table {name}\n")
+        elif plan.changes:
+            err.write(f"kipside lake: Iceberg table {name}: schema evolved: {plan.describe()}\n")
+    return tables, tables.offsets("data").starting_offsets(partitions)
+
+
 def run_lake(job: LakeJob, out: TextIO | None = None) -> int:
     err = out or sys.stderr
     is_ddl = job.schema.lower().endswith(DDL_SUFFIXES)
+    schema: LakeSchema | None = None
     try:
         if not is_ddl:
-            _schema(job, None)  # a JSON Schema is checked before anything starts
+            schema = _schema(job, None)  # a JSON Schema is checked before anything starts
+        catalog = job.catalog_spec().uri if job.iceberg else ""
         partitions = jobrun.preflight(
             job.source_options(),
             timeout_ms=job.timeout_ms,
@@ -210,8 +330,22 @@ def run_lake(job: LakeJob, out: TextIO | None = None) -> int:
     except (KafkaError, ValueError) as exc:
         err.write(f"kipside lake: error: {exc}\n")
         return jobrun.exit_status(exc)
-    route = f"from {job.bootstrap} to {job.out} (quarantine: {job.quarantine_dir})"
+    if job.iceberg:
+        route = (
+            f"from {job.bootstrap} to Iceberg table {job.table} (quarantine: "
+            f"{job.quarantine_table}; catalog {catalog})"
+        )
+    else:
+        route = f"from {job.bootstrap} to {job.out} (quarantine: {job.quarantine_dir})"
     jobrun.announce(err, "kipside lake", partitions, route, job.files)
+    tables: IcebergTables | None = None
+    starting: str | None = None
+    if job.iceberg and schema is not None:
+        try:  # a JSON Schema's tables are ready, or refused, before Spark starts
+            tables, starting = prepare_tables(job, schema, partitions, err)
+        except SchemaChangeRefused as exc:
+            err.write(f"kipside lake: error: {exc}\n")
+            return jobrun.exit_status(exc)
     # Dates and timestamps in UTC; timestamps as Parquet's TIMESTAMP_MICROS, which every
     # reader understands (Spark's default, INT96, is deprecated in Parquet).
     conf = {
@@ -222,13 +356,30 @@ def run_lake(job: LakeJob, out: TextIO | None = None) -> int:
     spark = start_session("kipside lake", job.master, conf, log_path=job.files.spark_log)
     try:
         schema = _schema(job, spark)
-    except SchemaError as exc:
+        if job.iceberg and tables is None:
+            tables, starting = prepare_tables(job, schema, partitions, err)
+    except (SchemaError, SchemaChangeRefused) as exc:
         err.write(f"kipside lake: error: {exc}\n")
         spark.stop()
         return jobrun.exit_status(exc)
     written = _Written()
-    start = partial(start_query, spark, job, schema, written)
+    start = partial(start_query, spark, job, schema, written, tables, starting)
     render = _renderer(written)
     return jobrun.run_with_progress(
         spark, start, job.files, err, "kipside lake", QUERY_NAME, render
     )
+
+
+def start_on(
+    spark: Any,
+    job: LakeJob,
+    partitions: list[tuple[str, int]],
+    err: TextIO,
+    starting: str | None = None,
+) -> Any:
+    """The lake's query on a session already running (the tests share one): the schema read,
+    the Iceberg tables ready, the query started; the caller waits for it. `starting` replaces
+    the startingOffsets the tables give (a test replaying what they hold)."""
+    schema = _schema(job, spark)
+    tables, resume = prepare_tables(job, schema, partitions, err) if job.iceberg else (None, None)
+    return start_query(spark, job, schema, _Written(), tables, starting or resume)
