@@ -13,8 +13,8 @@ transaction takes `body` seconds (produce, offsets) before its EndTxn goes.
 The driver here does what kipside.proxy.stages.transactions.hold does with the policy's
 answers: every call of the registration at the plan's time (or at once after a
 DescribeTransactions asked before it said yes); once refused, one probe at a time when the
-HoldSchedule allows, a DescribeTransactions where the broker offers it, else every call again
-the first time and the registration's AddPartitionsToTxn alone after that (its AddOffsetsToTxn
+HoldSchedule allows: every call again the first time, then a DescribeTransactions where the
+broker offers it, else the registration's AddPartitionsToTxn alone (its AddOffsetsToTxn
 follows the acceptance).
 """
 
@@ -134,7 +134,7 @@ def _register(
             together = schedule.together()
             schedule.sent()
             ready = at + d >= ready_at
-            if together and not can_ask:
+            if together:
                 go = at
                 break
             if can_ask:

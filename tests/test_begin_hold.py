@@ -197,7 +197,7 @@ async def test_an_early_question_brings_the_registration_forward_when_answered_y
     assert [(a.asked, a.ready) for a in hold.attempts][0] == (True, ready)
 
 
-async def test_held_with_describe_transactions_the_calls_are_refused_once(
+async def test_held_with_describe_transactions_the_coordinator_is_asked_instead(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     start = trio.current_time()
@@ -206,14 +206,16 @@ async def test_held_with_describe_transactions_the_calls_are_refused_once(
     hold = hold_for(coordinator, ask=True, stats=stats)
     assert await register(hold, coordinator, CALLS) == [0, 0]
     asked = coordinator.sent("DescribeTransactions")
-    # Only the first round is refused; the coordinator is then asked, 20 ms apart.
-    assert coordinator.refused() == 2
+    # The first round and the first probe (both calls again, 20 ms later) are refused; the
+    # coordinator is then asked, 20 ms apart, until it says yes.
+    assert coordinator.sent(CALLS[0])[:2] == [start, start + RETRY_SECONDS]
+    assert coordinator.refused() == 4
     assert all(b - a >= RETRY_SECONDS - 1e-9 for a, b in itertools.pairwise(asked)), asked
-    assert asked[-1] >= start + 0.100 and asked[-2] < start + 0.100
+    assert asked[-1] >= start + 0.100 > asked[-2]
     # Both calls go together once it said yes.
-    assert coordinator.sent(CALLS[0])[1] == coordinator.sent(CALLS[1])[1] == asked[-1] + ROUND_TRIP
+    assert coordinator.sent(CALLS[0])[2] == coordinator.sent(CALLS[1])[2] == asked[-1] + ROUND_TRIP
     assert coordinator.most_in_flight == 2
-    assert stats.hold_retries == len(asked)
+    assert stats.hold_retries == 1 + len(asked)
 
 
 async def test_a_coordinator_that_does_not_describe_is_probed_with_the_calls(

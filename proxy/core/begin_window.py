@@ -27,12 +27,15 @@ Where the broker offers DescribeTransactions (Apache Kafka 3.0+), the tries belo
 asked with it instead ("are this id's markers written?"), so they cost no refusal, and the
 registration goes at `upper`, or as soon as such a question is answered yes. A registration
 that is refused anyway is held, and the held one asks with DescribeTransactions too; without
-it, the held registration's probe is one of its own calls (the others wait for it).
+it, the held registration's probe is one of its own calls (the others wait for it). Either way
+the first probe after a refusal is every call again: a refusal where the coordinator was
+believed ready is most often the window's jitter, and the next question usually finds it
+ready.
 
 `HoldSchedule` paces one held registration's probes: one at a time, at least
 PROBE_GAP_SECONDS apart, and never more of them than librdkafka's own 20 ms backoff would
-have sent since the client's call arrived, until the rule's deadline. Without
-DescribeTransactions the first probe after a refusal is every call again, later ones one call.
+have sent since the client's call arrived, until the rule's deadline. The first probe after a
+refusal is every call again; later ones are a DescribeTransactions, or one call without it.
 
 Sans-I/O: plain objects fed times (seconds on any one monotonic clock) and outcomes. They never
 sleep, send or read a clock; the trio driver is kipside.proxy.stages.transactions.hold.
@@ -167,18 +170,20 @@ class BeginWindow:
 
     def _guess(self) -> tuple[float | None, float | None]:
         """(safe, trial) offsets after EndTxn's answer: where the coordinator is believed
-        ready, and an earlier one worth trying now (None: none)."""
+        ready, and an earlier one worth trying now (None: none). Safe is never closer than the
+        margin to a fresh floor: a coordinator whose windows vary is given that much."""
         upper, floor = self.upper, self._fresh_floor()
         if upper is None:
             return (None, None) if self.floor is None else (self.floor + self.margin, None)
-        if self.hint is not None and self.hint < upper:
-            return upper, self.hint
+        safe = upper if self.floor is None else max(upper, self.floor + self.margin)
+        if self.hint is not None and self.hint < safe:
+            return safe, self.hint
         if floor is not None:
             if upper - floor <= self.margin:
-                return upper, None
-            return upper, (upper + floor) / 2
+                return safe, None
+            return safe, max((upper + floor) / 2, floor + self.margin)
         trial = upper - self.step
-        return upper, (trial if trial > 0 else None)
+        return safe, (trial if trial > 0 else None)
 
     def plan(self, now: float, *, can_ask: bool) -> BeginPlan:
         """When the next transaction's first registration goes, its call arriving at `now`.

@@ -13,8 +13,8 @@ each answer) is kipside.proxy.core.begin_window, sans-I/O; this module carries i
 trio: a registration's calls (AddPartitionsToTxn, and AddOffsetsToTxn for each group) share
 one BeginHold. They go together at the planned time, or at once when a DescribeTransactions
 asked before it says the markers are written. Once refused, one question at a time is in
-flight per registration: a DescribeTransactions where the broker offers it, else every call
-again the first time and then one of them (the others wait for it and go the moment it is
+flight per registration: every call again the first time, then a DescribeTransactions where
+the broker offers it, else one of the calls (the others wait for it and go the moment it is
 accepted).
 
 It never makes up an answer: the client gets the coordinator's own, accepted or (at the
@@ -124,11 +124,11 @@ class BeginHold:
                 self.stats.hold_retries += 1
                 together = self.schedule.together()
                 self.schedule.sent()
-                if self._ask is not None:
-                    await self._ask_held(upstream_call)
-                    continue
                 if together:
                     self._held = False  # every call asks again, at once
+                    continue
+                if self._ask is not None:
+                    await self._ask_held(upstream_call)
                     continue
                 result = await self._attempt(upstream_call, attempt, refused)
                 if not refused(result) or self.expired:
