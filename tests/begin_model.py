@@ -13,9 +13,8 @@ transaction takes `body` seconds (produce, offsets) before its EndTxn goes.
 The driver here does what kipside.proxy.stages.transactions.hold does with the policy's
 answers: every call of the registration at the plan's time (or at once after a
 DescribeTransactions asked before it said yes); once refused, one probe at a time when the
-HoldSchedule allows: every call again the first time, then a DescribeTransactions where the
-broker offers it, else the registration's AddPartitionsToTxn alone (its AddOffsetsToTxn
-follows the acceptance).
+HoldSchedule allows: every call again, or, where the broker offers DescribeTransactions,
+every call again the first time and a DescribeTransactions after that.
 """
 
 from __future__ import annotations
@@ -110,7 +109,7 @@ def _register(
     txn = Transaction()
     attempts: list[Attempt] = []
     plan = window.plan(arrival, can_ask=can_ask)
-    schedule = HoldSchedule(arrival, arrival + HOLD_MAX)
+    schedule = HoldSchedule(arrival, arrival + HOLD_MAX, asking=can_ask)
     go = arrival if plan.register_at is None else plan.register_at
     if plan.ask_at is not None:
         txn.asked += 1
@@ -133,22 +132,15 @@ def _register(
             at = schedule.due()
             together = schedule.together()
             schedule.sent()
-            ready = at + d >= ready_at
             if together:
                 go = at
                 break
-            if can_ask:
-                txn.asked += 1
-                attempts.append(Attempt(at, ready, asked=True))
-                if ready:
-                    go = at + 2 * d
-                    break
-            else:
-                attempts.append(Attempt(at, ready))
-                if ready:  # the AddOffsetsToTxn goes on its acceptance
-                    window.learn(attempts)
-                    return txn, at + 4 * d
-                txn.refused += 1
+            txn.asked += 1
+            ready = at + d >= ready_at
+            attempts.append(Attempt(at, ready, asked=True))
+            if ready:
+                go = at + 2 * d
+                break
             if schedule.refused(at + 2 * d):
                 window.learn(attempts)
                 return txn, at + 2 * d

@@ -80,7 +80,7 @@ def hold_for(
     stats: Stats | None = None,
 ) -> BeginHold:
     now = trio.current_time()
-    schedule = HoldSchedule(now, now + deadline)
+    schedule = HoldSchedule(now, now + deadline, asking=ask)
     return BeginHold(stats or Stats(), None, schedule, plan, coordinator.ask if ask else None)
 
 
@@ -116,7 +116,7 @@ async def test_no_window_costs_one_round_trip_for_all(
     assert [a.ready for a in hold.attempts] == [True] * 3
 
 
-async def test_refused_calls_ask_again_together_then_one_at_a_time_every_20_ms(
+async def test_refused_calls_ask_again_together_every_20_ms(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     start = trio.current_time()
@@ -124,21 +124,11 @@ async def test_refused_calls_ask_again_together_then_one_at_a_time_every_20_ms(
     stats = Stats()
     hold = hold_for(coordinator, stats=stats)
     assert await register(hold, coordinator, CALLS) == [0, 0]
-    partitions = coordinator.sent("AddPartitionsToTxn")
-    offsets = coordinator.sent("AddOffsetsToTxn")
-    # Both at once, and both again 20 ms later (the first probe: often the window's jitter).
-    assert partitions[:2] == offsets[:2] == [start, start + RETRY_SECONDS]
-    # Then one call alone (either), 20 ms apart (librdkafka's pace), until one is accepted...
-    later = coordinator.calls[4:]
-    accepted = next(i for i, (_, _, code) in enumerate(later) if code == 0)
-    probes = [at for _, at, _ in later[: accepted + 1]]
-    assert all(b - a >= RETRY_SECONDS - 1e-9 for a, b in itertools.pairwise(probes)), probes
-    assert probes[-1] == pytest.approx(start + 0.100)
-    # ... and the other call the moment it was: no more refused.
-    (other,) = later[accepted + 1 :]
-    assert other[1:] == (probes[-1] + ROUND_TRIP, 0) and other[0] != later[accepted][0]
-    # 2 + 2 refused in the first two rounds, then the lone probes at 40, 60 and 80 ms.
-    assert coordinator.refused() == 4 + 3
+    # Every round is both calls at once (the registration is one round trip when accepted),
+    # one round at a time, 20 ms apart (librdkafka's pace), until the window closed.
+    rounds = [start + n * RETRY_SECONDS for n in range(6)]
+    assert coordinator.sent(CALLS[0]) == coordinator.sent(CALLS[1]) == pytest.approx(rounds)
+    assert coordinator.refused() == 2 * 5
     assert coordinator.most_in_flight == 2
     assert (stats.holds, stats.hold_retries) == (1, 5)  # at 20, 40, 60, 80 and 100 ms
 
@@ -152,9 +142,8 @@ async def test_at_the_deadline_every_call_gets_the_coordinators_answer(
     hold = hold_for(coordinator, deadline=0.1, stats=stats)
     assert await register(hold, coordinator, CALLS) == [CONCURRENT_TRANSACTIONS] * 2
     assert trio.current_time() - start < 0.1 + RETRY_SECONDS
-    # Rounds of both at 0 and 20 ms, lone probes at 40, 60, 80, 100 ms, then the call that
-    # was not probing asks once for its own answer.
-    assert coordinator.refused() == 2 + 2 + 4 + 1
+    # Rounds of both at 0, 20, ..., 100 ms; the last one past the deadline is each call's own.
+    assert coordinator.refused() == 2 * 6
     assert stats.holds == 1 and hold.expired
     assert not any(a.ready for a in hold.attempts)
 

@@ -34,8 +34,9 @@ ready.
 
 `HoldSchedule` paces one held registration's probes: one at a time, at least
 PROBE_GAP_SECONDS apart, and never more of them than librdkafka's own 20 ms backoff would
-have sent since the client's call arrived, until the rule's deadline. The first probe after a
-refusal is every call again; later ones are a DescribeTransactions, or one call without it.
+have sent since the client's call arrived, until the rule's deadline. A probe is every call
+of the registration again, so the registration is always one round trip; where the broker
+offers DescribeTransactions, every probe after the first is a question instead.
 
 Sans-I/O: plain objects fed times (seconds on any one monotonic clock) and outcomes. They never
 sleep, send or read a clock; the trio driver is kipside.proxy.stages.transactions.hold.
@@ -246,16 +247,18 @@ class BeginWindow:
 
 
 class HoldSchedule:
-    """One held registration's pace: when its next probe may go, and when it gives up.
+    """One held registration's pace: when its next probe may go, what it is, and when the
+    hold gives up.
 
     `started` is when the client's call arrived; the first round (every call together) counts
-    as the first probe."""
+    as the first probe. `asking`: the coordinator answers DescribeTransactions."""
 
-    __slots__ = ("deadline", "expired", "next_at", "probes", "started")
+    __slots__ = ("asking", "deadline", "expired", "next_at", "probes", "started")
 
-    def __init__(self, started: float, deadline: float) -> None:
+    def __init__(self, started: float, deadline: float, *, asking: bool = False) -> None:
         self.started = started
         self.deadline = deadline
+        self.asking = asking
         self.probes = 0
         self.next_at = started
         self.expired = False
@@ -266,11 +269,13 @@ class HoldSchedule:
         return max(self.next_at, self.started + self.probes * RETRY_SECONDS)
 
     def together(self) -> bool:
-        """Whether the next probe is every call of the registration again rather than one of
-        them alone: the first one after the first refusal is. A refusal at the expected time is
-        most often the window's jitter, so that question usually finds the coordinator ready,
-        and every call answered in one round trip."""
-        return self.probes == 1
+        """Whether the next probe is every call of the registration again rather than a
+        DescribeTransactions. The first one after the first refusal is: a refusal where the
+        coordinator was believed ready is most often the window's jitter, so it usually finds
+        the coordinator ready and every call answered in that one round trip. Without
+        DescribeTransactions every probe is, so that the one that is accepted registers
+        everything at once."""
+        return not self.asking or self.probes == 1
 
     def sent(self) -> None:
         self.probes += 1

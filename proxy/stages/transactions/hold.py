@@ -13,9 +13,9 @@ each answer) is kipside.proxy.core.begin_window, sans-I/O; this module carries i
 trio: a registration's calls (AddPartitionsToTxn, and AddOffsetsToTxn for each group) share
 one BeginHold. They go together at the planned time, or at once when a DescribeTransactions
 asked before it says the markers are written. Once refused, one question at a time is in
-flight per registration: every call again the first time, then a DescribeTransactions where
-the broker offers it, else one of the calls (the others wait for it and go the moment it is
-accepted).
+flight per registration: every call again (so the registration is one round trip whenever it
+is accepted), or, where the broker offers DescribeTransactions, every call again the first
+time and a DescribeTransactions after that.
 
 It never makes up an answer: the client gets the coordinator's own, accepted or (at the
 deadline) refused.
@@ -122,17 +122,13 @@ class BeginHold:
                     continue  # the coordinator became ready (or the hold ended) meanwhile
                 self.retries += 1
                 self.stats.hold_retries += 1
+                self.schedule.asking = self._ask is not None
                 together = self.schedule.together()
                 self.schedule.sent()
-                if together:
+                if together or self._ask is None:
                     self._held = False  # every call asks again, at once
                     continue
-                if self._ask is not None:
-                    await self._ask_held(upstream_call)
-                    continue
-                result = await self._attempt(upstream_call, attempt, refused)
-                if not refused(result) or self.expired:
-                    return result
+                await self._ask_held(upstream_call)
 
     async def _attempt(
         self, upstream_call: str, attempt: Callable[[], Awaitable[T]], refused: Callable[[T], bool]

@@ -197,7 +197,6 @@ class Registrar:
         now = trio.current_time()
         state = add.state
         first = not state.open
-        schedule = HoldSchedule(now, now + add.rule.hold_begin.max_ms / 1000)
         ask: Ask | None = None
         plan = BeginPlan(None)
         if first:
@@ -206,6 +205,8 @@ class Registrar:
             )
             plan = state.window.plan(now, can_ask=can_ask)
             ask = partial(self._ask, add) if can_ask else None
+        deadline = now + add.rule.hold_begin.max_ms / 1000
+        schedule = HoldSchedule(now, deadline, asking=ask is not None)
         hold = BeginHold(self.stats, add.span, schedule, plan, ask)
         errors: Errors = ({}, {})
         try:
