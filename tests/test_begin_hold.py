@@ -41,6 +41,9 @@ CALLS = ["AddPartitionsToTxn", "AddOffsetsToTxn"]
 class Coordinator:
     closes_at: float
     describes: bool = True
+    busy: set[str] = field(default_factory=set)
+    """Calls refused once whatever the time (Apache Kafka refuses an add while another of the
+    id is being logged)."""
     in_flight: int = 0
     most_in_flight: int = 0
     calls: list[tuple[str, float, int]] = field(default_factory=list)
@@ -52,7 +55,8 @@ class Coordinator:
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         await trio.sleep(ROUND_TRIP)
         self.in_flight -= 1
-        code = refused_code if sent < self.closes_at else 0
+        code = refused_code if sent < self.closes_at or name in self.busy else 0
+        self.busy.discard(name)
         self.calls.append((name, sent, code))
         return code
 
@@ -131,6 +135,17 @@ async def test_refused_calls_ask_again_together_every_20_ms(
     assert coordinator.refused() == 2 * 5
     assert coordinator.most_in_flight == 2
     assert (stats.holds, stats.hold_retries) == (1, 5)  # at 20, 40, 60, 80 and 100 ms
+
+
+async def test_a_call_refused_as_another_is_accepted_goes_again_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    start = trio.current_time()
+    coordinator = Coordinator(closes_at=start, busy={CALLS[1]})
+    hold = hold_for(coordinator)
+    assert await register(hold, coordinator, CALLS) == [0, 0]
+    assert coordinator.sent(CALLS[0]) == [start]
+    assert coordinator.sent(CALLS[1]) == [start, start + ROUND_TRIP]
 
 
 async def test_at_the_deadline_every_call_gets_the_coordinators_answer(

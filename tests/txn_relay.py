@@ -287,7 +287,7 @@ class MarkerWindowRelay(Relay):
                 self._forwarded[header.api_key] += 1
             return Forward(_init_producer_id_v3(request))
         else:
-            answer = self._local_answer(conn, header, request.frame)
+            answer = self._local_answer(conn, request)
         with self._lock:
             if answer is None:
                 self._forwarded[header.api_key] += 1
@@ -370,7 +370,7 @@ class MarkerWindowRelay(Relay):
         cls = response_class(header.api_key, header.api_version)
         state_cls = field_entity(cls, "transaction_states")
         topic_cls = field_entity(state_cls, "topics")
-        now = trio.current_time()
+        now = request.due
         states = []
         for txn_id in sent.transactional_ids:
             coordinated = self._coordinated.get(str(txn_id))
@@ -405,56 +405,56 @@ class MarkerWindowRelay(Relay):
                     ),
                 )
             )
-            self._record(
-                str(txn_id), TxnEvent(time.monotonic(), DESCRIBE, ACCEPTED, 0, state=state)
-            )
+            self._record(str(txn_id), TxnEvent(_monotonic(now), DESCRIBE, ACCEPTED, 0, state=state))
         message = blank(cls, throttle_time=_ZERO, transaction_states=tuple(states))
         return response_frame(header, encode_message(message))
 
-    def _local_answer(self, conn: Conn, header: RequestHeader, frame: bytes) -> bytes | None:
-        """Classify a request; return the relay's own answer if it is in a window, else None."""
+    def _local_answer(self, conn: Conn, request: Request) -> bytes | None:
+        """Classify a request; return the relay's own answer if it reached the simulated
+        coordinator in a window, else None."""
+        header, frame, due = request.header, request.frame, request.due
         kind = _KINDS.get(header.api_key)
         if kind is None or kind == END_TXN:
             return None
         if kind == ADD_PARTITIONS and header.api_version > MAX_V3_ADD_PARTITIONS:
             return None
         try:
-            request = decode_request(header.api_key, header.api_version, frame, header.body_offset)
+            sent = decode_request(header.api_key, header.api_version, frame, header.body_offset)
         except ProtocolError as exc:
             self.note_problem(f"connection {conn.number}: unreadable {kind} request: {exc}")
             return None
         if kind == ADD_PARTITIONS:
-            txn_id = str(request.v3_and_below_transactional_id)
+            txn_id = str(sent.v3_and_below_transactional_id)
             partitions = tuple(
-                (str(t.name), int(p)) for t in request.v3_and_below_topics for p in t.partitions
+                (str(t.name), int(p)) for t in sent.v3_and_below_topics for p in t.partitions
             )
             group = None
         else:
-            txn_id = str(request.transactional_id)
+            txn_id = str(sent.transactional_id)
             partitions = ()
-            group = str(request.group_id)
+            group = str(sent.group_id)
         unknown = {t for t, _ in partitions} & self.unknown_topics
         if unknown:
             # Apache Kafka checks the topics before the coordinator sees the request.
             outcome, code = REFUSED, UNKNOWN_TOPIC_OR_PARTITION
             answer = _add_partitions_answer(
                 header,
-                request,
+                sent,
                 lambda topic: (
                     UNKNOWN_TOPIC_OR_PARTITION if topic in unknown else OPERATION_NOT_ATTEMPTED
                 ),
             )
-        elif trio.current_time() < self._state(txn_id).window_until:
+        elif due < self._state(txn_id).window_until:
             outcome, code = REJECTED, CONCURRENT_TRANSACTIONS
             if kind == ADD_PARTITIONS:
-                answer = _add_partitions_answer(header, request, lambda _: CONCURRENT_TRANSACTIONS)
+                answer = _add_partitions_answer(header, sent, lambda _: CONCURRENT_TRANSACTIONS)
             else:
                 answer = add_offsets_answer(header, CONCURRENT_TRANSACTIONS)
         else:
             outcome, code, answer = ACCEPTED, None, None
         self._record(
             txn_id,
-            TxnEvent(time.monotonic(), kind, outcome, code, partitions=partitions, group=group),
+            TxnEvent(_monotonic(due), kind, outcome, code, partitions=partitions, group=group),
         )
         return answer
 
@@ -477,6 +477,11 @@ class MarkerWindowRelay(Relay):
     def _record(self, txn_id: str, event: TxnEvent) -> None:
         with self._lock:
             self._events.setdefault(txn_id, []).append(event)
+
+
+def _monotonic(at: float) -> float:
+    """A trio clock time of the relay's thread on time.monotonic()'s scale (TxnEvent.at)."""
+    return time.monotonic() - (trio.current_time() - at)
 
 
 def _segment(counts: Counter[tuple[str, str]], end: TxnEvent | None) -> TxnSegment:

@@ -174,9 +174,13 @@ class LanePool:
             for entry in message.api_keys
         }
 
-    async def request(self, frame: bytes, api_key: int, api_version: int) -> bytes:
-        """Send one short request on the next lane and wait for its answer frame."""
-        connection = await self.connection(self.next_short_lane())
+    async def request(
+        self, frame: bytes, api_key: int, api_version: int, lane: int | None = None
+    ) -> bytes:
+        """Send one short request on the next lane (or on `lane`: requests that must reach the
+        broker in order, one after the other) and wait for its answer frame."""
+        index = self.next_short_lane() if lane is None else lane
+        connection = await self.connection(index)
         self._stats.upstream_requests[api_key] += 1
         pending = await connection.send(frame, api_key, api_version)
         assert pending is not None

@@ -66,6 +66,8 @@ class BeginHold:
         """Set when the calls may go: at the plan's time, or when an early question said
         the coordinator is ready."""
         self._held = False
+        self._ready = trio.Event()
+        """Set when a call is accepted while others are held: they go at once."""
         self._probe = trio.Lock()
         self._began: float | None = None
         self._finished = False
@@ -117,7 +119,8 @@ class BeginHold:
                 continue
             async with self._probe:
                 if self._held and not self.expired:
-                    await trio.sleep_until(self.schedule.due())
+                    with trio.move_on_at(self.schedule.due()):
+                        await self._ready.wait()
                 if not self._held or self.expired:
                     continue  # the coordinator became ready (or the hold ended) meanwhile
                 self.retries += 1
@@ -154,6 +157,7 @@ class BeginHold:
         self.attempts.append(Attempt(sent, ready, asked=True))
         if ready:
             self._held = False  # every call goes again, together
+            self._ready.set()
         elif self.schedule.refused(trio.current_time()):
             self._finish(upstream_call, "timed_out")
 
@@ -168,11 +172,14 @@ class BeginHold:
         is past the deadline (then every call returns what it gets)."""
         self._begin(upstream_call)
         self._held = True
+        if self._ready.is_set():
+            self._ready = trio.Event()
         if self.schedule.refused(trio.current_time()):
             self._finish(upstream_call, "timed_out")
 
     def _release(self, upstream_call: str) -> None:
         self._held = False
+        self._ready.set()
         self._finish(upstream_call, "ready")
 
     def _finish(self, upstream_call: str, outcome: str) -> None:

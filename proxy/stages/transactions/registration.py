@@ -72,6 +72,10 @@ class ClientAdd:
     wanted: set[TopicPartition]
     group: str | None
     span: Span | None
+    lane: int | None = None
+    """The lane the registration's calls share: the broker gets them one after the other
+    on one connection, never two of one transactional id at once (Apache Kafka refuses an
+    add while the id's previous one is still being logged: CONCURRENT_TRANSACTIONS)."""
 
     @classmethod
     def read(
@@ -197,6 +201,7 @@ class Registrar:
         now = trio.current_time()
         state = add.state
         first = not state.open
+        add.lane = add.pool.next_short_lane()
         ask: Ask | None = None
         plan = BeginPlan(None)
         if first:
@@ -235,7 +240,7 @@ class Registrar:
         request = describe_transactions_request(state.transactional_id, add.client_id)
         try:
             frame = await add.pool.request(
-                request, ApiKey.DESCRIBE_TRANSACTIONS, DESCRIBE_TRANSACTIONS_VERSION
+                request, ApiKey.DESCRIBE_TRANSACTIONS, DESCRIBE_TRANSACTIONS_VERSION, add.lane
             )
             ready = markers_written(frame, state.transactional_id)
         except (UpstreamFailed, DecodeError) as exc:
@@ -304,14 +309,16 @@ class Registrar:
         request = add_partitions_request(
             add.state.transactional_id, add.producer, version, partitions, add.client_id
         )
-        frame = await add.pool.request(request, ApiKey.ADD_PARTITIONS_TO_TXN, version)
+        frame = await add.pool.request(request, ApiKey.ADD_PARTITIONS_TO_TXN, version, add.lane)
         return add_partitions_errors(version, frame)
 
     async def _add_offsets_once(self, add: ClientAdd, group: str) -> int:
         request = add_offsets_request(
             add.state.transactional_id, add.producer, group, add.client_id
         )
-        frame = await add.pool.request(request, ApiKey.ADD_OFFSETS_TO_TXN, ADD_OFFSETS_VERSION)
+        frame = await add.pool.request(
+            request, ApiKey.ADD_OFFSETS_TO_TXN, ADD_OFFSETS_VERSION, add.lane
+        )
         answer = decode_answer(ApiKey.ADD_OFFSETS_TO_TXN, ADD_OFFSETS_VERSION, frame)
         return int(answer.error_code)
 
