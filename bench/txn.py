@@ -96,7 +96,9 @@ def coordinator(events: Sequence[TxnEvent], start: float, end: float) -> dict[st
     def count(kind: str, outcome: str | None = None) -> float:
         return sum(e.kind == kind and outcome in (None, e.outcome) for t in txns for e in t) / n
 
-    gaps, accepted_gaps, adds = [], [], []
+    gaps: list[float] = []
+    accepted_gaps: list[float] = []
+    adds: list[int] = []
     for t in txns:
         for into, outcome in ((gaps, None), (accepted_gaps, ACCEPTED)):
             firsts = [

@@ -23,6 +23,7 @@ import trio.testing
 
 from kipside.protocol import ApiKey
 from kipside.proxy.core.begin_window import (
+    AT_ONCE,
     PROBE_GAP_SECONDS,
     RETRY_SECONDS,
     BeginPlan,
@@ -79,7 +80,7 @@ def hold_for(
     coordinator: Coordinator,
     *,
     deadline: float = 5.0,
-    plan: BeginPlan = BeginPlan(None),
+    plan: BeginPlan = AT_ONCE,
     ask: bool = False,
     stats: Stats | None = None,
 ) -> BeginHold:
@@ -137,15 +138,16 @@ async def test_refused_calls_ask_again_together_every_20_ms(
     assert (stats.holds, stats.hold_retries) == (1, 5)  # at 20, 40, 60, 80 and 100 ms
 
 
+@pytest.mark.parametrize("busy", [0, 1])
 async def test_a_call_refused_as_another_is_accepted_goes_again_at_once(
-    autojump_clock: trio.testing.MockClock,
+    autojump_clock: trio.testing.MockClock, busy: int
 ) -> None:
     start = trio.current_time()
-    coordinator = Coordinator(closes_at=start, busy={CALLS[1]})
+    coordinator = Coordinator(closes_at=start, busy={CALLS[busy]})
     hold = hold_for(coordinator)
     assert await register(hold, coordinator, CALLS) == [0, 0]
-    assert coordinator.sent(CALLS[0]) == [start]
-    assert coordinator.sent(CALLS[1]) == [start, start + ROUND_TRIP]
+    assert coordinator.sent(CALLS[1 - busy]) == [start]
+    assert coordinator.sent(CALLS[busy]) == [start, start + ROUND_TRIP]
 
 
 async def test_at_the_deadline_every_call_gets_the_coordinators_answer(
@@ -198,7 +200,7 @@ async def test_an_early_question_brings_the_registration_forward_when_answered_y
     assert coordinator.sent("DescribeTransactions") == [start + 0.020]
     went = start + 0.020 + ROUND_TRIP if ready else start + 0.030
     assert coordinator.sent(CALLS[0]) == coordinator.sent(CALLS[1]) == [went]
-    assert [(a.asked, a.ready) for a in hold.attempts][0] == (True, ready)
+    assert (hold.attempts[0].asked, hold.attempts[0].ready) == (True, ready)
 
 
 async def test_held_with_describe_transactions_the_coordinator_is_asked_instead(

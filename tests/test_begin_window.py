@@ -99,7 +99,8 @@ def test_the_window_is_learned(name: str, can_ask: bool) -> None:
         f"\n[{name}, {'asking' if can_ask else 'registrations'}] CONCURRENT_TRANSACTIONS "
         f"{refused} (librdkafka {direct}), DescribeTransactions {ours.asked(WARM_UP)}; late ms "
         f"mean {statistics.mean(late) / MS:.2f}, after transaction {settled_by} at most "
-        f"{max(settled) / MS:.2f} (librdkafka mean {statistics.mean(theirs.late(WARM_UP)) / MS:.1f})"
+        f"{max(settled) / MS:.2f} (librdkafka mean "
+        f"{statistics.mean(theirs.late(WARM_UP)) / MS:.1f})"
     )
     assert refused <= direct / 4
     assert statistics.mean(late) <= case.mean_late

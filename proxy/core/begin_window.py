@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import Final
 
 __all__ = [
+    "AT_ONCE",
     "CALM_TRANSACTIONS",
     "CALM_TRANSACTIONS_ASKING",
     "MAX_EXPLORE_SECONDS",
@@ -106,6 +107,10 @@ class BeginPlan:
     ask_at: float | None = None
     """When to send a DescribeTransactions first (only when the broker offers it): if it
     answers that the markers are written, the registration goes at once."""
+
+
+AT_ONCE: Final = BeginPlan(None)
+"""Every call of the registration at once: no window expected."""
 
 
 class BeginWindow:
@@ -191,11 +196,11 @@ class BeginWindow:
         `can_ask`: the broker offers DescribeTransactions for this id."""
         self._trying = False
         if self.ended_at is None:
-            return BeginPlan(None)
+            return AT_ONCE
         self._asking = can_ask
         safe, trial = self._guess()
         if safe is None:
-            return BeginPlan(None)
+            return AT_ONCE
         register = self.ended_at + safe
         ask = None
         if trial is not None:
@@ -235,10 +240,10 @@ class BeginWindow:
         else:
             self.calm += 1
             self.margin = max(TOLERANCE_SECONDS, self.margin * MARGIN_DECAY)
-            stale = self._fresh_floor() is None
-            if stale and first_ready is not None and self.upper is not None:
-                if first_ready < self.upper:  # a step down that held: a bigger one next
-                    self.step = min(self.step * 2, MAX_EXPLORE_SECONDS)
+            upper, stale = self.upper, self._fresh_floor() is None
+            if stale and first_ready is not None and upper is not None and first_ready < upper:
+                # A step down that held: a bigger one next.
+                self.step = min(self.step * 2, MAX_EXPLORE_SECONDS)
         if first_ready is not None:
             if self.upper is None or first_ready < self.upper:
                 self.upper = first_ready

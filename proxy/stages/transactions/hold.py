@@ -31,7 +31,7 @@ import trio
 from opentelemetry.trace import Span
 
 from kipside.protocol import ErrorCode
-from kipside.proxy.core.begin_window import Attempt, BeginPlan, HoldSchedule
+from kipside.proxy.core.begin_window import AT_ONCE, Attempt, BeginPlan, HoldSchedule
 from kipside.proxy.telemetry.stats import Stats
 from kipside.proxy.telemetry.tracing import event
 
@@ -54,7 +54,7 @@ class BeginHold:
         stats: Stats,
         span: Span | None,
         schedule: HoldSchedule,
-        plan: BeginPlan = BeginPlan(None),
+        plan: BeginPlan = AT_ONCE,
         ask: Ask | None = None,
     ) -> None:
         self.stats = stats
@@ -66,6 +66,7 @@ class BeginHold:
         """Set when the calls may go: at the plan's time, or when an early question said
         the coordinator is ready."""
         self._held = False
+        self._accepted = False
         self._ready = trio.Event()
         """Set when a call is accepted while others are held: they go at once."""
         self._probe = trio.Lock()
@@ -172,13 +173,16 @@ class BeginHold:
         is past the deadline (then every call returns what it gets)."""
         self._begin(upstream_call)
         self._held = True
-        if self._ready.is_set():
+        if self._ready.is_set() and not self._accepted:
+            # (Once a call was accepted the coordinator is ready: a call it refuses after that
+            # met another being logged, and goes again at once.)
             self._ready = trio.Event()
         if self.schedule.refused(trio.current_time()):
             self._finish(upstream_call, "timed_out")
 
     def _release(self, upstream_call: str) -> None:
         self._held = False
+        self._accepted = True
         self._ready.set()
         self._finish(upstream_call, "ready")
 

@@ -2,7 +2,8 @@
 
 AddPartitionsToTxn v0-3 and AddOffsetsToTxn for pre-registration, EndTxn to abort a transaction
 the client doesn't know about, DescribeTransactions to ask whether a transaction's markers are
-written, Metadata for a declared topic's partitions; built and read with kio's classes. Frames only: this module never touches a connection.
+written, Metadata for a declared topic's partitions; built and read with kio's classes.
+Frames only: this module never touches a connection.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from opentelemetry.trace import Span
 
 from kipside.protocol import ApiKey, DecodeError, Message, RequestHeader, error_name
 from kipside.proxy.core.answers import Pending, UpstreamFailed
-from kipside.proxy.core.begin_window import BeginPlan, HoldSchedule
+from kipside.proxy.core.begin_window import AT_ONCE, HoldSchedule
 from kipside.proxy.stages.transactions.answers import add_offsets_answer, add_partitions_answer
 from kipside.proxy.stages.transactions.hold import CONCURRENT_TRANSACTIONS, Ask, BeginHold
 from kipside.proxy.stages.transactions.messages import (
@@ -203,7 +203,7 @@ class Registrar:
         first = not state.open
         add.lane = add.pool.next_short_lane()
         ask: Ask | None = None
-        plan = BeginPlan(None)
+        plan = AT_ONCE
         if first:
             can_ask = state.can_ask and add.pool.offers(
                 ApiKey.DESCRIBE_TRANSACTIONS, DESCRIBE_TRANSACTIONS_VERSION
