@@ -86,7 +86,7 @@ class BeginHold:
         if plan.register_at is None:
             self._go.set()
             return
-        self._begin("planned")
+        self._begin("registration")  # every call waits for the plan
         if plan.ask_at is not None and self._ask is not None:
             nursery.start_soon(self._ask_early, plan.ask_at)
         with trio.move_on_at(min(plan.register_at, self.schedule.deadline)):
