@@ -72,7 +72,8 @@ COLUMNS = [
     ("coord req/txn (AP+AO+EndTxn)", "{accepted:.2f} ({ap:.1f}+{ao:.1f}+{end:.1f})"),
     ("all coord req/txn", "{coordinator_requests:.2f}"),
     ("first AP-AO gap max ms", "{gap_max:.2f}"),
-    ("accepted AP-AO gap max ms", "{accepted_gap_max:.2f}"),
+    ("accepted AP-AO gap max ms (txns >= RTT)", "{accepted_gap_max:.2f} ({two_rounds:.0f})"),
+    ("begins after window p50 ms", "{late_p50:.1f}"),
     ("CT seen by client", "{client_concurrent:.0f}"),
     ("committed once / offsets / read once", "{commits_ok:.0f} / {offsets_ok:.0f} / {read_ok:.0f}"),
     ("kipside CPU ms/txn", "{proxy_cpu_ms:.2f}"),
@@ -80,17 +81,27 @@ COLUMNS = [
 ]
 
 
-def coordinator(events: Sequence[TxnEvent], start: float, end: float) -> dict[str, float]:
+def coordinator(
+    events: Sequence[TxnEvent], start: float, end: float, window: float, rtt: float
+) -> dict[str, float]:
     """What the relay saw of the transactions whose EndTxn it answered in [start, end]: per
-    transaction, accepted and rejected adds, questions, EndTxns, and how far apart the first
-    (and the first accepted) AddPartitionsToTxn and AddOffsetsToTxn reached it."""
-    txns, current = [], list[TxnEvent]()
+    transaction, accepted and rejected adds, questions, EndTxns, how far apart the first (and
+    the first accepted) AddPartitionsToTxn and AddOffsetsToTxn reached it, and how long after
+    the previous window's end the first accepted add reached it."""
+    txns, current, late = [], list[TxnEvent](), list[float]()
+    ended: float | None = None
     for event in events:
         current.append(event)
         if event.kind == END_TXN and event.error_code == 0:
             if start <= event.at <= end:
                 txns.append(current)
-            current = []
+                first = next(
+                    (e.at for e in current if e.kind in (ADD_P, ADD_O) and e.outcome == ACCEPTED),
+                    None,
+                )
+                if ended is not None and first is not None:
+                    late.append((first - ended - window / 1000) * 1000)
+            current, ended = [], event.at
     n = max(len(txns), 1)
 
     def count(kind: str, outcome: str | None = None) -> float:
@@ -108,6 +119,7 @@ def coordinator(events: Sequence[TxnEvent], start: float, end: float) -> dict[st
             if firsts[0] is not None and firsts[1] is not None:
                 into.append(abs(firsts[1] - firsts[0]) * 1000)
         adds.append(sum(e.kind in (ADD_P, ADD_O) and e.outcome == ACCEPTED for e in t))
+    two_rounds = sum(1 for g in accepted_gaps if g >= rtt)
     ap, ao, ends = count(ADD_P, ACCEPTED), count(ADD_O, ACCEPTED), count(END_TXN)
     rejected = count(ADD_P, REJECTED) + count(ADD_O, REJECTED)
     asked = count(DESCRIBE)
@@ -123,6 +135,8 @@ def coordinator(events: Sequence[TxnEvent], start: float, end: float) -> dict[st
         "max_adds": float(max(adds, default=0)),
         "gap_max": max(gaps, default=NAN),
         "accepted_gap_max": max(accepted_gaps, default=NAN),
+        "two_rounds": float(two_rounds),
+        "late_p50": percentile(late, 50),
     }
 
 
@@ -171,7 +185,7 @@ def transact(
         with (logdir / PROXY_LOG).open("a") as log:  # noted with what kipside logged
             log.writelines(f"WARNING relay: {problem}\n" for problem in relay.problems())
     events = relay.events(txn_id)
-    out = coordinator(events, data["start"], data["end"]) | outcomes(events, data)
+    out = coordinator(events, data["start"], data["end"], window, rtt) | outcomes(events, data)
     keys = ("transactions", "txn_per_s", "time_capped", "client_concurrent", "warmup_concurrent")
     out |= {k: float(data[k]) for k in keys}
     out["p50_ms"] = percentile(data["latencies_ms"], 50)

@@ -5,7 +5,9 @@ the same coordinator for comparison.
 
 The coordinator refuses a transactional id's registrations that reach it before `window`
 seconds after it answered EndTxn (CONCURRENT_TRANSACTIONS), and says so to a
-DescribeTransactions. Every message takes `one_way` seconds each way. kipside sits beside the
+DescribeTransactions. Every message takes `one_way` seconds each way; of a registration's two
+calls, sent together, the second reaches the coordinator `spread` after the first, so the
+window may end between them. kipside sits beside the
 client (no delay between them); the client's first add of a transaction reaches kipside
 `think` seconds after the EndTxn answer did. After its registration is answered, the
 transaction takes `body` seconds (produce, offsets) before its EndTxn goes.
@@ -26,6 +28,8 @@ from dataclasses import dataclass, field
 from kipside.proxy.core.begin_window import Attempt, BeginWindow, HoldSchedule
 
 HOLD_MAX = 5.0
+SPREAD = 0.0005
+"""How much later the registration's second call reaches the coordinator than its first."""
 LIBRDKAFKA_ADD_PARTITIONS_BACKOFF = 0.020
 LIBRDKAFKA_ADD_OFFSETS_BACKOFF = 0.100  # its AddOffsetsToTxn retry (retry.backoff.ms)
 
@@ -49,8 +53,9 @@ class Transaction:
     """DescribeTransactions sent."""
     late: float = 0.0
     """How long after the earliest possible moment the registration was answered."""
-    parallel: bool = True
-    """The first AddPartitionsToTxn and AddOffsetsToTxn went together."""
+    rounds: int = 1
+    """Round trips from the first call the coordinator accepted to the last: 2 when the
+    window ended between the two calls of one round (the refused one goes again)."""
 
 
 @dataclass
@@ -66,6 +71,9 @@ class Run:
     def late(self, start: int = 0) -> list[float]:
         return [t.late for t in self.transactions[start:]]
 
+    def two_rounds(self, start: int = 0) -> int:
+        return sum(t.rounds > 1 for t in self.transactions[start:])
+
 
 Scenario = Callable[[int], Coordinator]
 """The coordinator of transaction n (0, 1, ...)."""
@@ -79,6 +87,7 @@ def kipside(
     think: float = 0.001,
     body: float = 0.040,
     jitter: float = 0.0,
+    spread: float = SPREAD,
     seed: int = 1,
 ) -> Run:
     """`transactions` transactions back to back through the begin hold's policy."""
@@ -93,7 +102,7 @@ def kipside(
         ready_at = now + coordinator.window + rng.uniform(-jitter, jitter)
         window.ended(now + d + rng.uniform(0, jitter), coordinator.node)
         arrival = now + d + think
-        txn, answered = _register(window, coordinator, ready_at, arrival, can_ask)
+        txn, answered = _register(window, coordinator, ready_at, arrival, can_ask, spread)
         txn.late = answered - (max(ready_at, arrival + d) + d)
         run.transactions.append(txn)
         now = answered + body + d  # its EndTxn reaches the coordinator
@@ -101,7 +110,12 @@ def kipside(
 
 
 def _register(
-    window: BeginWindow, c: Coordinator, ready_at: float, arrival: float, can_ask: bool
+    window: BeginWindow,
+    c: Coordinator,
+    ready_at: float,
+    arrival: float,
+    can_ask: bool,
+    spread: float,
 ) -> tuple[Transaction, float]:
     """One registration through the policy; returns what it cost and when its last call was
     answered."""
@@ -118,11 +132,16 @@ def _register(
         if ready:
             go = min(go, plan.ask_at + 2 * d)
     go = min(go, schedule.deadline)
-    while True:  # every call together
+    while True:  # every call together: the second reaches the coordinator `spread` later
         if go + d >= ready_at:
             attempts.append(Attempt(go, True))
             window.learn(attempts)
             return txn, go + 2 * d
+        if go + d + spread >= ready_at:  # the window ended between the two
+            txn.refused, txn.rounds = txn.refused + 1, 2
+            attempts += [Attempt(go, False), Attempt(go, True)]
+            window.learn(attempts)
+            return txn, go + 4 * d
         txn.refused += 2
         attempts += [Attempt(go, False), Attempt(go, False)]
         if schedule.refused(go + 2 * d):

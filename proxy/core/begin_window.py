@@ -51,6 +51,7 @@ __all__ = [
     "AT_ONCE",
     "CALM_TRANSACTIONS",
     "CALM_TRANSACTIONS_ASKING",
+    "FIRST_STEP_SECONDS",
     "MAX_EXPLORE_SECONDS",
     "PROBE_GAP_SECONDS",
     "RETRY_SECONDS",
@@ -77,6 +78,9 @@ may cost a refusal)."""
 CALM_TRANSACTIONS_ASKING: Final = 2
 """The same where the broker offers DescribeTransactions: a try is a question there, never a
 refusal, so the guess follows a shrinking window more closely."""
+FIRST_STEP_SECONDS: Final = 0.004
+"""The first step down once the floor is old: a try just below where the coordinator was last
+ready would often land as the window ends, between the registration's two calls."""
 MAX_EXPLORE_SECONDS: Final = 0.064
 """The largest step down in one transaction."""
 MAX_MARGIN_SECONDS: Final = 0.016
@@ -118,6 +122,7 @@ class BeginWindow:
 
     __slots__ = (
         "_asking",
+        "_narrowing",
         "_trying",
         "calm",
         "coordinator",
@@ -143,7 +148,7 @@ class BeginWindow:
         """Just above a refusal where the coordinator was believed ready: tried next."""
         self.calm = 0
         """Transactions since the floor was learned."""
-        self.step = TOLERANCE_SECONDS
+        self.step = FIRST_STEP_SECONDS
         """The next step down once the floor is old."""
         self.margin = TOLERANCE_SECONDS
         """How close to the floor the guess must come: doubled by each refusal of a
@@ -153,6 +158,11 @@ class BeginWindow:
         """The planned registration tries below `upper` (without DescribeTransactions)."""
         self._asking = False
         """The last plan could ask with DescribeTransactions."""
+        self._narrowing = True
+        """The bounds came from a hold (the ready one may be late by a probe's pace): halve
+        the gap between them down to the margin. After a step down was refused, without
+        DescribeTransactions (where each try may cost a refusal), only down to the first
+        step."""
 
     def ended(self, at: float, coordinator: int) -> None:
         """The broker answered EndTxn without error at `at`: the coordinator now writes the
@@ -164,7 +174,8 @@ class BeginWindow:
 
     def forget(self) -> None:
         self.ended_at = self.upper = self.floor = self.hint = None
-        self.calm, self.step, self.margin = 0, TOLERANCE_SECONDS, TOLERANCE_SECONDS
+        self.calm, self.step, self.margin = 0, FIRST_STEP_SECONDS, TOLERANCE_SECONDS
+        self._narrowing = True
 
     def no_window(self) -> None:
         """The next registration follows no EndTxn kipside saw (InitProducerId, a failure)."""
@@ -185,7 +196,8 @@ class BeginWindow:
         if self.hint is not None and self.hint < safe:
             return safe, self.hint
         if floor is not None:
-            if upper - floor <= self.margin:
+            close = self.margin if self._narrowing or self._asking else FIRST_STEP_SECONDS
+            if upper - floor <= close:
                 return safe, None
             return safe, max((upper + floor) / 2, floor + self.margin)
         trial = upper - self.step
@@ -227,12 +239,21 @@ class BeginWindow:
         first_ready = min(ready, default=None)
         if refused:
             highest = max(refused)
+            if first_ready is not None and first_ready <= highest:
+                # Calls sent together, one refused and one accepted: the window ended between
+                # their arrivals, just after they went.
+                first_ready = min(
+                    [o for o in ready if o > highest] or [highest + TOLERANCE_SECONDS]
+                )
             # A registration refused although it went where the coordinator was believed
             # ready (not a try below that): its windows vary more, or this one grew.
             surprise = not trying and any(not a.ready and not a.asked for a in attempts)
             if surprise and self.upper is not None:
                 self.margin = min(self.margin * 2, MAX_MARGIN_SECONDS)
-            self.floor, self.calm, self.step = highest, 0, TOLERANCE_SECONDS
+            # A refused step down leaves `upper` within that step; a refusal where the
+            # coordinator was believed ready leaves it unsure.
+            self._narrowing = surprise or self._fresh_floor() is not None
+            self.floor, self.calm, self.step = highest, 0, FIRST_STEP_SECONDS
             if surprise or (self.upper is not None and self.upper <= highest):
                 self.upper = None  # contradicted by a later refusal
             if surprise and (first_ready is None or highest + self.margin < first_ready):
