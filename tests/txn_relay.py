@@ -33,7 +33,9 @@ Two more simulations of Apache Kafka, off by default (Tansu 0.6.0 has neither):
   PrepareCommit/PrepareAbort during the window after EndTxn (listing the partitions whose
   markers are not yet written, fewer as the window passes), then CompleteCommit/CompleteAbort.
   Without it the relay advertises nothing Tansu does not (Tansu does not offer the API), so a
-  client sees the broker as it is.
+  client sees the broker as it is. `describe_error` (an error code) makes it answer every
+  DescribeTransactions with that error instead, as a coordinator does to a principal without
+  Describe permission on the transactional id.
 - `init_producer_id_v0=True`: Apache Kafka answers InitProducerId v0-1 as it does later
   versions; Tansu 0.6.0 answers them UNKNOWN_SERVER_ERROR (tests/integration/tansu_bugs.py),
   and aiokafka sends only v0. The relay asks Tansu in v3 and answers in the client's version.
@@ -212,6 +214,7 @@ class MarkerWindowRelay(Relay):
         self.delay_ms = delay_ms
         self.unknown_topics = frozenset(unknown_topics)
         self.describe_transactions = describe_transactions
+        self.describe_error: int | None = None
         self.init_producer_id_v0 = init_producer_id_v0
         self._events: dict[str, list[TxnEvent]] = {}
         self._coordinated: dict[str, _Coordinated] = {}
@@ -374,13 +377,19 @@ class MarkerWindowRelay(Relay):
         states = []
         for txn_id in sent.transactional_ids:
             coordinated = self._coordinated.get(str(txn_id))
-            if coordinated is None:
+            if coordinated is None or self.describe_error is not None:
+                error = TRANSACTIONAL_ID_NOT_FOUND if coordinated is None else self.describe_error
+                self._record(str(txn_id), TxnEvent(_monotonic(now), DESCRIBE, ACCEPTED, error))
                 states.append(
                     blank(
                         state_cls,
-                        error_code=TRANSACTIONAL_ID_NOT_FOUND,
+                        error_code=error,
                         transactional_id=txn_id,
                         transaction_state="",
+                        transaction_timeout=_ZERO,
+                        transaction_start_time=datetime.datetime.fromtimestamp(0, datetime.UTC),
+                        producer_id=-1,
+                        producer_epoch=-1,
                         topics=(),
                     )
                 )
