@@ -11,32 +11,39 @@ it (AddPartitionsToTxn and AddOffsetsToTxn) together.
 
 What one transactional id's `BeginWindow` knows, as offsets after its last EndTxn answer:
 
-- `upper`: a registration sent this long after EndTxn's answer was accepted (recently, at the
-  first try): sending then is believed safe;
-- `floor`: one sent this long after was refused, or the coordinator said its markers were
-  still being written; it bounds the window from below for CALM_TRANSACTIONS transactions.
+- `upper`: the earliest offset at which the coordinator was seen ready lately (a registration
+  accepted, or DescribeTransactions saying the markers are written);
+- `floor`: the latest at which it was seen still writing them (a refusal, or
+  DescribeTransactions saying PrepareCommit/PrepareAbort);
+- `margin`: how close to the floor a registration may go (it grows with each refusal where
+  the coordinator was believed ready, and shrinks while none comes).
 
-While the two are further apart than TOLERANCE_SECONDS the next transaction tries the middle
-(a bisection); once they meet it goes at `upper`. When the floor is older than
-CALM_TRANSACTIONS transactions it no longer holds the guess up: the guess moves down a step,
-doubling with each success, until it is refused again, so a window that shrank is found.
-A refusal at or above `upper` (the window grew, or the coordinator is slower now) drops
-`upper` to what the hold found. A coordinator on another node starts from nothing.
+The registration goes at `upper`, never closer than the margin to the floor. Tries below that:
 
-Where the broker offers DescribeTransactions (Apache Kafka 3.0+), the tries below `upper` are
-asked with it instead ("are this id's markers written?"), so they cost no refusal, and the
-registration goes at `upper`, or as soon as such a question is answered yes. A registration
-that is refused anyway is held, and the held one asks with DescribeTransactions too; without
-it, the held registration's probe is one of its own calls (the others wait for it). Either way
-the first probe after a refusal is every call again: a refusal where the coordinator was
-believed ready is most often the window's jitter, and the next question usually finds it
-ready.
+- while the bounds are further apart than the margin (they came from a hold, whose accepted
+  probe may be late by its pace), the middle of them (a bisection), or just above a refusal
+  that surprised (`hint`);
+- once the floor is older than CALM_TRANSACTIONS transactions, a step below `upper`, starting
+  at FIRST_STEP_SECONDS and doubling with each success, until one is refused: so a window that
+  shrank is found.
 
-`HoldSchedule` paces one held registration's probes: one at a time, at least
+Without DescribeTransactions a try is the registration itself, and a refused step down stops
+the narrowing at that step (each try may cost a refusal). Where the broker offers it (Apache
+Kafka 3.0+), a try is a DescribeTransactions ("are this id's markers written?"), which costs no
+refusal: the registration still goes at `upper`, or as soon as such a question is answered yes,
+and the tries come every CALM_TRANSACTIONS_ASKING transactions.
+
+Calls of one round refused and accepted at once mean the window ended between their arrivals:
+it is learned as ending just after they went. A coordinator on another node starts from
+nothing.
+
+`HoldSchedule` paces one held (refused) registration's probes: one at a time, at least
 PROBE_GAP_SECONDS apart, and never more of them than librdkafka's own 20 ms backoff would
-have sent since the client's call arrived, until the rule's deadline. A probe is every call
-of the registration again, so the registration is always one round trip; where the broker
-offers DescribeTransactions, every probe after the first is a question instead.
+have sent since the client's call arrived, until the rule's deadline. A probe is every call of
+the registration again, so an accepted registration is always one round trip; where the broker
+offers DescribeTransactions, every probe after the first is a question instead (the first: a
+refusal where the coordinator was believed ready is most often the window's jitter, so asking
+again at once usually finds it ready).
 
 Sans-I/O: plain objects fed times (seconds on any one monotonic clock) and outcomes. They never
 sleep, send or read a clock; the trio driver is kipside.proxy.stages.transactions.hold.
