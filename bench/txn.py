@@ -37,7 +37,7 @@ CLIENTS = {"confluent-kafka": "librdkafka", "kafka-python": "kafka-python"}
 COORDINATORS = {"tansu": "no DescribeTransactions", "kafka3": "DescribeTransactions"}
 OPTIONS: dict[str, tuple[Any, Any, str]] = {
     "--transactions": (int, 150, "most measured per run"),
-    "--seconds": (float, 8.0, "most measured time per run"),
+    "--seconds": (float, 12.0, "most measured time per run"),
     "--windows": (listed(float), [50.0], "marker windows W, ms"),
     "--rtts": (listed(float), [5.0, 20.0], "client side <-> broker side RTTs, ms"),
     "--coordinators": (
