@@ -31,11 +31,11 @@ from .txn_kit import (
     TxnStack,
 )
 
-INPUT_RECORDS = 80
-ABORT_EVERY = 5  # attempts 0, 5, 10, ... are aborted: 160 inputs -> 200 transactions
+INPUT_RECORDS = 40
+ABORT_EVERY = 5  # attempts 0, 5, 10, ... are aborted: 40 inputs -> 50 transactions
 TRANSACTIONS = INPUT_RECORDS * ABORT_EVERY // (ABORT_EVERY - 1)
 CTP_DEADLINE = 100.0  # one whole consume-transform-produce run
-OFFSET_CHECK_EVERY = 40  # commits between checks of the group's offset (every abort checks)
+OFFSET_CHECK_EVERY = 20  # commits between checks of the group's offset (every abort checks)
 
 
 @dataclass(frozen=True)
