@@ -1,5 +1,6 @@
 """The benchmarks' charts (matplotlib): panels of bars, a group per label with a bar per series;
-and panels of lines over time (the soak)."""
+panels of lines over time (the soak); and panels of points, one metric against another (latency
+against broker requests)."""
 
 from __future__ import annotations
 
@@ -156,3 +157,42 @@ def line_chart(png: Path, title: str, panels: Sequence[Lines], cols: int = 1) ->
         if len(panel.series) > 1:
             ax.legend(fontsize=8, frameon=False, loc="lower right")
     save(fig, png, title)
+
+
+@dataclass(frozen=True)
+class Points:
+    """One chart panel of points: per path, (x, y) pairs drawn with one marker each."""
+
+    title: str
+    points: Mapping[str, Sequence[tuple[float, float]]]
+    markers: Sequence[tuple[str, str]]
+    """(marker, label) of each pair's position: e.g. ("o", "p50"), ("^", "p99")."""
+    xlabel: str = ""
+    ylabel: str = ""
+
+
+def scatter_chart(png: Path, title: str, panels: Sequence[Points], cols: int = 2) -> None:
+    """A grid of point panels in one PNG; both axes start at 0, one legend for the paths and
+    the markers."""
+    from matplotlib.lines import Line2D
+
+    fig, axes = grid(panels, cols, 5.6, 3.8)
+    legend: dict[str, Line2D] = {}
+    for ax, panel in zip(axes, panels, strict=True):
+        for path, pairs in panel.points.items():
+            color = PATH_COLORS.get(path.split("@")[0], "#9467bd")
+            for (x, y), (marker, _label) in zip(pairs, panel.markers, strict=False):
+                ax.plot([x], [y], marker=marker, color=color, markersize=8, linestyle="")
+                ax.annotate(f"{y:.3g}", (x, y), xytext=(6, 0), textcoords="offset points",
+                            fontsize=8, va="center")  # fmt: skip
+            legend.setdefault(path, Line2D([], [], color=color, marker="s", linestyle="",
+                                           label=path))  # fmt: skip
+        for marker, label in panel.markers:
+            legend.setdefault(label, Line2D([], [], color="black", marker=marker,
+                                            linestyle="", label=label))  # fmt: skip
+        ax.set_xlim(left=0)
+        ax.set_ylim(bottom=0)
+        ax.margins(x=0.25, y=0.2)
+        ax.set_xlabel(panel.xlabel, fontsize=9)
+        ax.set_ylabel(panel.ylabel, fontsize=9)
+    save(fig, png, title, list(legend.values()))

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from _chart import Bars, Lines, Panel, bar_chart, line_chart
+from _chart import Bars, Lines, Panel, Points, bar_chart, line_chart, scatter_chart
 from _harness import REPO
 from _measure import Body, Run, medians, per_rep, repeat
 
@@ -296,6 +296,8 @@ class Report:
     """(title, panels): drawn as docs/img/SECTION.png."""
     lines: tuple[str, Sequence[Lines]] | None = None
     """(title, panels of lines over time): drawn instead, as docs/img/SECTION.png."""
+    points: tuple[str, Sequence[Points]] | None = None
+    """(title, panels of points): drawn instead, as docs/img/SECTION.png."""
 
     def publish(self, args: argparse.Namespace) -> None:
         """Print the section with its targets; write it, without them, unless --no-doc."""
@@ -318,6 +320,9 @@ class Report:
         elif self.lines is not None:
             line_chart(png, *self.lines)
             lines += [f"![{self.lines[0]}](img/{png.name})", ""]
+        elif self.points is not None:
+            scatter_chart(png, *self.points)
+            lines += [f"![{self.points[0]}](img/{png.name})", ""]
         write_section(self.section, "\n".join(lines), Path(args.doc))
         print(f"wrote the {self.section} section of {args.doc}")
 

@@ -20,10 +20,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from _chart import Bars
+from _chart import Points
 from _harness import INSTALLED, at_ref, open_stack, snapshot
 from _measure import fleet
-from _report import Compare, Compared, listed, parse_args
+from _report import Compare, Compared, Target, listed, parse_args
 
 WORKLOADS: dict[str, dict[str, Any]] = {
     "hot": {
@@ -70,11 +70,6 @@ TARGETS = [
     Compare("open: broker CPU per message <= 0.5x direct's", "broker_cpu_per_m", "open direct",
             0.5, False, case="open kipside"),
 ]  # fmt: skip
-BARS = [
-    Bars("hot: delivery p50 ms", "p50_ms", "{:.2f}"),
-    Bars("hot: delivery p99 ms", "p99_ms", "{:.1f}"),
-    Bars("hot: broker Produce requests", "upstream_reqs", "{:,.0f}"),
-]
 BENCH = Compared(
     "hot-partitions",
     "Produce scheduling: latency against broker requests where producers crowd",
@@ -82,10 +77,27 @@ BENCH = Compared(
     "direct",
     ["p50_ms"],
     TARGETS,
-    BARS,
-    "32 producers x 40 msgs/s on 4 partitions (median of {reps}, loopback)",
     grouped=True,
 )
+
+
+def chart(med: dict[str, dict[str, float] | None], workloads: list[str]) -> list[Points]:
+    """Per workload, each path's delivery p50 and p99 against its broker Produce requests."""
+    panels = []
+    for name in workloads:
+        found = {
+            case.removeprefix(f"{name} "): m
+            for case, m in med.items()
+            if case.startswith(f"{name} ") and m
+        }
+        pairs = {
+            path: [(m["upstream_reqs"], m["p50_ms"]), (m["upstream_reqs"], m["p99_ms"])]
+            for path, m in found.items()
+        }
+        title = f"{name}: delivery latency against broker Produce requests"
+        markers = [("o", "p50"), ("^", "p99")]
+        panels.append(Points(title, pairs, markers, "broker Produce requests", "delivery ms"))
+    return panels
 
 
 def workload(name: str, path: str, args: argparse.Namespace, logdir: Path) -> dict[str, float]:
@@ -99,6 +111,16 @@ def workload(name: str, path: str, args: argparse.Namespace, logdir: Path) -> di
     with open_stack(kind, logdir, code=code, admin=kind != "direct") as stack:
         m, _ = fleet(stack, load, counts, partitions=spec["partitions"])
     return m
+
+
+def hot_p99(med: dict[str, dict[str, float] | None]) -> Target:
+    """hot: kipside's delivery p99 at most 1.5x direct's plus 5 ms."""
+    name = "hot: p99 <= 1.5x direct + 5 ms"
+    ours, direct = med.get("hot kipside"), med.get("hot direct")
+    if not ours or not direct:
+        return Target(name, None, "hot kipside or hot direct has no result")
+    bound = 1.5 * direct["p99_ms"] + 5.0
+    return Target(name, ours["p99_ms"] <= bound, f"{ours['p99_ms']:.2f} vs {bound:.2f} ms")
 
 
 def expand(paths: list[str], refs: list[str]) -> list[str]:
@@ -116,7 +138,10 @@ def main() -> int:
         cases = {f"{w} {p}": partial(workload, w, p, args) for w in args.workloads for p in paths}
         runs, med = BENCH.run(args, cases)
         code = {p: c.label for p, c in args.codes.items()}
-        BENCH.report(args, runs, med, code=code).publish(args)
+        report = BENCH.report(args, runs, med, code=code, targets=[hot_p99(med)])
+        title = f"Delivery latency against broker requests (median of {args.repeats})"
+        report.points = (title, chart(med, args.workloads))
+        report.publish(args)
     return 0
 
 

@@ -1,15 +1,16 @@
 """Hot path: kipside's cost per request against a bare relay, haproxy and tansu proxy.
 
     .venv/bin/python bench/hotpath.py [--seconds 6] [--repeats 3] [--paths direct,relay,...]
-        [--workloads A,B] [--baseline-refs c0e66f7,main] [--profile] [--profile-path kipside]
-        [--quick]
+        [--workloads A,B] [--baseline-refs c0e66f7,main] [--profile] [--profile-only]
+        [--profile-path kipside] [--quick]
 
 A: one closed-loop producer (one Produce request per record, one in flight) on every path.
 B: 32 closed-loop producers with mixed acks and codecs on direct, kipside and each earlier
 kipside, then every acknowledged record checked exactly once, in order. kipside runs from a
 snapshot of the working tree, kipside@REF from each git ref of --baseline-refs (the path name
 "before" in --paths stands for all of them). --profile adds one run of A with py-spy on the
-proxy. docs/performance.md ("Hot path") says what each measures.
+proxy; --profile-only makes that run alone. docs/performance.md ("Hot path") says what each
+measures.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ OPTIONS: dict[str, tuple[Any, Any, str]] = {
     "--workloads": (listed(str.upper, ["A", "B"]), ["A", "B"], "a comma-separated subset of A,B"),
     "--baseline-refs": (listed(str), ["c0e66f7"], "git refs of earlier kipside versions"),
     "--profile": (bool, False, "one extra run of A under py-spy"),
+    "--profile-only": (bool, False, "only that run: its section alone is written"),
     "--profile-path": (str, "kipside", "kipside or kipside@REF"),
 }
 QUICK = {"repeats": 1, "seconds": 1.0, "warm_up": 0.2}
@@ -239,6 +241,10 @@ def main() -> int:
             sources[f"kipside@{ref}"] = partial(at_ref, ref, Path(tmp) / f"ref{i}")
         paths = expand(args.paths, args.baseline_refs)
         b_paths = expand(list(B_PATHS), args.baseline_refs)
+        if args.profile_only:
+            args.codes = {args.profile_path: sources[args.profile_path]()}
+            profile(args, args.profile_path)
+            return 0
         wanted = {*paths, *([args.profile_path] if args.profile else [])}
         args.codes = {path: code() for path, code in sources.items() if path in wanted}
         cases = {

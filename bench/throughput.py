@@ -125,7 +125,8 @@ def main() -> int:
     args = parse_args(__doc__, OPTIONS, QUICK)
     runs, med = BENCH.run(args, {path: partial(workloads, path, args, ()) for path in args.paths})
     stopped = [r for r in runs if r.metrics.get("prod_capped") or r.metrics.get("cons_capped")]
-    capped = f"{len(stopped)} run(s) stopped after --seconds, before all records."
+    capped = f"{len(stopped)} run(s) stopped at bench/throughput.py's --seconds, before all "
+    capped += "records."
     BENCH.report(args, runs, med, notes=[capped] if stopped else []).publish(args)
     return 0
 

@@ -112,7 +112,9 @@ class ClientConnection:
     from when it became the oldest (the broker answers in order, so nothing answered meanwhile
     means the broker answered nothing), or for its own allowance if longer; None: no limit.
     `keep_correlation_ids`: `send_frame` keeps each frame's own id instead of assigning one
-    (for a connection that carries one client's requests only, whose ids are already unique).
+    (for a connection that carries one client's requests only, whose ids are already unique);
+    the connection's own requests (`send_request`) then take ids counting down from the
+    highest, away from the client's, which count up from 0.
     """
 
     __slots__ = (
@@ -141,7 +143,7 @@ class ClientConnection:
         self._in_flight: deque[InFlightRequest] = deque()
         self._ready: deque[Response] = deque()
         self._unanswered: deque[int] = deque(maxlen=UNANSWERED_MEMORY)
-        self._next_id = 0
+        self._next_id = _MAX_CORRELATION_ID if keep_correlation_ids else 0
         self._answer_timeout = answer_timeout
         self._head_since = 0.0
         self._keep_ids = keep_correlation_ids
@@ -174,7 +176,10 @@ class ClientConnection:
 
     def _take_id(self) -> int:
         correlation_id = self._next_id
-        self._next_id = 0 if correlation_id == _MAX_CORRELATION_ID else correlation_id + 1
+        if self._keep_ids:
+            self._next_id = _MAX_CORRELATION_ID if correlation_id == 0 else correlation_id - 1
+        else:
+            self._next_id = 0 if correlation_id == _MAX_CORRELATION_ID else correlation_id + 1
         return correlation_id
 
     def _sent(self, entry: InFlightRequest, now: float) -> None:

@@ -402,6 +402,7 @@ def read_segment(
         table = file.read(columns=columns)
         # Parquet readers take a string column's bytes as they are: check them (UTF-8, offsets).
         table.validate(full=True)
+        _check_not_null(table)
     except _MissingKey as exc:
         raise _key_error(meta, keys, exc.key_id) from None
     except InvalidTag:
@@ -409,6 +410,21 @@ def read_segment(
     except (OSError, pa.ArrowException, ValueError) as exc:
         raise ColumnarError(f"the Parquet segment is corrupt: {exc}") from None
     return table, meta
+
+
+def _check_not_null(table: pa.Table) -> None:
+    """A Kafka record always has an offset and a timestamp, its headers are a list (maybe
+    empty), and each header has a key: a null in any of them is a damaged segment."""
+    for name in ("kafka_offset_delta", "kafka_timestamp", "kafka_headers"):
+        if name in table.column_names and table.column(name).null_count:
+            raise ColumnarError(f"the segment's column {name} holds nulls")
+    if "kafka_headers" in table.column_names:
+        for chunk in table.column("kafka_headers").chunks:
+            pairs = chunk.flatten()
+            if pairs.null_count or pairs.field("key").null_count:
+                raise ColumnarError(
+                    "the segment's column kafka_headers holds a header without a key"
+                )
 
 
 def _parquet_file(

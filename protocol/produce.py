@@ -176,9 +176,9 @@ def _too_many(what: str, count: int, cap: int) -> LimitExceeded:
     )
 
 
-def produce_request_acks(frame: Buffer, body_offset: int, version: int) -> int:
-    """A ProduceRequest's acks (whether it is owed an answer), any version, without parsing
-    the rest: v3+ put the transactional id before it. Raises DecodeError."""
+def produce_acks_offset(frame: Buffer, body_offset: int, version: int) -> int:
+    """Where a ProduceRequest's acks begins (timeout_ms follows it): v3+ put the transactional
+    id before it. Raises DecodeError."""
     offset = body_offset
     if version >= 9:
         length, offset = read_uvarint(frame, offset)
@@ -186,7 +186,13 @@ def produce_request_acks(frame: Buffer, body_offset: int, version: int) -> int:
     elif version >= 3:
         length, offset = read_int16(frame, offset)
         offset += max(length, 0)
-    acks, _ = read_int16(frame, offset)
+    return offset
+
+
+def produce_request_acks(frame: Buffer, body_offset: int, version: int) -> int:
+    """A ProduceRequest's acks (whether it is owed an answer), any version, without parsing
+    the rest. Raises DecodeError."""
+    acks, _ = read_int16(frame, produce_acks_offset(frame, body_offset, version))
     return acks
 
 

@@ -13,6 +13,7 @@ from .apis import ApiKey
 from .errors import DecodeError
 from .headers import RequestHeader
 from .primitives import Buffer, read_int16, read_int32, read_uvarint
+from .produce import produce_acks_offset
 
 __all__ = ["request_allowance_ms"]
 
@@ -23,12 +24,7 @@ def request_allowance_ms(frame: Buffer, header: RequestHeader) -> int:
     try:
         api_key, version, offset = header.api_key, header.api_version, header.body_offset
         if api_key == ApiKey.PRODUCE:
-            if version >= 9:
-                length, offset = read_uvarint(frame, offset)
-                offset += max(length - 1, 0)
-            elif version >= 3:
-                length, offset = read_int16(frame, offset)
-                offset += max(length, 0)
+            offset = produce_acks_offset(frame, offset, version)
             return max(read_int32(frame, offset + 2)[0], 0)  # after acks
         if api_key == ApiKey.FETCH:
             if version < 15:

@@ -5,9 +5,10 @@ caller that already runs trio (tests, embedding). The ``kipside`` command (kipsi
 builds a ``ServerConfig`` from its options (TLS as ``ListenerTlsFiles``, ``UpstreamTlsFiles``).
 
 The subpackages are layers, each importing only the ones below it (``make lint`` checks it):
-operations/ (admin endpoint, rule reload) > features/ (routing, coalescing, transactions,
-versions) > network/ (wire, sessions, upstream and lane connections, nodes, addresses) >
-telemetry/ (stats, metrics, tracing). server.py sits above them all, cli.py on top.
+operations/ (admin endpoint, rule reload) > session/ (the client connection driver) > stages/
+(the request pipeline) > upstream/ (broker connections, lanes, nodes) > security/ (certificates,
+SASL) > transport/ (sockets, TLS, dialling) > core/ (the sans-I/O decisions) > telemetry/
+(stats, metrics, tracing). server.py sits above them all, cli.py on top.
 This package must never import kipside.pipeline: the pipelines are found through entry points.
 """
 

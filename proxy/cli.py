@@ -161,8 +161,9 @@ def _add_upstream_options(parser: argparse.ArgumentParser) -> None:
         type=_positive_seconds,
         default=DEFAULT_ANSWER_TIMEOUT_SECONDS,
         metavar="SECONDS",
-        help="close a shared broker connection (a lane) whose oldest request has had no answer "
-        "for this long, or for its own timeout_ms if longer; its clients resend "
+        help="close a broker connection (a shared lane, or a client's own) whose oldest request "
+        "has had no answer for this long, or for its own timeout_ms if longer; its clients "
+        "resend "
         f"(default {DEFAULT_ANSWER_TIMEOUT_SECONDS:g}, Kafka's request.timeout.ms)",
     )
     parser.add_argument(

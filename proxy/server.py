@@ -382,7 +382,8 @@ class Server:
                     self.tracer if self.tracer.active else None,
                 )
                 shared = (context, self.nodes)
-            self.stages = Stages.build(lambda: self.rules, self.versions, shared)
+            terminates = self._security().sasl_termination() is not None
+            self.stages = Stages.build(lambda: self.rules, self.versions, shared, terminates)
             await self._serve_sessions(bootstrap, admin, found, task_status)
             service_nursery.cancel_scope.cancel()
         self.tracer.shutdown()

@@ -389,6 +389,21 @@ def test_kept_ids_are_not_rewritten() -> None:
     assert [r.correlation_id for r in drain(client)] == [41]
 
 
+def test_own_requests_beside_kept_ids_count_down_from_the_highest_id() -> None:
+    # A client's acks=0 request (id 0, which Tansu answers anyway), then a request of the
+    # connection's own: their ids must not collide, or the dropped answer would be taken as
+    # the own request's.
+    client, broker = ClientConnection("kipside", keep_correlation_ids=True), FakeBroker()
+    broker.receive(
+        [client.send_frame(heartbeat_frame(0), ApiKey.PRODUCE, 9, expects_response=False)]
+    )
+    broker.receive(client.send_request(ApiKey.API_VERSIONS, 0, b"", tag="barrier"))
+    broker.receive(client.send_request(ApiKey.API_VERSIONS, 0, b"", tag="next"))
+    assert [h.correlation_id for h, _ in broker.requests] == [0, 2**31 - 1, 2**31 - 2]
+    client.receive_data(broker.answer(0, b"") + broker.answer(1, b"\x00\x00"))
+    assert [(r.correlation_id, r.tag) for r in drain(client)] == [(2**31 - 1, "barrier")]
+
+
 def test_an_answer_to_an_acks0_request_is_dropped() -> None:
     client, broker = ClientConnection("kipside"), FakeBroker()
     broker.receive(

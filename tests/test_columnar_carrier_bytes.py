@@ -206,6 +206,17 @@ def test_the_cap_on_the_segment() -> None:
     assert "over the 200 allowed" in message or "more than 200 bytes" in message
 
 
+def test_a_segment_whose_headers_list_reads_as_null() -> None:
+    # One flipped bit in the headers' definition levels makes a row's list null.
+    segment = read_back(GOLDEN)[0][3]
+    assert segment is not None
+    broken = bytearray(segment)
+    broken[268] ^= 4
+    batch = edited(lambda i, k, v, h: (k, bytes(broken), h) if i == 0 else (k, v, h))
+    message = decode_fails(batch)
+    assert "kafka_headers" in message
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_a_corrupted_segment_raises_only_columnar_error(data: st.DataObject) -> None:

@@ -45,6 +45,9 @@ class Handle:
     def newest_own(self) -> Pending | None:
         return None
 
+    def own_barrier(self) -> Pending:
+        return Pending.answered(b"")
+
     def describe(self) -> str:
         return "client test"
 
@@ -156,6 +159,27 @@ def test_stages_off_are_left_out_and_the_order_is_stage_order() -> None:
         one_to_one.sasl,
         one_to_one.versions,
         one_to_one.own_connection,
+    )
+
+
+def test_a_request_passes_only_the_stages_that_take_its_api() -> None:
+    ruled = parse_rules(
+        "principals:\n  - {principal: 'User:a', topics: [x]}\n"
+        "transactions:\n  - {transactional_id: t, outputs: [{topic: x}]}\n",
+        "r.yaml",
+    )
+    built = Stages.build(lambda: ruled, VersionPolicy(), None)
+    pipeline = built.pipeline(ruled)
+    # Passthrough SASL: a ProduceRequest meets the principals rules and the own connection.
+    assert pipeline.stages_for(ApiKey.PRODUCE) == (built.principals, built.own_connection)
+    assert pipeline.stages_for(ApiKey.HEARTBEAT) == (built.own_connection,)
+    assert pipeline.stages_for(ApiKey.SASL_HANDSHAKE) == (built.sasl, built.own_connection)
+    assert pipeline.stages_for(ApiKey.API_VERSIONS) == (built.versions, built.own_connection)
+    # Terminated SASL: every request meets the SASL stage first (none passes unauthenticated).
+    terminating = Stages.build(lambda: ruled, VersionPolicy(), None, sasl_terminates=True)
+    assert terminating.pipeline(ruled).stages_for(ApiKey.HEARTBEAT) == (
+        terminating.sasl,
+        terminating.own_connection,
     )
 
 

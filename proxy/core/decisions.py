@@ -77,6 +77,11 @@ class ClientHandle(Protocol):
     def newest_own(self) -> Pending | None:
         """The answer to the newest request in flight on the client's own connection."""
 
+    def own_barrier(self) -> Pending:
+        """A request of kipside's own sent on the client's own connection now, behind what
+        it carries: its answer comes once the broker has handled all of that (acks=0
+        requests included)."""
+
     def describe(self) -> str: ...
 
     def disconnect(self, reason: str) -> None:
@@ -196,22 +201,41 @@ class Wait(Decision):
 
 
 Stage = Callable[[ClientRequest], Decision | None]
-"""A stage: a decision about the request, or None to leave it to the next stage."""
+"""A stage: a decision about the request, or None to leave it to the next stage. A stage with
+an `api_keys` attribute (a set of API keys) is asked only about requests of those APIs; one
+without is asked about every request."""
 
 
 class Pipeline:
     """Stages in order: the first decision wins, a `Narrow` goes on with what is left to the
-    stages after it, and what no stage takes goes on the client's own connection."""
+    stages after it, and what no stage takes goes on the client's own connection. Each request
+    passes only the stages that take its API (their `api_keys`), so a stage costs nothing to
+    the requests of other APIs."""
 
-    __slots__ = ("stages",)
+    __slots__ = ("_by_key", "stages")
 
     def __init__(self, stages: tuple[Stage, ...]) -> None:
         self.stages = stages
+        self._by_key: dict[int, tuple[Stage, ...]] = {}
+
+    def stages_for(self, api_key: int) -> tuple[Stage, ...]:
+        """The stages a request of `api_key` passes, in order."""
+        found = self._by_key.get(api_key)
+        if found is None:
+            found = self._by_key[api_key] = tuple(
+                stage
+                for stage in self.stages
+                if (keys := getattr(stage, "api_keys", None)) is None or api_key in keys
+            )
+        return found
 
     def decide(self, request: ClientRequest) -> tuple[Decision, ClientRequest]:
         """The decision about `request`, and the request it is about (narrowed, if a stage
         narrowed it)."""
-        for stage in self.stages:
+        stages = self._by_key.get(request.header.api_key)
+        if stages is None:
+            stages = self.stages_for(request.header.api_key)
+        for stage in stages:
             decision = stage(request)
             if decision is None:
                 continue

@@ -19,7 +19,7 @@ applies at once:
   headers and coalesced ProduceRequests (`ClientLimits.decode`); a request over one is refused
   and its connection closed.
 - **Frames** (``max_frame_bytes``, kipside.protocol's FrameDecoder) and **timeouts**
-  (network.deadlines) are enforced there; they are reported here.
+  (core.deadlines) are enforced there; they are reported here.
 - **Connections** (``max_connections``): `ServerLimits.admit`.
 
 Every limit reached is counted (kipside_limit_reached_total{limit="KEY"}) and logged by

@@ -13,17 +13,27 @@ decides which upstream requests to send on which lane, as Apache Kafka's rules a
   travel in parallel.
 - **Several requests in flight per lane**, up to `window` (a producer's max.in.flight).
 - **Placement that keeps order but not queues.** A batch with nothing outstanding of its
-  (client, partition) goes to an idle lane (nothing queued, nothing in flight), opening one on
-  demand up to the lane cap; if every lane is busy, to the busy lane whose next request does
-  not yet hold its partition and that has the least outstanding; only then behind its own
-  partition. acks=0 batches are the exception: no answer says when one is in the log, so each
-  partition's acks=0 batches keep one lane (a stable hash of the partition).
+  (client, partition) joins a busy lane's next request when more batches are expected before
+  that lane's answer (the busy lane, not holding its partition, that answers soonest by recent
+  answer times; arrivals by their recent rate): it then shares a request instead of costing
+  one. Otherwise it goes to an idle lane (nothing queued, nothing in flight), or to a new lane,
+  opened on demand up to the lane cap; with every lane open and busy, to the busy lane that
+  answers soonest, or else to the least loaded one. acks=0 batches are the exception: no
+  answer says when one is in the log, so each partition's acks=0 batches keep one lane (a
+  stable hash of the partition).
 - **When to send.** An idle lane sends at once: waiting would gain nothing. A lane with requests
-  in flight lets what arrives meanwhile gather into its next request, which leaves when an
-  answer comes back (natural batching: the busier the broker, the bigger the requests, the
-  fewer of them), or after `linger` seconds, whichever is first; `linger` is an upper bound,
-  never a fixed cost. Batches of one partition that cannot share a request leave together in
-  successive requests, pipelined, not one round trip apart.
+  in flight lets what arrives meanwhile gather into its next request, which leaves when the
+  lane has nothing in flight any more (natural batching: the busier the broker, the bigger the
+  requests, the fewer of them), or after `linger` seconds, whichever is first; `linger` is an
+  upper bound, never a fixed cost. (Leaving at each answer instead, with others still in
+  flight, makes more and smaller requests: in the model of tests/produce_sim.py that costs
+  the broker more and the producers more latency.) Batches of one partition that cannot
+  share a request leave together in successive requests, pipelined, not one round trip apart.
+- **Barriers.** `barrier` queues a marker on a lane behind everything queued there; `ready`
+  returns it as a request of its own (acks `BARRIER`) once all before it are sent, and nothing
+  queued after it overtakes it. The driver sends a request that every broker answers in its
+  place: its answer says the broker has handled every earlier request on that lane, acks=0 ones
+  included (what a partition's acks=0 batches wait for before they may take another route).
 - **A client request alone on an idle lane passes through**: the driver forwards the client's
   own frame unchanged (`Placed.whole`), which costs no re-encoding at all.
 
@@ -40,11 +50,13 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-__all__ = ["DEFAULT_WINDOW", "Batch", "Placed", "ProduceScheduler", "Request"]
+__all__ = ["BARRIER", "DEFAULT_WINDOW", "Batch", "Placed", "ProduceScheduler", "Request"]
 
 DEFAULT_WINDOW: Final = 5
 """Requests in flight on one lane at most: the Java producer's max.in.flight default."""
 DEFAULT_IDLE_CLOSE_SECONDS: Final = 300.0
+BARRIER: Final = -2
+"""The acks value of a barrier: a request of its own that carries no batch."""
 EWMA: Final = 0.1
 """Weight of the newest sample in the scheduler's running averages."""
 
@@ -207,12 +219,14 @@ class ProduceScheduler:
             wait = self._wait(lane, now)
             if wait < join_wait:
                 join, join_wait = lane, wait
-        if join is not None and (idle is None or self._worth_joining(join, join_wait)):
+        if join is not None and self._worth_joining(join, join_wait):
             return join
         if idle is not None:
             return idle
         if len(self._lanes) < self.lane_cap:
             return self._lane(len(self._lanes))
+        if join is not None:
+            return join
         assert fallback is not None
         return fallback
 
@@ -272,32 +286,43 @@ class ProduceScheduler:
             return True
         if len(lane.in_flight) >= self.window:
             return False
-        return self.linger > 0 and now - lane.queue[0].queued_at >= self.linger
+        # The same sum as next_deadline's, so a timer set for it finds the batch due.
+        return self.linger > 0 and now >= lane.queue[0].queued_at + self.linger
 
     def _drain(self, lane: _Lane, now: float, out: list[Request]) -> None:
         """Requests from the lane's queue, oldest batches first, while the window allows."""
         cap = self.max_request_bytes
         while lane.queue and len(lane.in_flight) < self.window:
-            acks = lane.queue[0].acks
-            taken: list[Batch] = []
-            seen: set[tuple[str, int]] = set()
-            held: set[tuple[str, int]] = set()
+            queue = lane.queue
+            acks = queue[0].acks
             rest: deque[Batch] = deque()
-            size = 0
-            for batch in lane.queue:
-                key = (batch.topic, batch.partition)
-                if (
-                    key in seen
-                    or key in held
-                    or batch.acks != acks
-                    or (taken and size + batch.size > cap)
-                ):
-                    held.add(key)  # what had to wait keeps its place: nothing overtakes it
-                    rest.append(batch)
-                    continue
-                seen.add(key)
-                taken.append(batch)
-                size += batch.size
+            if acks == BARRIER:
+                taken = [queue.popleft()]
+                rest = queue
+            else:
+                taken = []
+                seen: set[tuple[str, int]] = set()
+                held: set[tuple[str, int]] = set()
+                size = 0
+                while queue:
+                    batch = queue.popleft()
+                    key = (batch.topic, batch.partition)
+                    if (
+                        key in seen
+                        or key in held
+                        or batch.acks != acks
+                        or (taken and size + batch.size > cap)
+                    ):
+                        if batch.acks == BARRIER:  # nothing after it leaves before it
+                            queue.appendleft(batch)
+                            break
+                        held.add(key)  # what had to wait keeps its place: nothing overtakes it
+                        rest.append(batch)
+                        continue
+                    seen.add(key)
+                    taken.append(batch)
+                    size += batch.size
+                rest.extend(queue)
             lane.queue = rest
             timeout_ms = max(batch.timeout_ms for batch in taken)
             request = Request(lane.index, taken, acks, timeout_ms, sent_at=now)
@@ -317,10 +342,15 @@ class ProduceScheduler:
                 due = min(due, lane.queue[0].queued_at + self.linger)
         return due
 
+    def barrier(self, index: int, token: object, now: float) -> None:
+        """Queue a barrier (carrying `token`) behind everything queued on lane `index`."""
+        self._lane(index).queue.append(Batch(None, "", -1, 0, BARRIER, 0, token, index, now))
+
     # Answers ----------------------------------------------------------------------------
 
     def sent_without_answer(self, request: Request) -> None:
-        """An acks=0 request is written: nothing will come back, it holds nothing more."""
+        """An acks=0 request is written: nothing will come back, it holds nothing more. (A
+        barrier's answer is given here too: it says nothing about produce times.)"""
         self._finished(request)
 
     def answered(self, request: Request, now: float) -> None:

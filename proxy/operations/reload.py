@@ -4,7 +4,7 @@ A reload reads and validates the whole file before anything changes. A file with
 is rejected in full: its FILE:LINE problems are logged and counted, and the rules in force stay.
 A valid file applies to requests that start after it. No connection is dropped, and no client's
 ProduceRequests are reordered when a reload moves them between the shared lanes and the
-client's own broker connection (features.coalesce.order keeps every route change in order,
+client's own broker connection (stages.coalescing.order keeps every route change in order,
 a reload's among them). What cannot change while running: a node's lane
 pool keeps the lane count it was created with (brokers first used after the reload get the new
 `coalescing.lanes`), and a client keeps the ApiVersions features it was told when it connected.

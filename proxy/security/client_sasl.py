@@ -46,10 +46,17 @@ from kipside.proxy.security.sasl_messages import (
     raw_frame,
 )
 
-# What Apache Kafka answers a client whose SASL authentication failed (SaslServerAuthenticator).
+# What Apache Kafka answers a client whose SASL authentication failed: SaslServerAuthenticator's
+# words for SCRAM, PlainSaslServer's own for PLAIN.
 FAILED_MESSAGE = (
     "Authentication failed during authentication due to invalid credentials with SASL mechanism {}"
 )
+PLAIN_FAILED_MESSAGE = "Authentication failed: Invalid username or password"
+
+
+def failed_message(mechanism: str) -> str:
+    """Apache Kafka's error message for a failed login with `mechanism`."""
+    return PLAIN_FAILED_MESSAGE if mechanism == "PLAIN" else FAILED_MESSAGE.format(mechanism)
 
 
 class NoUpstreamLogin(SaslError):
@@ -175,7 +182,7 @@ class ClientSasl:
             reply, principal = self._step(token)
         except SaslError as exc:
             mechanism = self._server.mechanism
-            shown = FAILED_MESSAGE.format(mechanism)
+            shown = failed_message(mechanism)
             if isinstance(exc, NoUpstreamLogin):
                 shown = f"kipside has no login to the brokers for {exc.args[1]}"
             return SaslStep(

@@ -1,3 +1,4 @@
-"""Client connections: the trio driver of one client connection (`session`), the answers it
-owes rewritten for the client (`answers`), and its SASL steps (`sasl_steps`).
+"""Client connections: the trio driver of one client connection (`session`), its read loop
+(`reading`), what it does with each decision (`carrying_out`), its own broker connection
+(`own_connection`), and the answers it owes rewritten for the client (`answers`).
 """

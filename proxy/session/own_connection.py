@@ -93,6 +93,18 @@ class OwnConnection:
         connection = self.connection
         return None if connection is None else connection.last_in_flight()
 
+    def barrier(self) -> Pending:
+        """An answer that comes once the broker has handled everything this connection sent
+        so far (acks=0 requests included); answered at once when the connection is closed
+        (what it carried is as done as it will ever be) or was never opened."""
+        connection = self.connection
+        if connection is None or connection.closed:
+            return Pending.answered(b"")
+        try:
+            return connection.barrier_nowait()
+        except UpstreamFailed:
+            return Pending.answered(b"")
+
     async def send(self, request: ClientRequest) -> Pending | None:
         """Send the request (dialling first if needed); its answer, or None when none is owed
         (acks=0). Raises UpstreamFailed if the broker can't be reached."""

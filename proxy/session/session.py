@@ -103,6 +103,9 @@ class Session:
     def newest_own(self) -> Pending | None:
         return self.own.newest()
 
+    def own_barrier(self) -> Pending:
+        return self.own.barrier()
+
     def describe(self) -> str:
         who = f"client {self.peer}"
         if self.principal != ANONYMOUS:

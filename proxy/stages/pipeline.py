@@ -15,9 +15,11 @@
 
 A stage whose feature is off is left out of the pipeline, so it costs nothing per request: the
 principals stage while the rules restrict no principal, the transactions stage while no rule
-declares transactions, the sharing stages (4-6) with --one-to-one. The server builds the
-pipeline at start and again after each rule reload (`Stages.pipeline`). A new behaviour is one
-stage module and one line in STAGE_ORDER.
+declares transactions, the sharing stages (4-6) with --one-to-one. A request passes only the
+stages that take its API (a stage's `api_keys`): a ProduceRequest meets the SASL stage only
+while kipside terminates SASL, and never the versions or short-API stages. The server builds
+the pipeline at start and again after each rule reload (`Stages.pipeline`). A new behaviour is
+one stage module and one line in STAGE_ORDER.
 """
 
 from __future__ import annotations
@@ -74,18 +76,19 @@ class Stages:
         rules: Callable[[], RuleSet],
         versions: VersionPolicy,
         shared: tuple[FeatureContext, NodeMap] | None,
+        sasl_terminates: bool = False,
     ) -> Stages:
         """The stages of a server; `shared` (the features' context, the node map) unless every
-        client has its own connection only (--one-to-one)."""
+        client has its own connection only (--one-to-one); `sasl_terminates` when kipside
+        answers the clients' SASL itself."""
+        sasl = SaslStage(sasl_terminates)
         if shared is None:
-            return cls(
-                SaslStage(), PrincipalRules(rules), versions, None, None, None, own_connection
-            )
+            return cls(sasl, PrincipalRules(rules), versions, None, None, None, own_connection)
         context, nodes = shared
         manager = TransactionManager(context)
         coalescer = Coalescer(context, nodes)
         return cls(
-            SaslStage(),
+            sasl,
             PrincipalRules(rules),
             versions,
             TransactionsStage(context, manager),

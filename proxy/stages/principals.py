@@ -31,7 +31,7 @@ import logging
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from kipside.protocol import (
     ApiKey,
@@ -97,6 +97,8 @@ class PrincipalRules:
     """The principals stage: what each principal may send, by the rule file's principals
     section."""
 
+    api_keys: ClassVar[frozenset[int]] = TRANSACTIONAL_APIS | frozenset(_PARTITIONED)
+    """The requests a rule may restrict; the stage is asked about no others."""
     rules: Callable[[], RuleSet]
     # Per client connection, the APIs whose refusal was logged at info: a consumer retries a
     # refused Fetch every fetch.error.backoff.ms, and kipside logs no line per request.

@@ -38,7 +38,11 @@ class SaslClient(ClientHandle, Protocol):
 
 
 class SaslStage:
-    """Where a request's SASL is decided: the first stage."""
+    """Where a request's SASL is decided: the first stage. It sees every request while kipside
+    terminates SASL (none may pass before authentication), else only the SASL APIs."""
+
+    def __init__(self, terminates: bool = False) -> None:
+        self.api_keys: frozenset[int] | None = None if terminates else SASL_APIS
 
     def __call__(self, request: ClientRequest) -> Decision | None:
         client: SaslClient = request.client  # type: ignore[assignment]

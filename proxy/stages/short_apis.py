@@ -45,6 +45,8 @@ SHORT_APIS: Final = frozenset(
 
 
 class ShortApisStage:
+    api_keys = SHORT_APIS
+
     def __init__(self, context: FeatureContext) -> None:
         self.context = context
 

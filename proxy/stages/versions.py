@@ -65,6 +65,9 @@ MAX_TRANSACTION_VERSION_WITH_RULES: Final = 1
 
 
 class VersionPolicy:
+    api_keys = frozenset({ApiKey.API_VERSIONS})
+    """The requests its stage (`__call__`) is asked about."""
+
     def __init__(
         self,
         ranges: dict[int, tuple[int, int]] | None = None,

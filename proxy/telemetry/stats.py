@@ -60,7 +60,8 @@ class Stats:
     """Partition batches sent upstream inside coalesced ProduceRequests."""
     produce_route_waits: int = 0
     """ProduceRequests that waited for the same client's earlier batches of their partitions on
-    another route (the lanes or its own broker connection) before going (features.routing)."""
+    another route (the lanes or its own broker connection) before going
+    (stages.coalescing.order)."""
     client_connections: int = 0
     upstream_connections: int = 0
     lane_failures: int = 0
@@ -76,7 +77,7 @@ class Stats:
     """Times a limit of the rule file's ``limits`` section was reached, by key."""
     in_flight_bytes: int = 0
     """Bytes kipside holds for clients now: requests read and not yet answered, and answers
-    their sockets have not taken yet (network.limits)."""
+    their sockets have not taken yet (core.limits)."""
     paused_client_connections: int = 0
     """Client connections whose requests kipside is not reading now (an in-flight limit)."""
 

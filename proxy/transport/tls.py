@@ -16,7 +16,7 @@ memory BIOs) on their way to and from the same socket. What Wire promises still 
 `accept` (a client connecting to a TLS listener) and `connect` (kipside to a TLS broker) run
 the handshake with a deadline and turn every way it can fail into a `TlsError` whose message
 says what happened, on which connection, and which option or client setting to change. This
-module never reads files: the SSL contexts come from network.certificates. A plaintext Wire
+module never reads files: the SSL contexts come from security.certificates. A plaintext Wire
 runs none of this code.
 """
 

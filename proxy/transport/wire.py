@@ -14,7 +14,7 @@ take everything the kernel holds, and writes are plain synchronous calls that an
 - A peer that stops reading for `WRITE_GRACE_SECONDS` with a backlog pending breaks the
   connection, so it can't hold a task or shutdown hostage. `backlog_bytes` lets a reader stop
   taking requests while its answers pile up (backpressure); `on_backlog` reports each change
-  of it to whoever counts what kipside holds for a client (network.limits).
+  of it to whoever counts what kipside holds for a client (core.limits).
 
 Failures are reported once, to the `on_broken` callback, and every later write raises
 `WireBroken`. Closing wakes any task waiting on the socket (trio's notify_closing).
@@ -39,8 +39,8 @@ MAX_CHUNKS_PER_CALL: Final = 512
 # What one read takes from the kernel at most; every whole frame in it is handled before the
 # next read.
 READ_SIZE: Final = 256 * 1024
-# Past this much unsent backlog, whoever adds to a connection waits for the peer to read: a
-# session stops reading its client's requests, a requester stops writing to a broker.
+# Past this much unsent backlog, UpstreamConnection.send waits for the broker to read before it
+# returns. (Client connections are bounded by the in-flight limits instead: core.limits.)
 BACKLOG_LIMIT_BYTES: Final = 4 * 1024 * 1024
 
 

@@ -25,6 +25,7 @@ import trio
 
 from kipside.protocol import (
     Address,
+    ApiKey,
     Buffer,
     ClientConnection,
     FrameTooLargeError,
@@ -154,6 +155,21 @@ class UpstreamConnection:
             allowance=allowance,
         )
         self._write((frame,) if chunks is None else (frame, *chunks))
+        return pending
+
+    def barrier_nowait(self) -> Pending:
+        """Send a request of kipside's own (ApiVersions v0) behind everything sent so far: its
+        answer comes once the broker has handled every earlier request, acks=0 ones included
+        (a broker handles a connection's requests in order). Raises UpstreamFailed if the
+        connection is closed or breaks."""
+        if self.closed or self._wire is None:
+            raise UpstreamFailed(self.close_reason or f"{self.name} is not connected")
+        pending = Pending()
+        self._write(
+            self.protocol.send_request(
+                ApiKey.API_VERSIONS, 0, b"", tag=pending, now=trio.current_time()
+            )
+        )
         return pending
 
     def send_raw_nowait(self, frame: bytes) -> Pending:

@@ -1,10 +1,10 @@
 """Lanes: the few upstream connections per broker node that the clients of one principal share.
 
 Each (node, principal) gets `coalescing.lanes` connections, dialled as that principal (see
-network.identity): two principals never share a lane. Which lane carries a client's produce
+core.identity): two principals never share a lane. Which lane carries a client's produce
 batches is the produce coalescer's choice; short request/response APIs are spread over the
 lanes with their correlation ids remapped. A lane whose connection broke is redialled on next
-use; what was in flight on it fails (see features.coalesce for produce). Lanes never carry a
+use; what was in flight on it fails (see stages.coalescing for produce). Lanes never carry a
 connection whose SASL exchange passes through kipside to the broker: that identity belongs to
 one client connection alone.
 """
@@ -62,7 +62,7 @@ class LanePool:
         self.node_id = node_id
         self.answer_timeout = answer_timeout
         """Seconds a lane's oldest request may go unanswered before the lane is closed
-        (network.upstream)."""
+        (upstream.connection)."""
         self._report = report
         self.principal = principal
         self._dial = dial

@@ -1,9 +1,9 @@
 """Multi-batch produce (KIP-712): many clients' ProduceRequests become fewer upstream requests.
 
-Each lane has a queue of partition batches. While the lane's ProduceRequest is in flight, new
-batches wait; when it is answered, everything eligible goes out in one request ("natural
-batching": no added latency when idle, bigger requests under load). Apache Kafka's rules decide
-what may share a request:
+The produce scheduler (core.produce_scheduler) places each batch on a lane of its node and
+says when requests leave: several in flight per lane, a client's batches of one partition in
+order behind each other, an idle lane sending at once and a busy one gathering what arrives
+("natural batching"). Apache Kafka's rules decide what may share a request:
 - at most one batch per partition per request; a later batch for the same partition waits for
   the next request, and nothing overtakes an earlier batch of its partition;
 - only batches with the same acks; transactional produce never comes here;
@@ -19,12 +19,12 @@ resent by kipside.
 
 A client's batches of one partition keep their order when its requests change route, between
 the lanes and its own broker connection (a rule excluding some of a request's topics, a rule
-reload): the request on the new route waits until the old route has answered that partition.
+reload): the request on the new route waits until the old route has answered that partition
+(for acks=0 batches, a barrier request behind them).
 
-The modules: `coalescer` (which requests coalesce, and the lanes), `lane` (one lane's batching
-state machine), `placement` (which lane carries a batch), `client_produce` (one client's
-request, answered once each of its partitions is) and `order` (what a route change must wait
-for).
+The modules: `coalescer` (which requests coalesce, and the lanes), `lanes` (the trio driver of
+one lane pool's scheduler), `client_produce` (one client's request, answered once each of its
+partitions is), `order` (what a route change must wait for) and `stage` (the pipeline stage).
 """
 
 from kipside.proxy.stages.coalescing.client_produce import Submitted

@@ -8,6 +8,7 @@ partition is answered.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 from kipside.protocol import (
@@ -31,6 +32,9 @@ class Submitted(NamedTuple):
     """The client's answer; None for acks=0 (nothing is owed)."""
     raw: bool
     """The answer is the broker's own frame (passed through), still to be rewritten."""
+    barriers: Mapping[tuple[str, int], Callable[[], Pending]] = {}
+    """acks=0: per partition, the barrier of the lane its batch took (what a later batch of
+    that partition on another route waits for)."""
 
 
 class ClientProduce:

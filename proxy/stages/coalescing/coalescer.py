@@ -32,8 +32,8 @@ class ProducePlan(NamedTuple):
     """How a ProduceRequest is to go upstream, decided by Coalescer.plan."""
 
     partitions: tuple[tuple[str, int], ...] | None
-    """Its (topic, partition)s in request order; None: not read (coalescing is off, or the
-    version is not one kipside coalesces)."""
+    """Its (topic, partition)s in request order; None: not read (coalescing is off with no
+    rule to switch it on, or the version is not one kipside coalesces)."""
     coalesce: bool = False
     """To the lanes (Coalescer.take); else on the client's own connection, untouched."""
     batches: tuple[PartitionBatch, ...] = ()
@@ -83,23 +83,26 @@ class Coalescer:
         request's decision from the rules that made it."""
         coalescing = rules.coalescing
         version = header.api_version
-        if not coalescing.enabled or not PRODUCE_MIN_VERSION <= version <= PRODUCE_MAX_VERSION:
+        if not PRODUCE_MIN_VERSION <= version <= PRODUCE_MAX_VERSION or not (
+            coalescing.enabled or coalescing.rules  # a matching rule decides on its own
+        ):
             return UNREAD
         request = parse_produce_request(
             frame, header.body_offset, version, rules.limits.decode_limits
         )
         partitions = request.partitions
         keys = tuple([(p.topic, p.partition) for p in partitions])
+        acks = request.acks
         if request.transactional_id is not None or not partitions:
-            return ProducePlan(keys)
+            return ProducePlan(keys, acks=acks)
         if len(keys) > 1 and len(set(keys)) != len(keys):
-            return ProducePlan(keys)  # let the broker answer malformed requests itself
+            return ProducePlan(keys, acks=acks)  # the broker answers malformed requests itself
         for p in partitions:
             if p.records is None or (
                 coalescing.rules and not coalescing.applies(p.topic, client_id or "")
             ):
-                return ProducePlan(keys)
-        return ProducePlan(keys, True, partitions, request.acks, request.timeout_ms)
+                return ProducePlan(keys, acks=acks)
+        return ProducePlan(keys, True, partitions, acks, request.timeout_ms)
 
     def take(
         self,

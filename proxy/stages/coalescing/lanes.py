@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Final
 
 import trio
@@ -36,7 +38,13 @@ from kipside.protocol import (
 )
 from kipside.proxy.core.answers import Pending, UpstreamFailed
 from kipside.proxy.core.decisions import ClientHandle
-from kipside.proxy.core.produce_scheduler import Batch, Placed, ProduceScheduler, Request
+from kipside.proxy.core.produce_scheduler import (
+    BARRIER,
+    Batch,
+    Placed,
+    ProduceScheduler,
+    Request,
+)
 from kipside.proxy.stages.coalescing.client_produce import ClientProduce, Submitted
 from kipside.proxy.stages.context import FeatureContext
 from kipside.proxy.telemetry.tracing import finish
@@ -86,6 +94,8 @@ class ProduceLanes:
         self._waiting: dict[int, deque[Request]] = {}
         """Per lane being dialled, the requests to write once it is up, in order."""
         self._wake: trio.Event | None = None
+        self._barriers: dict[int, Callable[[], Pending]] = {}
+        """Per lane, its `barrier` (one callable per lane, so callers can tell lanes apart)."""
 
     @property
     def rules(self) -> CoalescingRules:
@@ -122,7 +132,9 @@ class ProduceLanes:
         for batch in batches:
             batch.item.owner = owner  # type: ignore[attr-defined]
         self._send_ready(now)
-        return Submitted(owner.pending if owner is not None else None, raw=False)
+        if owner is None:
+            return Submitted(None, False, self._barriers_of(batches))
+        return Submitted(owner.pending, raw=False)
 
     def _pass_through(
         self,
@@ -134,8 +146,8 @@ class ProduceLanes:
         now: float,
     ) -> Submitted | None:
         """Forward the client's request unchanged when it goes upstream alone anyway (an idle
-        lane, no linger, the broker speaks the client's version, no span to link): no
-        re-encoding, and the broker's answer goes back as it came. None when it can't."""
+        lane with its connection up, the broker speaks the client's version, no span to link):
+        no re-encoding, and the broker's answer goes back as it came. None when it can't."""
         if self.context.tracer is not None:
             return None
         connection = self.pool.live(placed.lane)
@@ -163,8 +175,8 @@ class ProduceLanes:
         if pending is None:
             self.scheduler.sent_without_answer(request)
             self._send_ready(now)
-        else:
-            pending.on_done(lambda: self._whole_answered(request, pending))
+            return Submitted(None, True, self._barriers_of(batches))
+        pending.on_done(lambda: self._whole_answered(request, pending))
         return Submitted(pending, raw=True)
 
     def _whole_answered(self, request: Request, pending: Pending) -> None:
@@ -175,22 +187,68 @@ class ProduceLanes:
         self.scheduler.answered(request, now)
         self._send_ready(now)
 
+    # Barriers ---------------------------------------------------------------------------
+
+    def barrier(self, lane: int) -> Pending:
+        """An answer that comes once the broker has handled every batch placed on `lane` so
+        far, acks=0 ones included: a request of kipside's own, queued behind them."""
+        token = Pending()
+        if self.pool.live(lane) is None and lane not in self._waiting:
+            # Closed, and so idle: what it carried is as done as it will ever be.
+            token.resolve(b"")
+            return token
+        now = trio.current_time()
+        self.scheduler.barrier(lane, token, now)
+        self._send_ready(now)
+        return token
+
+    def _barriers_of(self, batches: list[Batch]) -> dict[tuple[str, int], Callable[[], Pending]]:
+        """Per partition of an acks=0 request, the barrier of the lane its batch took."""
+        barriers = self._barriers
+        out = {}
+        for batch in batches:
+            barrier = barriers.get(batch.lane)
+            if barrier is None:
+                barrier = barriers[batch.lane] = partial(self.barrier, batch.lane)
+            out[(batch.topic, batch.partition)] = barrier
+        return out
+
+    def _write_barrier(self, connection: UpstreamConnection, request: Request) -> None:
+        token: Pending = request.batches[0].item  # type: ignore[assignment]
+        try:
+            pending = connection.barrier_nowait()
+        except UpstreamFailed as exc:
+            self._lane_failed(request.lane, str(exc))
+            return
+
+        def passed() -> None:
+            if pending.frame is None:
+                self._lane_failed(request.lane, pending.failure or "no response")
+                return
+            self.scheduler.sent_without_answer(request)
+            token.resolve(pending.frame)
+            self._send_ready(trio.current_time())
+
+        pending.on_done(passed)
+
     # Sending ----------------------------------------------------------------------------
 
     def _send_ready(self, now: float) -> None:
         """Write every request the scheduler says is due; a lane still to be dialled gets its
-        requests once it is up."""
+        requests once it is up. An acks=0 request is done once written, which frees its lane's
+        window for what waits behind it: the scheduler is asked again until nothing is due."""
         try:
-            for request in self.scheduler.ready(now):
-                waiting = self._waiting.get(request.lane)
-                connection = self.pool.live(request.lane) if waiting is None else None
-                if connection is None:
-                    if waiting is None:
-                        waiting = self._waiting[request.lane] = deque()
-                        self.context.nursery.start_soon(self._dial, request.lane)
-                    waiting.append(request)
-                    continue
-                self._write(connection, request)
+            while requests := self.scheduler.ready(now):
+                for request in requests:
+                    waiting = self._waiting.get(request.lane)
+                    connection = self.pool.live(request.lane) if waiting is None else None
+                    if connection is None:
+                        if waiting is None:
+                            waiting = self._waiting[request.lane] = deque()
+                            self.context.nursery.start_soon(self._dial, request.lane)
+                        waiting.append(request)
+                        continue
+                    self._write(connection, request)
         except Exception as exc:
             # A bug must cost the batches in hand, never the lanes, the caller or the proxy.
             log.exception("produce lanes to node %d: unexpected error", self.pool.node_id)
@@ -212,9 +270,13 @@ class ProduceLanes:
             if connection.closed:
                 break
             self._write(connection, request)
+        self._send_ready(trio.current_time())  # what the written acks=0 requests held back
 
     def _write(self, connection: UpstreamConnection, request: Request) -> None:
         """One upstream ProduceRequest carrying the request's batches, written now."""
+        if request.acks == BARRIER:
+            self._write_barrier(connection, request)
+            return
         items: list[QueuedBatch] = [b.item for b in request.batches]  # type: ignore[misc]
         version = self._upstream_version()
         body = encode_produce_request(
@@ -301,6 +363,10 @@ class ProduceLanes:
         waiting = self._waiting.get(index)
         if waiting is not None:
             waiting.clear()
+        for batch in lost:
+            if batch.acks == BARRIER:
+                batch.item.fail(reason)  # type: ignore[attr-defined]
+        lost = [batch for batch in lost if batch.acks != BARRIER]
         clients = dict.fromkeys(batch.client for batch in lost)
         for client in clients:
             client.disconnect(  # type: ignore[attr-defined]

@@ -3,7 +3,8 @@
 The coalescer (this package) decides whether a request coalesces, by the rules; this stage
 keeps a client's batches of one partition in order when its requests change route between the
 lanes and its own connection (a rule that excludes some topics, a reload): the request on the
-new route waits (a `Wait`) until the old route has answered that partition.
+new route waits (a `Wait`) until the old route has answered that partition, or, for acks=0
+batches, a barrier behind them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ usual request timeout, after which the client has given up on those requests its
 
 
 class CoalescingStage:
+    api_keys = frozenset({ApiKey.PRODUCE})
+
     def __init__(self, context: FeatureContext, coalescer: Coalescer) -> None:
         self.context = context
         self.coalescer = coalescer
@@ -36,7 +39,7 @@ class CoalescingStage:
         node_id = self.context.node_for(client.node_id)
         order = self.order
         if node_id is None:
-            order.sent_own(client, None)
+            order.sent_own(client, None, -1)
             return FORWARD_OWN
         coalescer = self.coalescer
         rules = self.context.rules()
@@ -53,7 +56,7 @@ class CoalescingStage:
                 "closing the connection so the client resends in order",
             )
         if not plan.coalesce:
-            order.sent_own(client, plan.partitions)
+            order.sent_own(client, plan.partitions, plan.acks)
             return FORWARD_OWN
         assert plan.partitions is not None
         taken = coalescer.take(
@@ -67,5 +70,8 @@ class CoalescingStage:
             request.received_at,
             rules.coalescing,
         )
-        order.sent_to_lanes(client, plan.partitions, taken.pending)
+        if taken.pending is None:
+            order.sent_to_lanes_unanswered(client, taken.barriers)
+        else:
+            order.sent_to_lanes(client, plan.partitions, taken.pending)
         return Take(taken.pending, raw=taken.raw)

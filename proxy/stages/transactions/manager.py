@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Final
 
 import trio
 from opentelemetry.trace import Span
@@ -36,6 +37,17 @@ log = logging.getLogger("kipside.transactions")
 _ADDS = (ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OFFSETS_TO_TXN)
 
 
+TAKEN_APIS: Final = frozenset(
+    {
+        ApiKey.ADD_PARTITIONS_TO_TXN,
+        ApiKey.ADD_OFFSETS_TO_TXN,
+        ApiKey.END_TXN,
+        ApiKey.INIT_PRODUCER_ID,
+    }
+)
+"""The transaction calls the manager may take (`takes` says which it does)."""
+
+
 class TransactionManager:
     def __init__(self, context: FeatureContext) -> None:
         self.context = context
@@ -47,13 +59,11 @@ class TransactionManager:
         return bool(self.context.rules().transactions)
 
     def takes(self, header: RequestHeader) -> bool:
+        """Whether this is a call the manager takes (the APIs of TAKEN_APIS, at the versions it
+        speaks)."""
         if header.api_key == ApiKey.ADD_PARTITIONS_TO_TXN:
             return header.api_version <= MAX_CLIENT_ADD_PARTITIONS_VERSION
-        return header.api_key in (
-            ApiKey.ADD_OFFSETS_TO_TXN,
-            ApiKey.END_TXN,
-            ApiKey.INIT_PRODUCER_ID,
-        )
+        return header.api_key in TAKEN_APIS
 
     def _rule(self, transactional_id: str | None) -> TransactionRule | None:
         if transactional_id is None:

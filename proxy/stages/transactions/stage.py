@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from kipside.proxy.core.decisions import ClientRequest, Decision, Take
 from kipside.proxy.stages.context import FeatureContext
-from kipside.proxy.stages.transactions.manager import TransactionManager
+from kipside.proxy.stages.transactions.manager import TAKEN_APIS, TransactionManager
 
 __all__ = ["TransactionsStage"]
 
 
 class TransactionsStage:
+    api_keys = TAKEN_APIS
+
     def __init__(self, context: FeatureContext, manager: TransactionManager) -> None:
         self.context = context
         self.manager = manager
