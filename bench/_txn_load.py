@@ -4,10 +4,13 @@ Arguments: client ("confluent-kafka" or "kafka-python"), bootstrap, transactiona
 transactions and seconds (the most measured). Per transaction:
 read the next input record, begin, produce to every output partition, send the input offset
 for the group, commit. Prints each measured transaction's latency (begin -> commit returned),
-the measured window on the system-wide monotonic clock (to pick the relay's events), and the
+the measured window on the system-wide monotonic clock (to pick the relay's events), the
 CONCURRENT_TRANSACTIONS answers the client received, from its own logs: librdkafka's `eos`
 lines naming the error (not the second "Failed to add offsets" line of an AddOffsetsToTxn
-answer), kafka-python's TransactionManager DEBUG records. bench/txn.py kills a run that hangs.
+answer), kafka-python's TransactionManager DEBUG records, and what a check found afterwards
+(`checked`): the group's committed offset of the input partition, and the output read back
+read_committed, each transaction's record in every partition counted. bench/txn.py kills a
+run that hangs.
 """
 
 from __future__ import annotations
@@ -80,6 +83,42 @@ class Loop:
 
 def output(i: int, value: bytes, partition: int) -> bytes:
     return value + f"|t{i:05d}|p{partition}".encode()
+
+
+def check(a: dict[str, Any], transactions: int) -> dict[str, int]:
+    """After `transactions` committed ones (warm-up included): the group's committed offset of
+    the input partition, and how many of the records they wrote a read_committed consumer
+    reads exactly once, how many more than once, and how many it reads that none wrote."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    common = {"bootstrap.servers": a["bootstrap"], "enable.auto.commit": False}
+    group = Consumer({**common, "group.id": GROUP})
+    (tp,) = group.committed([TopicPartition(IN, 0)], timeout=CALL_TIMEOUT)
+    group.close()
+    want = {
+        output(i, f"in-{i:05d}".encode(), p) for i in range(transactions) for p in range(PARTITIONS)
+    }
+    reader = Consumer(
+        {**common, "group.id": "bench-txn-check", "isolation.level": "read_committed"}
+    )
+    reader.assign([TopicPartition(OUT, p, 0) for p in range(PARTITIONS)])
+    seen: dict[bytes, int] = {}
+    deadline = time.monotonic() + CALL_TIMEOUT
+    while sum(seen.values()) < len(want) and time.monotonic() < deadline:
+        for m in reader.consume(500, 0.5):
+            if m.error() is None:
+                seen[m.value() or b""] = seen.get(m.value() or b"", 0) + 1
+    for m in reader.consume(500, 0.5):  # anything more that is there
+        if m.error() is None:
+            seen[m.value() or b""] = seen.get(m.value() or b"", 0) + 1
+    reader.close()
+    return {
+        "group_offset": int(tp.offset),
+        "written": len(want),
+        "read_once": sum(1 for v in want if seen.get(v) == 1),
+        "read_again": sum(n - 1 for v, n in seen.items() if v in want and n > 1),
+        "read_stray": sum(n for v, n in seen.items() if v not in want),
+    }
 
 
 def run_confluent(a: dict[str, Any]) -> dict[str, Any]:
@@ -204,4 +243,6 @@ CLIENTS = {"confluent-kafka": run_confluent, "kafka-python": run_kafka_python}
 if __name__ == "__main__":
     a: dict[str, Any] = json.loads(sys.argv[1])
     set_up(a)
-    print(json.dumps(CLIENTS[a["client"]](a)), flush=True)
+    result = CLIENTS[a["client"]](a)
+    result["checked"] = check(a, int(a["warmup"]) + result["transactions"])
+    print(json.dumps(result), flush=True)

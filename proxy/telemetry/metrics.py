@@ -141,13 +141,15 @@ _STATS_METRICS: Final[tuple[Metric[Stats], ...]] = (
     (
         "kipside_holds_total",
         "",
-        "Transaction-begin holds (a registration that met CONCURRENT_TRANSACTIONS).",
+        "Transaction-begin holds (a registration sent later than asked for, to meet the "
+        "coordinator ready, or that met CONCURRENT_TRANSACTIONS).",
         attrgetter("holds"),
     ),
     (
         "kipside_hold_retries_total",
         "",
-        "Upstream retries made while holding.",
+        "Probes of the coordinator made while holding (registrations sent again, or "
+        "DescribeTransactions).",
         attrgetter("hold_retries"),
     ),
     (

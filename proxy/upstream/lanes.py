@@ -74,6 +74,9 @@ class LanePool:
         self._connections: list[UpstreamConnection | None] = [None] * lanes
         self._connecting: list[trio.Lock] = [trio.Lock() for _ in range(lanes)]
         self.produce_versions: tuple[int, int] | None = None
+        self.broker_versions: dict[int, tuple[int, int]] = {}
+        """API key -> (min, max) version the node offers, from its ApiVersions answer to the
+        first lane (empty until a lane is open)."""
         self._next_short = 0
         self._lanes = tuple(Lane(self, index) for index in range(lanes))
 
@@ -123,7 +126,7 @@ class LanePool:
                 try:
                     # Bounded: a broker that never answers must not wedge the lane forever.
                     with trio.fail_after(PROBE_TIMEOUT_SECONDS):
-                        self.produce_versions = await self._broker_produce_versions(connection)
+                        versions = await self._broker_versions(connection)
                 except (UpstreamFailed, trio.TooSlowError) as exc:
                     await connection.aclose()
                     if isinstance(exc, UpstreamFailed):
@@ -132,6 +135,11 @@ class LanePool:
                         f"node {self.node_id} did not answer ApiVersions within "
                         f"{PROBE_TIMEOUT_SECONDS:g} s"
                     ) from exc
+                if ApiKey.PRODUCE not in versions:
+                    await connection.aclose()
+                    raise UpstreamFailed(f"node {self.node_id} does not offer Produce")
+                self.broker_versions = versions
+                self.produce_versions = versions[ApiKey.PRODUCE]
             self._connections[index] = connection
             log.info("%s open", connection.name)
             return connection
@@ -147,7 +155,12 @@ class LanePool:
         self._stats.lane_failures += 1
         log.info("%s", reason)
 
-    async def _broker_produce_versions(self, connection: UpstreamConnection) -> tuple[int, int]:
+    def offers(self, api_key: int, version: int) -> bool:
+        """Whether the node offers `version` of the API (as far as its first lane heard)."""
+        low, high = self.broker_versions.get(api_key, (0, -1))
+        return low <= version <= high
+
+    async def _broker_versions(self, connection: UpstreamConnection) -> dict[int, tuple[int, int]]:
         request = build_frame(encode_request_header(ApiKey.API_VERSIONS, 0, 0, "kipside"), b"")
         pending = await connection.send(request, ApiKey.API_VERSIONS, 0)
         assert pending is not None
@@ -156,14 +169,18 @@ class LanePool:
         message = decode_response(ApiKey.API_VERSIONS, 0, frame, header.body_offset)
         if message.error_code != ErrorCode.none:
             raise UpstreamFailed(f"node {self.node_id} refused ApiVersions: {message.error_code}")
-        for entry in message.api_keys:
-            if entry.api_key == ApiKey.PRODUCE:
-                return int(entry.min_version), int(entry.max_version)
-        raise UpstreamFailed(f"node {self.node_id} does not offer Produce")
+        return {
+            int(entry.api_key): (int(entry.min_version), int(entry.max_version))
+            for entry in message.api_keys
+        }
 
-    async def request(self, frame: bytes, api_key: int, api_version: int) -> bytes:
-        """Send one short request on the next lane and wait for its answer frame."""
-        connection = await self.connection(self.next_short_lane())
+    async def request(
+        self, frame: bytes, api_key: int, api_version: int, lane: int | None = None
+    ) -> bytes:
+        """Send one short request on the next lane (or on `lane`: requests that must reach the
+        broker in order, one after the other) and wait for its answer frame."""
+        index = self.next_short_lane() if lane is None else lane
+        connection = await self.connection(index)
         self._stats.upstream_requests[api_key] += 1
         pending = await connection.send(frame, api_key, api_version)
         assert pending is not None

@@ -19,6 +19,7 @@ from collections import Counter
 import confluent_kafka as ck
 import pytest
 from conftest import create_topics, unique_name
+from txn_relay import DESCRIBE
 
 from . import txn_kit as kit
 from .clients_confluent import ck_consumer
@@ -166,4 +167,41 @@ def test_the_hold_costs_the_coordinator_no_more_than_the_client_alone(
     for partition in range(COST_PARTITIONS):
         log = resolve(read_log(stack.bootstrap, topic, partition))
         want = [f"{i}-{n}".encode() for i in (direct_id, via_id) for n in range(COST_TRANSACTIONS)]
+        assert (log.committed, log.aborted, log.still_open) == (want, [], []), partition
+
+
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
+
+
+def test_a_coordinator_that_will_not_describe_is_asked_with_registrations(
+    make_stack: kit.StackFactory, request: pytest.FixtureRequest
+) -> None:
+    """A coordinator that offers DescribeTransactions but answers it with an error (as Apache
+    Kafka does a principal without Describe on the transactional id): kipside asks once, says
+    so in its log, and from then on holds with the registration's own calls. Every
+    transaction commits, and the client sees no CONCURRENT_TRANSACTIONS."""
+    topic, group = unique_name("nodescribe", request), unique_name("g", request)
+    stack = make_stack(
+        kit.rules_yaml("nodescribe-*", [kit.Output(topic)], group, kit.HOLD_MAX_MS),
+        window_ms=COST_WINDOW_MS,
+        describe_transactions=True,
+    )
+    stack.relay.describe_error = TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    create_topics(stack.bootstrap, [topic], COST_PARTITIONS)
+    txn_id = unique_name("nodescribe")
+    seen = _tight_loop(stack.bootstrap, txn_id, topic, group)
+    stack.kipside.assert_alive()
+    kit.assert_no_kipside_errors(stack.kipside)
+    relay = stack.relay
+    assert not relay.problems(), relay.problems()
+    asked = [e.error_code for e in relay.events(txn_id) if e.kind == DESCRIBE]
+    assert asked == [TRANSACTIONAL_ID_AUTHORIZATION_FAILED]
+    assert "the begin hold asks with registrations instead" in stack.kipside.log()
+    assert not seen
+    ended = [s for s in relay.segments(txn_id) if s.end is not None]
+    assert [s.end.committed for s in ended if s.end] == [True] * COST_TRANSACTIONS
+    assert sum(s.rejected_add_partitions for s in ended) > 0  # it held, with registrations
+    for partition in range(COST_PARTITIONS):
+        log = resolve(read_log(stack.bootstrap, topic, partition))
+        want = [f"{txn_id}-{n}".encode() for n in range(COST_TRANSACTIONS)]
         assert (log.committed, log.aborted, log.still_open) == (want, [], []), partition

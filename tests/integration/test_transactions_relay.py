@@ -8,6 +8,8 @@ Run: .venv/bin/pytest tests/integration/test_transactions_relay.py -q -s -p no:c
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import socket
 import struct
 import time
@@ -178,3 +180,81 @@ def test_relay_answers_in_order_with_right_headers(request: pytest.FixtureReques
             f"\n[relay] parked Fetch answered after {fetch_seconds:.3f} s, local answers after "
             f"it; round trips with delay_ms=30: {[round(t, 3) for t in round_trips]}"
         )
+
+
+def _exchange(sock: socket.socket, api_key: int, version: int, message: Any) -> Any:
+    sock.sendall(_request(api_key, version, 200, message))
+    frame = read_frame(sock)
+    return decode_response(
+        api_key, version, frame, parse_response_header(frame, api_key, version).body_offset
+    )
+
+
+def _offered(sock: socket.socket) -> dict[int, tuple[int, int]]:
+    answer = _exchange(sock, ApiKey.API_VERSIONS, 0, request_class(ApiKey.API_VERSIONS, 0)())
+    return {int(e.api_key): (int(e.min_version), int(e.max_version)) for e in answer.api_keys}
+
+
+def _describe(sock: socket.socket, txn_id: str) -> tuple[str, list[tuple[str, int]]]:
+    cls = request_class(ApiKey.DESCRIBE_TRANSACTIONS, 0)
+    answer = _exchange(sock, ApiKey.DESCRIBE_TRANSACTIONS, 0, cls(transactional_ids=(txn_id,)))
+    (state,) = answer.transaction_states
+    assert int(state.error_code) == 0, state
+    partitions = [(str(t.topic), int(p)) for t in state.topics for p in t.partitions]
+    return str(state.transaction_state), partitions
+
+
+@pytest.mark.parametrize("kafka", [False, True], ids=["tansu", "kafka-3.0+"])
+def test_the_relay_offers_what_its_coordinator_would(
+    kafka: bool, request: pytest.FixtureRequest
+) -> None:
+    """Modelling Tansu, the relay offers what Tansu offers (no DescribeTransactions); modelling
+    Apache Kafka 3.0+, it offers DescribeTransactions v0 and answers it from what it saw: Empty
+    after InitProducerId (asked in v0, which the relay answers as Apache Kafka does), Ongoing
+    with the added partitions, PrepareCommit with fewer and fewer partitions lacking markers
+    during the window, then CompleteCommit."""
+    relay = MarkerWindowRelay(window_ms=300, describe_transactions=kafka, init_producer_id_v0=True)
+    with tansu_behind(relay):
+        topic = unique_name("relay-describe", request)
+        create_topics(relay.bootstrap, [topic], 4)
+        txn_id = unique_name("relay-describe")
+        lacking: list[int] = []
+        with socket.create_connection(("127.0.0.1", relay.port), timeout=10) as sock:
+            offered = _offered(sock)
+            assert (offered.get(ApiKey.DESCRIBE_TRANSACTIONS) == (0, 0)) is kafka
+            init = request_class(ApiKey.INIT_PRODUCER_ID, 0)(
+                transactional_id=txn_id, transaction_timeout=datetime.timedelta(seconds=60)
+            )
+            producer = _exchange(sock, ApiKey.INIT_PRODUCER_ID, 0, init)
+            assert int(producer.error_code) == 0 and int(producer.producer_id) >= 0
+            if not kafka:
+                return
+            assert _describe(sock, txn_id) == ("Empty", [])
+            add = _add_partitions_request(0, txn_id, {topic: [0, 1, 2, 3]})
+            add = dataclasses.replace(
+                add,
+                v3_and_below_producer_id=producer.producer_id,
+                v3_and_below_producer_epoch=producer.producer_epoch,
+            )
+            assert {c for *_, c in _partition_codes_of(sock, add)} == {0}
+            state, partitions = _describe(sock, txn_id)
+            assert (state, sorted(partitions)) == ("Ongoing", [(topic, p) for p in range(4)])
+            end = request_class(ApiKey.END_TXN, 0)(
+                transactional_id=txn_id,
+                producer_id=producer.producer_id,
+                producer_epoch=producer.producer_epoch,
+                committed=True,
+            )
+            assert int(_exchange(sock, ApiKey.END_TXN, 0, end).error_code) == 0
+            while (described := _describe(sock, txn_id))[0] == "PrepareCommit":
+                lacking.append(len(described[1]))
+                time.sleep(0.05)
+            assert described == ("CompleteCommit", [])
+            assert lacking[0] == 4 and lacking == sorted(lacking, reverse=True), lacking
+    assert not relay.problems(), relay.problems()
+    assert relay.counts().described == (len(lacking) + 3 if kafka else 0)
+
+
+def _partition_codes_of(sock: socket.socket, add: Any) -> list[tuple[str, int, int]]:
+    sock.sendall(_request(ApiKey.ADD_PARTITIONS_TO_TXN, 0, 201, add))
+    return _partition_codes(read_frame(sock), 0)

@@ -1,14 +1,17 @@
-"""The consume-transform-produce loop of test_transactions_ctp.py, driven by either client
-library: read one input record, open a transaction, write it transformed to every output
-partition and send the input offset (in either order), commit it, or abort it and read the
-input again. One loop, `transact`, plays the plan; `ConfluentCtp` and `KafkaPythonCtp` are
-the clients' own calls for each step.
+"""The consume-transform-produce loop of test_transactions_ctp.py, driven by any of the three
+client libraries: read one input record, open a transaction, write it transformed to every
+output partition and send the input offset (in either order), commit it, or abort it and read
+the input again. One loop, `transact`, plays the plan; `ConfluentCtp`, `KafkaPythonCtp` and
+`AiokafkaCtp` are the clients' own calls for each step (aiokafka's on an event loop of its
+own, one step at a time).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -16,15 +19,23 @@ import confluent_kafka as ck
 from conftest import create_topics
 
 from .clients import Msg, call_with_deadline
+from .clients_aiokafka import aio_common
 from .clients_confluent import ck_config, ck_consumer
 from .clients_kafka_python import kp_common, kp_producer
-from .txn_kit import CALL_TIMEOUT, OUT_PARTITIONS, KafkaPythonTxnLog, RdkafkaLog, TxnStack
+from .txn_kit import (
+    CALL_TIMEOUT,
+    OUT_PARTITIONS,
+    AiokafkaTxnLog,
+    KafkaPythonTxnLog,
+    RdkafkaLog,
+    TxnStack,
+)
 
-INPUT_RECORDS = 160
-ABORT_EVERY = 5  # attempts 0, 5, 10, ... are aborted: 160 inputs -> 200 transactions
+INPUT_RECORDS = 40
+ABORT_EVERY = 5  # attempts 0, 5, 10, ... are aborted: 40 inputs -> 50 transactions
 TRANSACTIONS = INPUT_RECORDS * ABORT_EVERY // (ABORT_EVERY - 1)
 CTP_DEADLINE = 100.0  # one whole consume-transform-produce run
-OFFSET_CHECK_EVERY = 40  # commits between checks of the group's offset (every abort checks)
+OFFSET_CHECK_EVERY = 20  # commits between checks of the group's offset (every abort checks)
 
 
 @dataclass(frozen=True)
@@ -330,3 +341,109 @@ def run_ctp_kafka_python(stack: TxnStack, run: CtpRun) -> None:
             checker.close()
     run.client_concurrent = log.concurrent()
     run.client_detail = f"transactional responses: {dict(log.kinds())}"
+
+
+class AiokafkaCtp:
+    """aiokafka's producer and read_committed consumer, each step run to its end on the
+    client's own event loop."""
+
+    def __init__(self, bootstrap: str, run: CtpRun) -> None:
+        self.run = run
+        self.bootstrap = bootstrap
+        self.loop = asyncio.new_event_loop()
+        self.pending: list[Any] = []
+
+    def _do(self, step: Coroutine[Any, Any, Any]) -> Any:
+        return self.loop.run_until_complete(asyncio.wait_for(step, CALL_TIMEOUT))
+
+    def start(self) -> None:
+        from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+        async def start() -> None:
+            common = aio_common(self.bootstrap)
+            self.producer = AIOKafkaProducer(
+                **common,
+                transactional_id=self.run.txn_id,
+                linger_ms=1,
+                transaction_timeout_ms=60000,
+            )
+            self.consumer = AIOKafkaConsumer(
+                **common,
+                group_id=None,
+                enable_auto_commit=False,
+                fetch_max_wait_ms=100,
+                isolation_level="read_committed",
+            )
+            await self.producer.start()  # InitProducerId
+            await self.consumer.start()
+            self.consumer.assign([self.tp])
+            self.consumer.seek(self.tp, 0)
+
+        self.tp = TopicPartition(self.run.input_topic, 0)
+        self._do(start())
+
+    def next_input(self, position: int, deadline: float) -> bytes:
+        async def next_input() -> bytes:
+            while time.monotonic() < deadline:
+                record = await self.consumer.getone()
+                if record.offset == position:
+                    value: bytes = record.value
+                    return value
+                self.consumer.seek(self.tp, position)  # a record from before the last seek
+            raise AssertionError(f"input record at offset {position} never arrived")
+
+        return self._do(next_input())  # type: ignore[no-any-return]
+
+    def begin(self) -> None:
+        self._do(self.producer.begin_transaction())
+
+    def produce(self, attempt: Attempt) -> None:
+        async def produce() -> None:
+            sent = []
+            for partition in range(OUT_PARTITIONS):
+                out = attempt.output(partition)
+                sent.append(
+                    await self.producer.send(
+                        self.run.output_topic, value=out.value, key=out.key, partition=partition
+                    )
+                )
+            await self.producer.flush()
+            for future in sent:
+                await future  # raises what the broker refused
+
+        self._do(produce())
+
+    def send_offsets(self, offset: int) -> None:
+        self._do(self.producer.send_offsets_to_transaction({self.tp: offset}, self.run.group))
+
+    def commit(self) -> None:
+        self._do(self.producer.commit_transaction())
+
+    def abort_and_rewind(self, position: int) -> None:
+        self._do(self.producer.abort_transaction())
+        self.consumer.seek(self.tp, position)
+
+    def close(self) -> None:
+        async def stop() -> None:
+            await self.consumer.stop()
+            await self.producer.stop()
+
+        try:
+            self._do(stop())
+        finally:
+            self.loop.close()
+
+
+def run_ctp_aiokafka(stack: TxnStack, run: CtpRun) -> None:
+    log = AiokafkaTxnLog()
+    checker = OffsetChecker(stack.bootstrap, run.group, run.input_topic)
+    with log.attached():
+        client = AiokafkaCtp(stack.bootstrap, run)
+        try:
+            client.start()
+            transact(run, client, checker)
+        finally:
+            client.close()
+            checker.close()
+    run.client_concurrent = log.concurrent()
+    run.client_detail = f"AddPartitionsToTxn/AddOffsetsToTxn answers: {len(log.codes)}"

@@ -10,11 +10,15 @@ window, so every stack here puts a MarkerWindowRelay (tests/txn_relay.py, a faul
 SIMULATION of Apache Kafka's coordinator) between kipside and a dedicated Tansu: for W ms after
 each successful EndTxn it answers that transactional id's AddPartitionsToTxn/AddOffsetsToTxn
 with CONCURRENT_TRANSACTIONS itself, and it counts, independently of kipside, what kipside sent
-upstream per transaction.
+upstream per transaction. It also answers InitProducerId v0-1 as Apache Kafka does (Tansu 0.6.0
+fails them, and aiokafka sends nothing else), and, for a stack made with
+`describe_transactions=True`, it offers and answers DescribeTransactions as a 3.0+
+coordinator does.
 
 What the clients themselves saw is read from their own logs: librdkafka's `eos` debug log (one
 line per AddPartitionsToTxn/AddOffsetsToTxn answer that carried an error) and kafka-python's
-TransactionManager DEBUG records (the decoded response objects).
+TransactionManager DEBUG records (the decoded response objects); aiokafka logs none, so its
+response handlers are wrapped to keep the error codes they are given (AiokafkaTxnLog).
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ from .clients import call_with_deadline
 from .clients_confluent import ck_config, ck_consumer
 from .clients_kafka_python import kp_producer
 
-CLIENTS = ["confluent-kafka", "kafka-python"]  # aiokafka's transactions fail on Tansu itself
+CLIENTS = ["confluent-kafka", "kafka-python"]
+"""The transactional producers of TxnClient (aiokafka's loop is in txn_ctp.py)."""
 WINDOW_MS = 50.0  # the simulated marker-writing window after each EndTxn
 OUT_PARTITIONS = 8
 HOLD_MAX_MS = 5000
@@ -110,15 +115,22 @@ def assert_no_kipside_errors(kipside: Kipside) -> list[str]:
 
 @pytest.fixture
 def make_stack(tmp_path: Path) -> Iterator[StackFactory]:
-    """make_stack(rules_text, window_ms=WINDOW_MS) -> a new TxnStack; all stopped at the end
+    """make_stack(rules_text, window_ms=WINDOW_MS, describe_transactions=False) -> a new
+    TxnStack; all stopped at the end
     (kipside must exit 0 on SIGTERM). A test module takes it as `make_stack = kit.make_stack`
     (imported by name, a fixture would be an unused import to ruff)."""
     skip_unless_shared_lanes("transaction pre-registration")
     made: list[Kipside] = []
     brokers = contextlib.ExitStack()
 
-    def make(rules_text: str, window_ms: float = WINDOW_MS) -> TxnStack:
-        relay = MarkerWindowRelay(window_ms=window_ms)
+    def make(
+        rules_text: str, window_ms: float = WINDOW_MS, describe_transactions: bool = False
+    ) -> TxnStack:
+        relay = MarkerWindowRelay(
+            window_ms=window_ms,
+            describe_transactions=describe_transactions,
+            init_producer_id_v0=True,
+        )
         tansu = brokers.enter_context(tansu_behind(relay))
         workdir = tmp_path / f"stack{len(made) + 1}"
         workdir.mkdir()
@@ -208,7 +220,42 @@ class KafkaPythonTxnLog(logging.Handler):
         return Counter(type(r).__name__ for r in self.responses)
 
 
-def _codes(response: Any) -> set[int]:
+class AiokafkaTxnLog:
+    """The error codes aiokafka's AddPartitionsToTxn and AddOffsetsToTxn handlers are given
+    while attached (aiokafka logs no CONCURRENT_TRANSACTIONS answer)."""
+
+    def __init__(self) -> None:
+        self.codes: list[tuple[str, int]] = []
+
+    @contextlib.contextmanager
+    def attached(self) -> Iterator[AiokafkaTxnLog]:
+        from aiokafka.producer import sender
+
+        patched = []
+        for name in ("AddPartitionsToTxnHandler", "AddOffsetsToTxnHandler"):
+            handler = getattr(sender, name)
+            original = handler.handle_response
+
+            def handle(
+                self_: Any, response: Any, _original: Any = original, _name: str = name
+            ) -> Any:
+                for code in _codes(response, aiokafka=True):
+                    self.codes.append((_name, code))
+                return _original(self_, response)
+
+            handler.handle_response = handle
+            patched.append((handler, original))
+        try:
+            yield self
+        finally:
+            for handler, original in patched:
+                handler.handle_response = original
+
+    def concurrent(self) -> list[str]:
+        return [name for name, code in self.codes if code == CONCURRENT_TRANSACTIONS]
+
+
+def _codes(response: Any, aiokafka: bool = False) -> set[int]:
     """Every error code in a kafka-python transactional response object."""
     codes = set()
     if isinstance(getattr(response, "error_code", None), int):
@@ -216,6 +263,9 @@ def _codes(response: Any) -> set[int]:
     for topic in getattr(response, "results_by_topic_v3_and_below", None) or ():
         for partition in topic.results_by_partition:
             codes.add(int(partition.partition_error_code))
+    if aiokafka:  # AddPartitionsToTxn: errors = [(topic, [(partition, code)])]
+        for _topic, partitions in getattr(response, "errors", None) or ():
+            codes.update(int(code) for _partition, code in partitions)
     return codes
 
 

@@ -387,18 +387,23 @@ class Relay:
     ) -> None:
         with self._failures(link.conn, link.done):
             async for at, frame in arrived:
+                # When the request reaches the simulated broker: read, plus the network delay
+                # (not when this task gets to it: the thread may have waited for the GIL).
+                due = at + self.request_delay_ms / 1000
                 if self.request_delay_ms:
-                    await trio.sleep_until(at + self.request_delay_ms / 1000)
-                await self._wait_released()
+                    await trio.sleep_until(due)
+                if await self._wait_released():
+                    due = trio.current_time()
                 if self.takes_raw_frame(link.conn):
                     raw = self.on_raw_frame(link.conn, frame)
                     slot = _Owed(None, close=raw is None)
                     owed.send_nowait(slot)
                     slot.resolve(raw)
                     continue
-                request = Request(parse_request_header(frame), frame)
+                request = Request(parse_request_header(frame), frame, due)
                 if (extra_ms := self.request_hold_ms(link.conn, request)) > 0:
                     await trio.sleep(extra_ms / 1000)  # later requests on the link wait behind
+                    request = Request(request.header, frame, trio.current_time())
                 decision = self.on_request(link.conn, request)
                 if isinstance(decision, Drop):
                     continue
@@ -421,10 +426,11 @@ class Relay:
                 link.in_flight[correlation_id] = slot  # before the write: the answer finds it
                 await link.broker.send_all(out)
 
-    async def _wait_released(self) -> None:
+    async def _wait_released(self) -> bool:
+        """Wait while the client->broker direction is held; True if it was."""
         released = self._released
         if released.is_set():
-            return
+            return False
         with self._lock:
             self._held_now += 1
         try:
@@ -432,6 +438,7 @@ class Relay:
         finally:
             with self._lock:
                 self._held_now -= 1
+        return True
 
     async def _read_responses(self, link: _Link) -> None:
         with self._failures(link.conn, link.done):

@@ -40,6 +40,9 @@ class Request:
 
     header: RequestHeader
     frame: bytes
+    due: float = 0.0
+    """When (trio clock) it reached the simulated broker: when the relay read it, plus the
+    delay (or when a hold released it), whenever the relay's task got to it."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,11 +8,14 @@ AddPartitionsToTxn covering the client's partitions plus the declared outputs, a
 group's AddOffsetsToTxn in parallel; later client calls that are already covered are answered
 locally (exactly the requested partitions, error 0) without a round trip.
 
-The begin hold: while the coordinator is still writing the previous transaction's markers it answers
-CONCURRENT_TRANSACTIONS. kipside holds such a registration and probes the coordinator for it
-(`hold`: one probe at a time per transactional id, never more often than librdkafka's own backoff)
-until `hold_begin.max_ms`, then gives the client the real error, so the client never sleeps in its
-own backoff. The client's slot stays in its connection's response order meanwhile.
+The begin hold: while the coordinator is still writing the previous transaction's markers it
+answers CONCURRENT_TRANSACTIONS. kipside learns when each transactional id's coordinator is
+ready after EndTxn and sends the registration then (asking with DescribeTransactions where the
+broker offers it), holds a registration the coordinator refuses anyway and asks again, one
+question at a time, never more often than librdkafka's own backoff (`hold`, carrying out
+kipside.proxy.core.begin_window), until `hold_begin.max_ms`, then gives the client the real
+error; so the client never sleeps in its own backoff. The client's slot stays in its
+connection's response order meanwhile.
 
 Rules this module must never break, from Apache Kafka's transaction protocol: answer locally
 only after the upstream registration under the same (producer id, epoch) succeeded (brokers

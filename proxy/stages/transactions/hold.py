@@ -1,24 +1,21 @@
-"""The transaction-begin hold: while the coordinator answers a transactional id's registration
-with CONCURRENT_TRANSACTIONS, keep probing it, one request at a time, until it is ready or the
-rule's deadline passes.
+"""The transaction-begin hold: a transaction's first registration sent when the coordinator is
+expected to accept it, and, while it answers CONCURRENT_TRANSACTIONS, held and asked again one
+question at a time until it is ready or the rule's deadline passes.
 
-While the previous transaction's markers are still being written the coordinator refuses the next
-transaction's first registration; holding here spares the client its own backoff (librdkafka 20 ms;
-Java and kafka-python 20 or 100 ms; franz-go 20 ms rising to 1 s) and the error. The client's slot
-waits in its connection's response order meanwhile. Once the deadline passes the client gets the
-coordinator's own answer.
+While the previous transaction's markers are still being written the coordinator refuses the
+next transaction's first registration; holding here spares the client its own backoff
+(librdkafka 20 ms; Java and kafka-python 20 or 100 ms; franz-go 20 ms rising to 1 s) and the
+error. The client's slot waits in its connection's response order meanwhile. Once the deadline
+passes the client gets the coordinator's own answer.
 
-The hold must cost the coordinator no more than the client would have: a registration's calls
-(AddPartitionsToTxn, and AddOffsetsToTxn for each group) share one BeginHold, which keeps one
-probe in flight per transactional id and never sends more probes than librdkafka's own
-backoff on CONCURRENT_TRANSACTIONS (HOLD_RETRY_SECONDS) would have retried since the hold
-began; a call that is not probing waits for the probe, and goes the moment one is accepted.
-The coordinator's windows of a transactional id tend to last alike, so the hold also learns
-them (features.transactions.state.TransactionState keeps the last few): while the shortest of
-them, counted from the last EndTxn, has not passed, a transaction's first registration waits
-until just before it ends and then probes alone, sparing the coordinator the refusals a client
-collects on the way, and spends the probes it saved HOLD_PROBE_SECONDS apart, so the
-transaction begins within a few ms of the coordinator being ready.
+The policy (when the registration goes, when a held one may ask again, what is learned from
+each answer) is kipside.proxy.core.begin_window, sans-I/O; this module carries it out with
+trio: a registration's calls (AddPartitionsToTxn, and AddOffsetsToTxn for each group) share
+one BeginHold. They go together at the planned time, or at once when a DescribeTransactions
+asked before it says the markers are written. Once refused, one question at a time is in
+flight per registration: every call again (so the registration is one round trip whenever it
+is accepted), or, where the broker offers DescribeTransactions, every call again the first
+time and a DescribeTransactions after that.
 
 It never makes up an answer: the client gets the coordinator's own, accepted or (at the
 deadline) refused.
@@ -34,135 +31,165 @@ import trio
 from opentelemetry.trace import Span
 
 from kipside.protocol import ErrorCode
+from kipside.proxy.core.begin_window import AT_ONCE, Attempt, BeginPlan, HoldSchedule
 from kipside.proxy.telemetry.stats import Stats
 from kipside.proxy.telemetry.tracing import event
 
 T = TypeVar("T")
 
 CONCURRENT_TRANSACTIONS: Final = int(ErrorCode.concurrent_transactions)
-HOLD_RETRY_SECONDS: Final = 0.020
-"""librdkafka's backoff after CONCURRENT_TRANSACTIONS (rdkafka_txnmgr.c); Java and kafka-python
-use it for a transaction's first add too. A hold's n-th probe goes no earlier than n of these
-after the hold started: never more probes than librdkafka would have retried by then."""
-HOLD_PROBE_SECONDS: Final = 0.005
-"""The closest two probes may follow each other, spending probes a hold saved while it waited
-for an expected window's end."""
+
+Ask = Callable[[], Awaitable[bool | None]]
+"""A DescribeTransactions of the registration's transactional id: True when the markers of
+its last transaction are written, False while they are being written, None when the
+coordinator would not say (the hold then probes with its calls)."""
 
 
 class BeginHold:
-    """The hold of one registration: its calls share one probe of the coordinator.
-
-    Without `probe_at`, every call goes at once (no window expected: one round trip for all)
-    and the first CONCURRENT_TRANSACTIONS starts the hold. With it (the coordinator is expected
-    to refuse until about then), the hold starts at once: one call probes alone, at `probe_at`.
-    """
+    """The hold of one registration: its calls go together at the plan's time and then share
+    one probe of the coordinator."""
 
     def __init__(
-        self, stats: Stats, span: Span | None, deadline: float, *, probe_at: float | None = None
+        self,
+        stats: Stats,
+        span: Span | None,
+        schedule: HoldSchedule,
+        plan: BeginPlan = AT_ONCE,
+        ask: Ask | None = None,
     ) -> None:
         self.stats = stats
         self.span = span
-        self.deadline = deadline
-        self.probed_alone = probe_at is not None
-        self._held = self.probed_alone
-        self._expired = False
+        self.schedule = schedule
+        self.plan = plan
+        self._ask = ask
+        self._go = trio.Event()
+        """Set when the calls may go: at the plan's time, or when an early question said
+        the coordinator is ready."""
+        self._held = False
+        self._accepted = False
+        self._ready = trio.Event()
+        """Set when a call is accepted while others are held: they go at once."""
         self._probe = trio.Lock()
-        self._started = trio.current_time()
-        self._next_probe = self._started if probe_at is None else min(probe_at, deadline)
-        self._probes = 0
-        """Probes sent so far (a first round of calls sent together counts as one)."""
         self._began: float | None = None
+        self._finished = False
         self.retries = 0
-        self.refused_sent: float | None = None
-        """When (trio clock) the last call the coordinator refused was sent."""
-        self.accepted_sent: float | None = None
-        """When the first call it accepted was sent."""
+        self.attempts: list[Attempt] = []
+        """What the coordinator answered, in sending order (for BeginWindow.learn)."""
 
-    def window_after(self, ended_at: float) -> float:
-        """How long after `ended_at` (the last EndTxn's answer) the coordinator refused this
-        registration, as far as the hold can tell: until the accepted call was sent (or the
-        last refused one, if none was accepted). A probe sent alone and accepted at once only
-        says the window was shorter: a little less than that is what the next transaction
-        expects, so the guess comes down until it meets the window again. 0: no window."""
-        if self.refused_sent is not None:
-            until = self.refused_sent if self.accepted_sent is None else self.accepted_sent
-            return max(until - ended_at, 0.0)
-        if self.probed_alone and self.accepted_sent is not None:
-            return max(self.accepted_sent - ended_at - HOLD_PROBE_SECONDS, 0.0)
-        return 0.0
+    @property
+    def expired(self) -> bool:
+        return self.schedule.expired
+
+    async def run(self, nursery: trio.Nursery) -> None:
+        """Open the gate at the plan's time; ask the coordinator first if the plan says so."""
+        plan = self.plan
+        if plan.register_at is None:
+            self._go.set()
+            return
+        self._begin("registration")  # every call waits for the plan
+        if plan.ask_at is not None and self._ask is not None:
+            nursery.start_soon(self._ask_early, plan.ask_at)
+        with trio.move_on_at(min(plan.register_at, self.schedule.deadline)):
+            await self._go.wait()
+        self._go.set()
+
+    async def _ask_early(self, at: float) -> None:
+        await trio.sleep_until(at)
+        if self._go.is_set() or self._ask is None:
+            return
+        sent = trio.current_time()
+        ready = await self._ask()
+        if ready is None:
+            self._ask = None
+            return
+        self.attempts.append(Attempt(sent, ready, asked=True))
+        if ready:
+            self._go.set()
 
     async def call(
         self, upstream_call: str, attempt: Callable[[], Awaitable[T]], refused: Callable[[T], bool]
     ) -> T:
         """attempt()'s first answer that `refused` does not call CONCURRENT_TRANSACTIONS, or
         the refusal once the deadline has passed."""
+        await self._go.wait()
         while True:
-            if not self._held or self._expired:
-                sent = trio.current_time()
-                result = await attempt()
-                if not refused(result):
-                    self._release(upstream_call, sent)
-                    return result
-                if self._expired:
-                    return result
-                self._hold(upstream_call, sent)
-                if self._expired:
+            if not self._held or self.expired:
+                result = await self._attempt(upstream_call, attempt, refused)
+                if not refused(result) or self.expired:
                     return result
                 continue
             async with self._probe:
-                if self._held and not self._expired:
-                    due = self._probe_due()
-                    if self._began is None and due > trio.current_time():
-                        self._begin(upstream_call)  # held for an expected window
-                    await trio.sleep_until(due)
-                if not self._held or self._expired:
-                    continue  # the window closed (or the hold ended) while this call waited
-                if self.refused_sent is not None:
-                    self.retries += 1
-                    self.stats.hold_retries += 1
-                self._probes += 1
-                sent = trio.current_time()
-                result = await attempt()
-                if not refused(result):
-                    self._release(upstream_call, sent)
-                    return result
-                self._hold(upstream_call, sent)
-                if self._expired:
-                    return result
+                if self._held and not self.expired:
+                    with trio.move_on_at(self.schedule.due()):
+                        await self._ready.wait()
+                if not self._held or self.expired:
+                    continue  # the coordinator became ready (or the hold ended) meanwhile
+                self.retries += 1
+                self.stats.hold_retries += 1
+                self.schedule.asking = self._ask is not None
+                together = self.schedule.together()
+                self.schedule.sent()
+                if together or self._ask is None:
+                    self._held = False  # every call asks again, at once
+                    continue
+                await self._ask_held(upstream_call)
 
-    def _probe_due(self) -> float:
-        """When the next probe may go: not before the pace allows, nor before librdkafka's
-        schedule would have sent as many."""
-        return max(self._next_probe, self._started + self._probes * HOLD_RETRY_SECONDS)
+    async def _attempt(
+        self, upstream_call: str, attempt: Callable[[], Awaitable[T]], refused: Callable[[T], bool]
+    ) -> T:
+        sent = trio.current_time()
+        result = await attempt()
+        ready = not refused(result)
+        self.attempts.append(Attempt(sent, ready))
+        if ready:
+            self._release(upstream_call)
+        elif not self.expired:
+            self._hold(upstream_call)
+        return result
 
-    def _begin(self, upstream_call: str) -> None:
-        self._began = time.monotonic()
-        self.stats.holds += 1
-        event(self.span, "kipside.txn.hold.begin", upstream_call=upstream_call)
-
-    def _hold(self, upstream_call: str, sent: float) -> None:
-        """The coordinator refused a call: probe again in HOLD_RETRY_SECONDS, unless that is
-        past the deadline (then every call returns what it gets)."""
-        self.refused_sent = sent
-        if self._began is None:
-            self._begin(upstream_call)
-        if not self._held:  # the first round's refusal: it counts as one probe
-            self._held = True
-            self._probes = max(self._probes, 1)
-        self._next_probe = max(self._next_probe, trio.current_time() + HOLD_PROBE_SECONDS)
-        if self._probe_due() > self.deadline and not self._expired:
-            self._expired = True
+    async def _ask_held(self, upstream_call: str) -> None:
+        """The held registration's probe where the broker offers DescribeTransactions."""
+        assert self._ask is not None
+        sent = trio.current_time()
+        ready = await self._ask()
+        if ready is None:
+            self._ask = None  # probe with the calls from now on
+            return
+        self.attempts.append(Attempt(sent, ready, asked=True))
+        if ready:
+            self._held = False  # every call goes again, together
+            self._ready.set()
+        elif self.schedule.refused(trio.current_time()):
             self._finish(upstream_call, "timed_out")
 
-    def _release(self, upstream_call: str, sent: float) -> None:
+    def _begin(self, upstream_call: str) -> None:
+        if self._began is None:
+            self._began = time.monotonic()
+            self.stats.holds += 1
+            event(self.span, "kipside.txn.hold.begin", upstream_call=upstream_call)
+
+    def _hold(self, upstream_call: str) -> None:
+        """The coordinator refused a call: probe again when the schedule allows, unless that
+        is past the deadline (then every call returns what it gets)."""
+        self._begin(upstream_call)
+        self._held = True
+        if self._ready.is_set() and not self._accepted:
+            # (Once a call was accepted the coordinator is ready: a call it refuses after that
+            # met another being logged, and goes again at once.)
+            self._ready = trio.Event()
+        if self.schedule.refused(trio.current_time()):
+            self._finish(upstream_call, "timed_out")
+
+    def _release(self, upstream_call: str) -> None:
         self._held = False
-        if self.accepted_sent is None:
-            self.accepted_sent = sent
-            if self._began is not None:
-                self._finish(upstream_call, "ready")
+        self._accepted = True
+        self._ready.set()
+        self._finish(upstream_call, "ready")
 
     def _finish(self, upstream_call: str, outcome: str) -> None:
-        assert self._began is not None
+        if self._began is None or self._finished:
+            return
+        self._finished = True
         held_for = time.monotonic() - self._began
         self.stats.hold_seconds.observe(held_for)
         event(
@@ -173,12 +200,3 @@ class BeginHold:
             retries=self.retries,
             outcome=outcome,
         )
-
-
-def first_probe_at(window_end: float | None, now: float) -> float | None:
-    """When a transaction's first registration goes, held alone, if the coordinator is
-    expected to refuse it until `window_end` (trio clock): just before that, or now; None when
-    no window is expected (every call goes at once)."""
-    if window_end is None or now >= window_end:
-        return None
-    return max(now, window_end - HOLD_PROBE_SECONDS)

@@ -158,5 +158,5 @@ class TransactionManager:
                 )
                 state.forget()
             else:
-                state.track(header.api_key, message, trio.current_time())
+                state.track(header.api_key, message, trio.current_time(), pool.node_id)
             answer.resolve(response)

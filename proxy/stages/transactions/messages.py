@@ -1,8 +1,9 @@
 """The transaction-API messages kipside itself writes upstream, and the reading of their answers.
 
 AddPartitionsToTxn v0-3 and AddOffsetsToTxn for pre-registration, EndTxn to abort a transaction
-the client doesn't know about, Metadata for a declared topic's partitions; built and read with
-kio's classes. Frames only: this module never touches a connection.
+the client doesn't know about, DescribeTransactions to ask whether a transaction's markers are
+written, Metadata for a declared topic's partitions; built and read with kio's classes.
+Frames only: this module never touches a connection.
 """
 
 from __future__ import annotations
@@ -31,6 +32,13 @@ MAX_CLIENT_ADD_PARTITIONS_VERSION: Final = 3  # v4+ is broker-to-broker only
 ADD_OFFSETS_VERSION: Final = 0
 END_TXN_VERSION: Final = 0
 METADATA_VERSION: Final = 4  # the first version that can say "don't auto-create"
+DESCRIBE_TRANSACTIONS_VERSION: Final = 0
+
+MARKERS_PENDING: Final = frozenset({"PrepareCommit", "PrepareAbort", "PrepareEpochFence"})
+"""DescribeTransactions states in which the coordinator still writes the last transaction's
+markers and refuses a new registration (TransactionCoordinator: CONCURRENT_TRANSACTIONS). In
+every other state (Empty, Ongoing, CompleteCommit, CompleteAbort, Dead) a registration is
+answered on its merits."""
 
 
 def transactional_id(header: RequestHeader, request: Message) -> str | None:
@@ -143,3 +151,20 @@ def topic_partitions(frame: bytes, topic: str) -> tuple[int, ...] | None:
         if entry.name == topic and entry.error_code == ErrorCode.none:
             partitions = tuple(sorted(int(p.partition_index) for p in entry.partitions))
     return partitions
+
+
+def describe_transactions_request(transactional_id: str, client_id: str) -> bytes:
+    cls = request_class(ApiKey.DESCRIBE_TRANSACTIONS, DESCRIBE_TRANSACTIONS_VERSION)
+    message = cls(transactional_ids=(transactional_id,))
+    return _frame(ApiKey.DESCRIBE_TRANSACTIONS, DESCRIBE_TRANSACTIONS_VERSION, message, client_id)
+
+
+def markers_written(frame: bytes, transactional_id: str) -> bool | None:
+    """Whether a DescribeTransactions answer says the id's last transaction's markers are
+    written (False: still being written); None when it gives no state for the id (an error:
+    not authorized, not the coordinator, loading)."""
+    response = decode_answer(ApiKey.DESCRIBE_TRANSACTIONS, DESCRIBE_TRANSACTIONS_VERSION, frame)
+    for state in response.transaction_states:
+        if state.transactional_id == transactional_id and state.error_code == ErrorCode.none:
+            return str(state.transaction_state) not in MARKERS_PENDING
+    return None

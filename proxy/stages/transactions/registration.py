@@ -1,7 +1,8 @@
 """Pre-registration: a client's first AddPartitionsToTxn/AddOffsetsToTxn of a transaction
 becomes one upstream AddPartitionsToTxn covering its partitions plus the rule's declared
-outputs, and the declared group's AddOffsetsToTxn, in parallel, under one begin hold (one
-probe of the coordinator at a time while it answers CONCURRENT_TRANSACTIONS).
+outputs, and the declared group's AddOffsetsToTxn, in parallel (one round trip), under one
+begin hold: sent when the coordinator is expected to be ready, then one question at a time
+while it answers CONCURRENT_TRANSACTIONS.
 
 The client is answered only after the upstream registration under the same (producer id,
 epoch) succeeded; a transaction kipside opened that the client thinks failed is aborted, and a
@@ -20,14 +21,12 @@ from opentelemetry.trace import Span
 
 from kipside.protocol import ApiKey, DecodeError, Message, RequestHeader, error_name
 from kipside.proxy.core.answers import Pending, UpstreamFailed
+from kipside.proxy.core.begin_window import AT_ONCE, HoldSchedule
 from kipside.proxy.stages.transactions.answers import add_offsets_answer, add_partitions_answer
-from kipside.proxy.stages.transactions.hold import (
-    CONCURRENT_TRANSACTIONS,
-    BeginHold,
-    first_probe_at,
-)
+from kipside.proxy.stages.transactions.hold import CONCURRENT_TRANSACTIONS, Ask, BeginHold
 from kipside.proxy.stages.transactions.messages import (
     ADD_OFFSETS_VERSION,
+    DESCRIBE_TRANSACTIONS_VERSION,
     END_TXN_VERSION,
     MAX_CLIENT_ADD_PARTITIONS_VERSION,
     abort_request,
@@ -35,6 +34,8 @@ from kipside.proxy.stages.transactions.messages import (
     add_partitions_errors,
     add_partitions_request,
     decode_answer,
+    describe_transactions_request,
+    markers_written,
 )
 from kipside.proxy.stages.transactions.outputs import DeclaredOutputs, rule_at_fault
 from kipside.proxy.stages.transactions.state import (
@@ -71,6 +72,10 @@ class ClientAdd:
     wanted: set[TopicPartition]
     group: str | None
     span: Span | None
+    lane: int | None = None
+    """The lane the registration's calls share: the broker gets them one after the other
+    on one connection, never two of one transactional id at once (Apache Kafka refuses an
+    add while the id's previous one is still being logged: CONCURRENT_TRANSACTIONS)."""
 
     @classmethod
     def read(
@@ -190,20 +195,28 @@ class Registrar:
         extra: set[TopicPartition],
         groups: set[str],
     ) -> Errors:
-        """Register partitions (+ declared extras) and groups in parallel, holding through
+        """Register partitions (+ declared extras) and groups in parallel, a transaction's
+        first registration when the coordinator is expected to accept it, holding through
         CONCURRENT_TRANSACTIONS until the rule's deadline, the calls sharing one probe."""
         now = trio.current_time()
         state = add.state
         first = not state.open
-        hold = BeginHold(
-            self.stats,
-            add.span,
-            now + add.rule.hold_begin.max_ms / 1000,
-            probe_at=first_probe_at(state.window_end(), now),
-        )
+        add.lane = add.pool.next_short_lane()
+        ask: Ask | None = None
+        plan = AT_ONCE
+        if first:
+            can_ask = state.can_ask and add.pool.offers(
+                ApiKey.DESCRIBE_TRANSACTIONS, DESCRIBE_TRANSACTIONS_VERSION
+            )
+            plan = state.window.plan(now, can_ask=can_ask)
+            ask = partial(self._ask, add) if can_ask else None
+        deadline = now + add.rule.hold_begin.max_ms / 1000
+        schedule = HoldSchedule(now, deadline, asking=ask is not None)
+        hold = BeginHold(self.stats, add.span, schedule, plan, ask)
         errors: Errors = ({}, {})
         try:
             async with trio.open_nursery() as nursery:
+                nursery.start_soon(hold.run, nursery)
                 nursery.start_soon(self._add_partitions, add, hold, partitions, extra, errors[0])
                 for group in groups:
                     nursery.start_soon(self._add_offsets, add, hold, group, errors[1])
@@ -214,11 +227,33 @@ class Registrar:
             while isinstance(first_failure, BaseExceptionGroup):
                 first_failure = first_failure.exceptions[0]
             raise first_failure from None
-        if first and state.ended_at is not None:
-            state.windows.append(hold.window_after(state.ended_at))
+        if first:
+            state.window.learn(hold.attempts)
         if state.open:
             state.producer = add.producer
         return errors
+
+    async def _ask(self, add: ClientAdd) -> bool | None:
+        """Whether the coordinator has written the markers of the id's last transaction
+        (DescribeTransactions); None, and no more asking for this id, if it won't say."""
+        state = add.state
+        request = describe_transactions_request(state.transactional_id, add.client_id)
+        try:
+            frame = await add.pool.request(
+                request, ApiKey.DESCRIBE_TRANSACTIONS, DESCRIBE_TRANSACTIONS_VERSION, add.lane
+            )
+            ready = markers_written(frame, state.transactional_id)
+        except (UpstreamFailed, DecodeError) as exc:
+            log.info("%s: DescribeTransactions failed: %s", state.transactional_id, exc)
+            ready = None
+        if ready is None and state.can_ask:
+            state.can_ask = False
+            log.info(
+                "%s: the coordinator gave no transaction state; the begin hold asks with "
+                "registrations instead",
+                state.transactional_id,
+            )
+        return ready
 
     async def _add_partitions(
         self,
@@ -274,14 +309,16 @@ class Registrar:
         request = add_partitions_request(
             add.state.transactional_id, add.producer, version, partitions, add.client_id
         )
-        frame = await add.pool.request(request, ApiKey.ADD_PARTITIONS_TO_TXN, version)
+        frame = await add.pool.request(request, ApiKey.ADD_PARTITIONS_TO_TXN, version, add.lane)
         return add_partitions_errors(version, frame)
 
     async def _add_offsets_once(self, add: ClientAdd, group: str) -> int:
         request = add_offsets_request(
             add.state.transactional_id, add.producer, group, add.client_id
         )
-        frame = await add.pool.request(request, ApiKey.ADD_OFFSETS_TO_TXN, ADD_OFFSETS_VERSION)
+        frame = await add.pool.request(
+            request, ApiKey.ADD_OFFSETS_TO_TXN, ADD_OFFSETS_VERSION, add.lane
+        )
         answer = decode_answer(ApiKey.ADD_OFFSETS_TO_TXN, ADD_OFFSETS_VERSION, frame)
         return int(answer.error_code)
 
@@ -293,6 +330,9 @@ class Registrar:
             code = decode_answer(ApiKey.END_TXN, END_TXN_VERSION, frame).error_code
         except (UpstreamFailed, DecodeError) as exc:
             code = f"failed: {exc}"
+        else:
+            if code == NONE:  # the coordinator now writes the abort markers
+                state.window.ended(trio.current_time(), add.pool.node_id)
         log.warning(
             "%s: the client's registration failed after kipside had registered %d partitions "
             "and %d groups; kipside aborted that transaction (EndTxn: %s)",
