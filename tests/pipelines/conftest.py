@@ -3,6 +3,7 @@
 Fixtures:
   source_broker, dest_broker  session: two in-memory Tansu brokers (the mirror's two clusters).
   spark                       session: a local[2] SparkSession with kipside's sources registered
+  spark_log                   session: where that session's JVM and Python workers write stderr
                               (Java 17 needed; `make system-deps` installs it).
   topic_name                  function: a topic name unique to the test.
   kipside_cli                 function: runs `kipside ARGS...` to completion within a deadline
@@ -71,12 +72,16 @@ def require_java() -> None:
 
 
 @pytest.fixture(scope="session")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def spark_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("spark") / "spark.log"
+
+
+@pytest.fixture(scope="session")
+def spark(spark_log: Path) -> Iterator[Any]:
     require_java()
     from kipside.pipeline.spark import start_session
 
-    log = tmp_path_factory.mktemp("spark") / "spark.log"
-    session = start_session("kipside-tests", "local[2]", log_path=str(log))
+    session = start_session("kipside-tests", "local[2]", log_path=str(spark_log))
     try:
         yield session
     finally:

@@ -213,15 +213,21 @@ def test_the_mirror_copies_between_secured_clusters_and_shows_no_secret(
 
 @pytest.mark.spark
 def test_format_kipside_reads_a_secured_cluster_with_sparks_option_names(
-    spark: Any, secured: Secured
+    spark: Any, spark_log: Path, secured: Secured
 ) -> None:
     options = {f"kafka.{k}": v for k, v in secured.source_settings().items()}
     options |= {"kafka.bootstrap.servers": secured.source.bootstrap, "subscribe": secured.topic}
-    rows = spark.read.format("kipside").options(**options).load().collect()
+    frame = spark.read.format("kipside").options(**options).load()
+    rows = frame.collect()
     got: dict[int, list[bytes]] = {p: [] for p in range(PARTITIONS)}
     for row in sorted(rows, key=lambda r: (r.partition, r.offset)):
         got[row.partition].append(bytes(row.value))
     assert got == secured.sent
+    # Neither the session's log nor the query's plan (what Spark's UI shows) holds a password.
+    shown = [spark_log.read_text(errors="replace"), frame._jdf.queryExecution().toString()]
+    assert shown[1], "the plan was read"
+    for secret in SECRETS:
+        assert not any(secret in text for text in shown), f"a password leaked: {secret}"
 
 
 @pytest.mark.spark
