@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -330,9 +331,32 @@ class KafkaPythonCtp:
 
 def run_ctp_kafka_python(stack: TxnStack, run: CtpRun) -> None:
     log = KafkaPythonTxnLog()
+    _run_logged(stack, run, log, KafkaPythonCtp)
+    run.client_detail = f"transactional responses: {dict(log.kinds())}"
+
+
+class _StartedCtp(CtpClient, Protocol):
+    def start(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class _ClientLog(Protocol):
+    def attached(self) -> AbstractContextManager[object]: ...
+
+    def concurrent(self) -> list[str]: ...
+
+
+def _run_logged(
+    stack: TxnStack,
+    run: CtpRun,
+    log: _ClientLog,
+    make: Callable[[str, CtpRun], _StartedCtp],
+) -> None:
+    """The loop with a client whose log is read while it runs (kafka-python, aiokafka)."""
     checker = OffsetChecker(stack.bootstrap, run.group, run.input_topic)
     with log.attached():
-        client = KafkaPythonCtp(stack.bootstrap, run)
+        client = make(stack.bootstrap, run)
         try:
             client.start()
             transact(run, client, checker)
@@ -340,7 +364,6 @@ def run_ctp_kafka_python(stack: TxnStack, run: CtpRun) -> None:
             client.close()
             checker.close()
     run.client_concurrent = log.concurrent()
-    run.client_detail = f"transactional responses: {dict(log.kinds())}"
 
 
 class AiokafkaCtp:
@@ -436,14 +459,5 @@ class AiokafkaCtp:
 
 def run_ctp_aiokafka(stack: TxnStack, run: CtpRun) -> None:
     log = AiokafkaTxnLog()
-    checker = OffsetChecker(stack.bootstrap, run.group, run.input_topic)
-    with log.attached():
-        client = AiokafkaCtp(stack.bootstrap, run)
-        try:
-            client.start()
-            transact(run, client, checker)
-        finally:
-            client.close()
-            checker.close()
-    run.client_concurrent = log.concurrent()
+    _run_logged(stack, run, log, AiokafkaCtp)
     run.client_detail = f"AddPartitionsToTxn/AddOffsetsToTxn answers: {len(log.codes)}"
