@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime as dt
 import re
 import sys
 from functools import partial
@@ -49,6 +50,14 @@ def _size(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be positive")
     return value
+
+
+def _day(text: str) -> str:
+    """A calendar day, YYYY-MM-DD."""
+    try:
+        return dt.date.fromisoformat(text.strip()).isoformat()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a date like 2026-11-28") from None
 
 
 def _conf(text: str) -> tuple[str, str]:
@@ -285,11 +294,15 @@ def _register_translate(sub: Any, *, prog: str) -> None:
     parser.set_defaults(handler=partial(_translate, parser))
 
 
-def _pipeline_missing() -> str | None:
+def _pipeline_missing(spark: bool = True) -> str | None:
     """Why the pipeline can't run here, if the `pipeline` extra is not installed."""
     try:
         import pyarrow  # noqa: F401
-        import pyspark  # noqa: F401
+
+        if spark:
+            import pyspark  # noqa: F401
+        else:
+            import pyiceberg  # noqa: F401
     except ImportError as exc:
         return (
             f"{exc.name} is not installed: the pipelines need kipside's pipeline extra "
@@ -306,10 +319,10 @@ def _require(parser: argparse.ArgumentParser, args: argparse.Namespace, *names: 
         parser.error(f"the following arguments are required: {', '.join(missing)}")
 
 
-def _ready(command: str) -> bool:
+def _ready(command: str, spark: bool = True) -> bool:
     """Whether `kipside COMMAND` can start: the pipeline extra is installed. If not, says
     why on stderr."""
-    problem = _pipeline_missing()
+    problem = _pipeline_missing(spark)
     if problem is not None:
         print(f"kipside {command}: error: {problem}", file=sys.stderr)
     return problem is None
@@ -318,7 +331,9 @@ def _ready(command: str) -> bool:
 def _job(cls: type[_Job], args: argparse.Namespace) -> _Job:
     """The job the command line describes: each option's dest is the name of the job's field it
     sets, and the run options give timeout_ms and conf."""
-    given = vars(args) | {"timeout_ms": int(args.timeout * 1000), "conf": dict(args.conf)}
+    given = vars(args) | {"conf": dict(getattr(args, "conf", []))}
+    if "timeout" in given:
+        given["timeout_ms"] = int(args.timeout * 1000)
     if "catalog_properties" in given:
         given["catalog_properties"] = dict(args.catalog_properties)
     return cls(**{f.name: given[f.name] for f in dataclasses.fields(cls) if f.name in given})
@@ -347,6 +362,42 @@ def _mirror(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from kipside.pipeline.mirror.job import MirrorJob, run_mirror
 
     return run_mirror(_job(MirrorJob, args))
+
+
+def _add_catalog_options(parser: argparse.ArgumentParser) -> None:
+    """Where an Iceberg lake's tables are: the options `lake` and `lake compact` share."""
+    parser.add_argument(
+        "--catalog",
+        metavar="URL",
+        help="with --format iceberg: the Iceberg catalog, sqlite:///FILE (a SQL catalog; "
+        "default OUT/catalog.db) or the http(s) URL of a REST catalog",
+    )
+    parser.add_argument(
+        "--catalog-property",
+        dest="catalog_properties",
+        type=_conf,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --format iceberg: a pyiceberg catalog property (credential, token, "
+        "warehouse, ...), repeatable",
+    )
+    parser.add_argument(
+        "--table",
+        default="kipside.lake",
+        metavar="NAMESPACE.NAME",
+        help="with --format iceberg: the records table (default kipside.lake)",
+    )
+
+
+def _add_target_file_size(parser: argparse.ArgumentParser, help: str) -> None:
+    parser.add_argument(
+        "--target-file-size",
+        type=_size,
+        default=128 << 20,
+        metavar="SIZE",
+        help=help,
+    )
 
 
 _LAKE_EPILOG = """\
@@ -410,28 +461,7 @@ def register_lake(sub: Any) -> None:
         help="plain Parquet files under OUT (default), or Iceberg tables committed with their "
         "Kafka offsets",
     )
-    parser.add_argument(
-        "--catalog",
-        metavar="URL",
-        help="with --format iceberg: the Iceberg catalog, sqlite:///FILE (a SQL catalog; "
-        "default OUT/catalog.db) or the http(s) URL of a REST catalog",
-    )
-    parser.add_argument(
-        "--catalog-property",
-        dest="catalog_properties",
-        type=_conf,
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="with --format iceberg: a pyiceberg catalog property (credential, token, "
-        "warehouse, ...), repeatable",
-    )
-    parser.add_argument(
-        "--table",
-        default="kipside.lake",
-        metavar="NAMESPACE.NAME",
-        help="with --format iceberg: the records table (default kipside.lake)",
-    )
+    _add_catalog_options(parser)
     parser.add_argument("--once", action="store_true", help="ingest what is there now, then stop")
     parser.add_argument(
         "--compression",
@@ -453,6 +483,11 @@ def register_lake(sub: Any) -> None:
         metavar="N",
         help="rows one Parquet file holds at most (default 1,000,000)",
     )
+    _add_target_file_size(
+        parser,
+        "about how big a Parquet file grows before the next one starts, like 128MiB, 64M or "
+        "1048576 (default 128MiB)",
+    )
     parser.add_argument(
         "--trigger-interval",
         dest="trigger_seconds",
@@ -463,6 +498,68 @@ def register_lake(sub: Any) -> None:
     )
     _add_run_options(parser, required=False)
     parser.set_defaults(handler=partial(_lake, parser))
+    commands = parser.add_subparsers(dest="lake_command", metavar="{compact}")
+    _register_compact(commands, prog=f"{parser.prog} compact")
+
+
+_COMPACT_EPILOG = """\
+example:
+  kipside lake compact --format iceberg --out /data/lake
+
+Rewrites the small files of the partitions of days before today (UTC) into files of about
+--target-file-size, in one snapshot per table (records and quarantine). Safe while
+`kipside lake` ingests into the same tables: no row is lost or repeated. Needs no Spark.
+See docs/lake.md.
+"""
+
+
+def _register_compact(sub: Any, *, prog: str) -> None:
+    parser = sub.add_parser(
+        "compact",
+        prog=prog,
+        help="rewrite an Iceberg lake's small files of past days into bigger ones",
+        description="Rewrite the small data files of an Iceberg lake's closed partitions (days "
+        "before today, UTC) into files of about the target size, one snapshot per table.",
+        usage=f"{prog} --format iceberg --out DIR [options]",
+        epilog=_COMPACT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        help="the --out of the `kipside lake` that made the tables (required)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=["parquet", "iceberg"],
+        default="parquet",
+        help="the lake's format, as given to `kipside lake`: only iceberg can be compacted",
+    )
+    _add_catalog_options(parser)
+    parser.add_argument(
+        "--quarantine",
+        metavar="TABLE",
+        help="the quarantine table (default TABLE_quarantine)",
+    )
+    _add_target_file_size(
+        parser, "about how big the rewritten files are, like 128MiB, 64M (default 128MiB)"
+    )
+    parser.add_argument(
+        "--before",
+        type=_day,
+        metavar="YYYY-MM-DD",
+        help="compact the partitions of days before this one (default today, UTC)",
+    )
+    parser.set_defaults(handler=partial(_compact, parser))
+
+
+def _compact(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    _require(parser, args, "out")
+    if not _ready("lake compact", spark=False):
+        return 2
+    from kipside.pipeline.lake.compact import CompactJob, run_compact
+
+    return run_compact(_job(CompactJob, args), sys.stdout, sys.stderr)
 
 
 def _lake(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

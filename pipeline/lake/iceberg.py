@@ -34,15 +34,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
+from .compaction import rows_to_target
 from .evolution import Evolution, plan_evolution
 from .landing import Landing, split_batch
 from .ledger import TableOffsets, TopicPartition
 
 __all__ = [
     "CRASH_BEFORE_COMMIT",
+    "DEFAULT_TABLE",
+    "DEFAULT_TARGET_FILE_SIZE",
     "RESULT_DDL",
     "CatalogSpec",
     "IcebergTables",
+    "ParquetFile",
     "TaskPlan",
     "quarantine_arrow_schema",
     "write_task",
@@ -55,6 +59,8 @@ RESULT_DDL: Final = (
     "kind STRING, path STRING, topic STRING, kafka_partition INT, next_offset BIGINT, rows BIGINT, "
     "bytes BIGINT"
 )
+DEFAULT_TABLE: Final = "kipside.lake"
+DEFAULT_TARGET_FILE_SIZE: Final = 128 << 20
 _COMMIT_ATTEMPTS: Final = 5
 _DATA_PATH: Final = "write.data.path"
 
@@ -69,6 +75,23 @@ class CatalogSpec:
     uri: str
     warehouse: str
     properties: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def for_lake(cls, out: str, catalog: str | None, properties: Mapping[str, str]) -> CatalogSpec:
+        """A lake's catalog: `catalog`, or a SQLite file in `out`; `out` is the warehouse new
+        tables go to."""
+        given = out
+        out = out.rstrip("/").removeprefix("file://")
+        local = "://" not in out
+        if local:
+            out = os.path.abspath(out)
+        if catalog is None and not local:
+            raise ValueError(
+                f"--out {given}: the default catalog is a SQLite file in OUT, which must then "
+                "be a local directory; name a catalog with --catalog"
+            )
+        uri = catalog or f"sqlite:///{out}/catalog.db"
+        return cls(uri, f"file://{out}" if local else out, dict(properties))
 
     @property
     def kind(self) -> str:
@@ -120,52 +143,78 @@ class TaskPlan:
     quarantine: Target
     compression: str
     max_records_per_file: int
+    target_file_size: int
     schema_json: str  # the schema file's StructType, for the quarantine's reasons
 
 
+class ParquetFile:
+    """One Parquet file being written under a table's data location, and its size so far
+    (what the row groups written take; the footer comes at close)."""
+
+    def __init__(self, location: str, name: str, schema: pa.Schema, compression: str) -> None:
+        filesystem, root = pafs.FileSystem.from_uri(location)
+        folder = name.rpartition("/")[0]
+        if folder:
+            filesystem.create_dir(f"{root.rstrip('/')}/{folder}", recursive=True)
+        self.path = f"{location.rstrip('/')}/{name}"
+        self._stream = filesystem.open_output_stream(f"{root.rstrip('/')}/{name}")
+        codec = "none" if compression == "uncompressed" else compression
+        self._writer = pq.ParquetWriter(self._stream, schema, compression=codec)
+        self.rows = 0
+
+    @property
+    def size(self) -> int:
+        return int(self._stream.tell())
+
+    def write(self, table: pa.Table) -> None:
+        self._writer.write_table(table)
+        self.rows += table.num_rows
+
+    def close(self) -> int:
+        """Finish the file; returns its size in bytes."""
+        self._writer.close()
+        size = self.size
+        self._stream.close()
+        return size
+
+
 class _Files:
-    """Open Parquet writers by partition directory, rolled at a row count."""
+    """Open Parquet writers by partition directory, rolled at a row count or a size."""
 
     def __init__(self, target: Target, plan: TaskPlan) -> None:
-        self.filesystem, self.root = pafs.FileSystem.from_uri(target.location)
         self.location = target.location.rstrip("/")
         self.plan = plan
         self.schema = target.schema
-        self.open: dict[str, tuple[pq.ParquetWriter, str, int]] = {}
-        self.paths: dict[str, str] = {}  # the files' paths on the file system
+        self.open: dict[str, ParquetFile] = {}
         self.done: list[tuple[str, int, int]] = []
         self.task = uuid.uuid4().hex
 
     def write(self, folder: str, table: pa.Table) -> None:
         table = table.cast(self.schema)
         while table.num_rows:
-            writer, path, rows = self.open.get(folder) or self._new(folder)
-            room = self.plan.max_records_per_file - rows
-            writer.write_table(table.slice(0, room))
-            self.open[folder] = (writer, path, rows + min(room, table.num_rows))
-            if rows + table.num_rows >= self.plan.max_records_per_file:
+            file = self.open.get(folder) or self._new(folder)
+            room = self.plan.max_records_per_file - file.rows
+            take = rows_to_target(
+                file.size, file.rows, self.plan.target_file_size, min(room, table.num_rows)
+            )
+            file.write(table.slice(0, take))
+            if file.rows >= self.plan.max_records_per_file or (
+                file.size >= self.plan.target_file_size
+            ):
                 self._close(folder)
-            table = table.slice(room)
+            table = table.slice(take)
 
-    def _new(self, folder: str) -> tuple[pq.ParquetWriter, str, int]:
+    def _new(self, folder: str) -> ParquetFile:
         n = len(self.done) + len(self.open)
         name = f"{folder}/b{self.plan.batch_id:012d}-{self.task}-{n:05d}.parquet"
-        self.filesystem.create_dir(f"{self.root.rstrip('/')}/{folder}", recursive=True)
-        local = f"{self.root.rstrip('/')}/{name}"
-        self.paths[f"{self.location}/{name}"] = local
-        writer = pq.ParquetWriter(
-            local,
-            self.schema,
-            filesystem=self.filesystem,
-            compression=self.plan.compression,
-        )
-        return writer, f"{self.location}/{name}", 0
+        file = ParquetFile(self.location, name, self.schema, self.plan.compression)
+        self.open[folder] = file
+        return file
 
     def _close(self, folder: str) -> None:
-        writer, path, rows = self.open.pop(folder)
-        writer.close()
-        size = self.filesystem.get_file_info(self.paths[path]).size
-        self.done.append((path, rows, int(size or 0)))
+        file = self.open.pop(folder)
+        size = file.close()
+        self.done.append((file.path, file.rows, size))
 
     def finish(self) -> list[tuple[str, int, int]]:
         for folder in list(self.open):

@@ -5,7 +5,8 @@ source:  format("kipside") (records, read_committed, from the earliest offsets, 
 each micro-batch (foreachBatch, on the driver):
          JSON values decoded by Spark's from_json against the schema file (pipeline.lake.decode)
          -> the table under OUT, partitioned by topic and date (the Kafka timestamp's day, UTC),
-            Parquet compressed with --compression, at most --max-records-per-file rows a file
+            Parquet compressed with --compression, files of about --target-file-size (at
+            most --max-records-per-file rows)
          -> values that don't fit, with why, under OUT/_quarantine (or --quarantine)
          -> published exactly once (pipeline.lake.commit), keyed by the micro-batch id that
             Spark's checkpoint keeps.
@@ -17,7 +18,6 @@ The progress line shows rows and quarantined values written, files, rows/s and t
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
@@ -34,9 +34,12 @@ from kipside.pipeline.progress import Totals, describe_lag
 from kipside.pipeline.spark import start_session
 
 from .commit import BatchPublisher
+from .compaction import RowsPerFile
 from .decode import ERROR, decode, good_rows, landing_rows, quarantine_rows, table_struct
 from .evolution import SchemaChangeRefused
 from .iceberg import (
+    DEFAULT_TABLE,
+    DEFAULT_TARGET_FILE_SIZE,
     RESULT_DDL,
     BatchResult,
     CatalogSpec,
@@ -53,7 +56,6 @@ QUERY_NAME: Final = "kipside_lake"
 OBSERVED: Final = QUERY_NAME  # the observed metrics are named as the query
 COMPRESSIONS: Final = ("zstd", "snappy", "none")
 FORMATS: Final = ("parquet", "iceberg")
-DEFAULT_TABLE: Final = "kipside.lake"
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,7 @@ class LakeJob:
     master: str = "local[*]"
     max_offsets_per_trigger: int = 5_000_000
     max_records_per_file: int = 1_000_000
+    target_file_size: int = DEFAULT_TARGET_FILE_SIZE
     trigger_seconds: float = 60.0
     fail_on_data_loss: bool = True
     timeout_ms: int = 60_000
@@ -97,17 +100,7 @@ class LakeJob:
 
     def catalog_spec(self) -> CatalogSpec:
         """--catalog, or a SQLite file in OUT; OUT is the warehouse new tables go to."""
-        out = self.out.rstrip("/").removeprefix("file://")
-        local = "://" not in out
-        if local:
-            out = os.path.abspath(out)
-        if self.catalog is None and not local:
-            raise ValueError(
-                f"--out {self.out}: the default catalog is a SQLite file in OUT, which must then "
-                "be a local directory; name a catalog with --catalog"
-            )
-        uri = self.catalog or f"sqlite:///{out}/catalog.db"
-        return CatalogSpec(uri, f"file://{out}" if local else out, dict(self.catalog_properties))
+        return CatalogSpec.for_lake(self.out, self.catalog, self.catalog_properties)
 
     def source_options(self) -> dict[str, str]:
         return {
@@ -155,6 +148,9 @@ class BatchWriter:
         self.schema = schema
         self.written = written
         self.publisher = BatchPublisher(spark, job.out, job.quarantine_dir)
+        # Spark's writer cuts files by rows only: rows per file come from the bytes per row
+        # of the files published so far.
+        self.rows_per_file = RowsPerFile(job.target_file_size, job.max_records_per_file)
 
     def __call__(self, df: Any, batch_id: int) -> None:
         from pyspark.sql import Observation
@@ -177,7 +173,7 @@ class BatchWriter:
             .coalesce(self.spark.sparkContext.defaultParallelism)
             .write.partitionBy("topic", "date")
             .option("compression", compression)
-            .option("maxRecordsPerFile", self.job.max_records_per_file)
+            .option("maxRecordsPerFile", self.rows_per_file())
             .mode("overwrite")
             .parquet(self.publisher.staging(batch_id, "data"))
         )
@@ -193,6 +189,7 @@ class BatchWriter:
                 .parquet(self.publisher.staging(batch_id, "quarantine"))
             )
         published = self.publisher.publish(batch_id)
+        self.rows_per_file.observe(rows + bad, published.bytes)
         took = max(time.monotonic() - started, 1e-3)
         with self.written.lock:
             self.written.rows += rows
@@ -223,6 +220,7 @@ class IcebergBatchWriter:
             quarantine=quarantine,
             compression=self.job.compression,
             max_records_per_file=self.job.max_records_per_file,
+            target_file_size=self.job.target_file_size,
             schema_json=self.schema.struct.json(),
         )
         rows = landing_rows(decode(df, self.schema), self.schema)

@@ -211,6 +211,7 @@ def test_a_task_writes_files_of_at_most_max_records_and_reports_them(tmp_path: P
         quarantine=Target((tmp_path / "bad").as_uri(), "{}", quarantine_arrow_schema()),
         compression="zstd",
         max_records_per_file=4,
+        target_file_size=128 << 20,
         schema_json='{"type": "struct", "fields": []}',
     )
     (result,) = list(write_task(plan, iter([batch])))
