@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import logging
 import os
 import uuid
 from collections.abc import Mapping
@@ -94,9 +95,14 @@ class Compacted:
         if self.snapshot is None:
             return f"{self.table}: nothing to compact"
         return (
-            f"{self.table}: {self.partitions} partition(s), {self.files_in} files -> "
-            f"{self.files_out} files ({self.bytes_out / 1e6:,.1f} MB), snapshot {self.snapshot}"
+            f"{self.table}: {_count(self.partitions, 'partition')}, "
+            f"{_count(self.files_in, 'file')} -> {_count(self.files_out, 'file')} "
+            f"({self.bytes_out / 1e6:,.1f} MB), snapshot {self.snapshot}"
         )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
 
 
 @dataclass(frozen=True)
@@ -106,8 +112,20 @@ class _Live:
     folder: str  # the partition's folder under the data location: topic=T/date=D
 
 
+_EPOCH: Final = dt.date(1970, 1, 1)
+
+
 def _day_of(micros: int) -> str:
-    return (dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=micros)).date().isoformat()
+    return (_EPOCH + dt.timedelta(microseconds=micros)).isoformat()
+
+
+def _partition_text(value: Any, kind: Any) -> str:
+    """A partition value as the lake names its folders (a date as YYYY-MM-DD)."""
+    from pyiceberg.types import DateType
+
+    if isinstance(kind, DateType) and isinstance(value, int):
+        return (_EPOCH + dt.timedelta(days=value)).isoformat()
+    return str(value)
 
 
 def _live_files(table: Any) -> dict[str, _Live]:
@@ -124,8 +142,10 @@ def _live_files(table: Any) -> dict[str, _Live]:
         if task.delete_files:
             continue  # the lake writes no delete files; leave such a file as it is
         data = task.file
-        names = [f.name for f in specs[data.spec_id].fields]
-        values = tuple(str(data.partition[i]) for i in range(len(names)))
+        spec = specs[data.spec_id]
+        names = [f.name for f in spec.fields]
+        kinds = [f.field_type for f in spec.partition_type(schema).fields]
+        values = tuple(_partition_text(data.partition[i], kinds[i]) for i in range(len(names)))
         day: str | None = dict(zip(names, values, strict=True)).get("date")
         if "date" not in names and (upper := (data.upper_bounds or {}).get(stamp)) is not None:
             day = _day_of(int(from_bytes(TimestamptzType(), upper)))
@@ -293,6 +313,8 @@ def run_compact(job: CompactJob, out: TextIO, err: TextIO, today: dt.date | None
     from pyiceberg.exceptions import RESTError
 
     before = job.before or (today or dt.datetime.now(dt.UTC).date()).isoformat()
+    # A commit that lost a race is retried here; pyiceberg's warning about it is noise.
+    logging.getLogger("pyiceberg.table").setLevel(logging.ERROR)
     try:
         catalog = _open_catalog(job)
         names = [job.table, job.quarantine_table]
