@@ -118,13 +118,15 @@ def plan_compaction(files: Iterable[FileEntry], *, before: str, target: int) -> 
 # Cutting files while writing -------------------------------------------------------------
 
 
-def rows_to_target(size: int, rows: int, target: int, available: int) -> int:
-    """How many of `available` rows to write next into a file that holds `rows` rows in
-    `size` bytes so far, to reach about `target` bytes: all of them while nothing is written
-    (no bytes per row known yet), else as many as the file's bytes per row says are left
-    (at least one)."""
+def rows_to_target(size: int, rows: int, target: int, available: int, incoming: int) -> int:
+    """How many of `available` rows (`incoming` bytes in Arrow) to write next into a file that
+    holds `rows` rows in `size` bytes so far, to reach about `target` bytes (at least one).
+    Before anything is written, the Arrow size stands in for the file's (Parquet encodes and
+    compresses, so a file grows by less); after, the file's own bytes per row say."""
     if rows == 0 or size <= 0:
-        return available
+        if incoming <= 0:
+            return available
+        return max(1, min(available, target * available // incoming))
     left = max(target - size, 0)
     return max(1, min(available, -(-left * rows // size)))
 

@@ -194,8 +194,13 @@ class _Files:
         while table.num_rows:
             file = self.open.get(folder) or self._new(folder)
             room = self.plan.max_records_per_file - file.rows
+            available = min(room, table.num_rows)
             take = rows_to_target(
-                file.size, file.rows, self.plan.target_file_size, min(room, table.num_rows)
+                file.size,
+                file.rows,
+                self.plan.target_file_size,
+                available,
+                table.slice(0, available).nbytes,
             )
             file.write(table.slice(0, take))
             if file.rows >= self.plan.max_records_per_file or (

@@ -95,17 +95,22 @@ def test_the_target_must_be_positive() -> None:
 
 
 @pytest.mark.parametrize(
-    ("size", "rows", "target", "available", "expected"),
+    ("size", "rows", "target", "available", "incoming", "expected"),
     [
-        (0, 0, 1000, 500, 500),  # nothing written yet: no bytes per row known
-        (100, 10, 1000, 500, 90),  # 10 bytes a row, 900 bytes to go
-        (100, 10, 1000, 50, 50),  # fewer rows than that
-        (1000, 10, 1000, 500, 1),  # at the target: at least one row
-        (1200, 10, 1000, 500, 1),
+        (0, 0, 1000, 500, 5000, 100),  # nothing written yet: by the Arrow size, 10 B a row
+        (0, 0, 1000, 500, 500, 500),  # all of it fits
+        (0, 0, 1000, 500, 0, 500),  # no size known at all
+        (0, 0, 1, 500, 5000, 1),  # at least one row
+        (100, 10, 1000, 500, 5000, 90),  # 10 bytes a row in the file, 900 bytes to go
+        (100, 10, 1000, 50, 500, 50),  # fewer rows than that
+        (1000, 10, 1000, 500, 5000, 1),  # at the target: at least one row
+        (1200, 10, 1000, 500, 5000, 1),
     ],
 )
-def test_rows_to_target(size: int, rows: int, target: int, available: int, expected: int) -> None:
-    assert rows_to_target(size, rows, target, available) == expected
+def test_rows_to_target(
+    size: int, rows: int, target: int, available: int, incoming: int, expected: int
+) -> None:
+    assert rows_to_target(size, rows, target, available, incoming) == expected
 
 
 def test_rows_per_file_follow_the_bytes_per_row_seen() -> None:
