@@ -364,13 +364,14 @@ def _mirror(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     return run_mirror(_job(MirrorJob, args))
 
 
-def _add_catalog_options(parser: argparse.ArgumentParser) -> None:
-    """Where an Iceberg lake's tables are: the options `lake` and `lake compact` share."""
+def _add_catalog_options(parser: argparse.ArgumentParser, when: str = "") -> None:
+    """Where an Iceberg lake's tables are: the options `lake` and `lake compact` share;
+    `when` starts their help (`lake` takes them with --format iceberg only)."""
     parser.add_argument(
         "--catalog",
         metavar="URL",
-        help="with --format iceberg: the Iceberg catalog, sqlite:///FILE (a SQL catalog; "
-        "default OUT/catalog.db) or the http(s) URL of a REST catalog",
+        help=f"{when}the Iceberg catalog, sqlite:///FILE (a SQL catalog; default "
+        "OUT/catalog.db) or the http(s) URL of a REST catalog",
     )
     parser.add_argument(
         "--catalog-property",
@@ -379,14 +380,13 @@ def _add_catalog_options(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="with --format iceberg: a pyiceberg catalog property (credential, token, "
-        "warehouse, ...), repeatable",
+        help=f"{when}a pyiceberg catalog property (credential, token, warehouse, ...), repeatable",
     )
     parser.add_argument(
         "--table",
         default="kipside.lake",
         metavar="NAMESPACE.NAME",
-        help="with --format iceberg: the records table (default kipside.lake)",
+        help=f"{when}the records table (default kipside.lake)",
     )
 
 
@@ -461,7 +461,7 @@ def register_lake(sub: Any) -> None:
         help="plain Parquet files under OUT (default), or Iceberg tables committed with their "
         "Kafka offsets",
     )
-    _add_catalog_options(parser)
+    _add_catalog_options(parser, "with --format iceberg: ")
     parser.add_argument("--once", action="store_true", help="ingest what is there now, then stop")
     parser.add_argument(
         "--compression",

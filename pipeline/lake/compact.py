@@ -302,8 +302,9 @@ def _check_tables(catalog: Any, names: list[str], uri: str) -> None:
         )
     except Exception:  # only a hint
         there = []
+    which = f"table {missing[0]} is" if len(missing) == 1 else f"tables {' and '.join(missing)} are"
     raise CompactError(
-        f"table {', '.join(missing)} is not in the Iceberg catalog {uri} (tables there: "
+        f"{which} not in the Iceberg catalog {uri} (tables there: "
         f"{', '.join(there) or 'none'}); name the records table with --table and the "
         "quarantine table with --quarantine"
     )

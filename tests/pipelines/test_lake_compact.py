@@ -444,7 +444,7 @@ def test_a_missing_table_is_named(capsys: pytest.CaptureFixture[str], tmp_path: 
     argv = ("lake", "compact", "--format", "iceberg", "--out", str(tmp_path), "--table", "x.y")
     code, _, err = run(capsys, *argv)
     assert code == 2
-    assert err.startswith("kipside lake compact: error: table x.y, x.y_quarantine is not in ")
+    assert err.startswith("kipside lake compact: error: tables x.y and x.y_quarantine are not in ")
     assert "(tables there: kipside.lake, kipside.lake_quarantine)" in err
 
 
