@@ -280,18 +280,33 @@ def _open_catalog(job: CompactJob) -> Any:
                 f"{where}: no Iceberg catalog at {path}: compact works on the tables of "
                 "`kipside lake --format iceberg` (give its --out, or its --catalog)"
             )
+    if spec.kind == "sql":  # look, never make: an SQL catalog without its tables is not a lake's
+        spec = CatalogSpec(
+            spec.uri, spec.warehouse, {"init_catalog_tables": "false", **spec.properties}
+        )
     try:
         return spec.open()
     except Exception as exc:  # any client error of any catalog type
         raise CompactError(
-            f"cannot open the Iceberg catalog {spec.uri}: {exc} (check --catalog and "
+            f"cannot open the Iceberg catalog {spec.uri}: {_first_line(exc)} (check --catalog and "
             "--catalog-property)",
             status=1,
         ) from None
 
 
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
 def _check_tables(catalog: Any, names: list[str], uri: str) -> None:
-    missing = [name for name in names if not catalog.table_exists(name)]
+    try:
+        missing = [name for name in names if not catalog.table_exists(name)]
+    except Exception as exc:  # e.g. an SQLite file without the catalog's tables
+        raise CompactError(
+            f"the Iceberg catalog {uri} can't be read: {_first_line(exc)} (is it the catalog of a "
+            "`kipside lake --format iceberg`?)",
+            status=1,
+        ) from None
     if not missing:
         return
     try:

@@ -483,3 +483,21 @@ def test_help_is_tidy(capsys: pytest.CaptureFixture[str]) -> None:
                    "--quarantine", "--target-file-size", "--before"):  # fmt: skip
         assert option in out, option
     assert "--checkpoint" not in out and "--bootstrap" not in out
+
+
+def test_an_sqlite_file_that_is_no_catalog_is_left_as_it_is(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "catalog.db") as db:
+        db.execute("CREATE TABLE notes (text)")
+    code, _, err = run(capsys, "lake", "compact", "--format", "iceberg", "--out", str(tmp_path))
+    assert code == 1 and "Traceback" not in err
+    assert err.startswith(
+        f"kipside lake compact: error: the Iceberg catalog sqlite:///{tmp_path}/catalog.db can't "
+        "be read: (sqlite3.OperationalError) no such table: iceberg_tables"
+    ), err
+    with sqlite3.connect(tmp_path / "catalog.db") as db:
+        tables = db.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+    assert tables == [("notes",)], "compact made catalog tables in a file that had none"

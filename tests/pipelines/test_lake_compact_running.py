@@ -28,7 +28,7 @@ from .conftest import run_cli, start_cli
 from .iceberg_kit import QUARANTINE, TABLE, duplicates, rows, schema_file, table
 from .kafka_data import consume_all
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark]
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 
 PARTITIONS = 3
 PER_DAY = 1_500
