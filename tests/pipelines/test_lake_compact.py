@@ -350,6 +350,38 @@ def test_a_compaction_between_an_ingestions_planning_and_commit_is_no_concurrent
     assert lake.tables.offsets("data").next == {("orders", 0): lake.next}
 
 
+def test_a_compaction_committed_under_an_ingestions_commit_is_rebased_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compaction commits after the ingestion's commit loaded the table and checked its
+    offsets, before its snapshot lands: pyiceberg's commit fails, is refreshed and lands the
+    micro-batch's files on top of the compaction, with the micro-batch's offsets."""
+    lake = Lake(tmp_path / "out")
+    kinds = _feed(lake, 6, [25, 26])
+    planned = lake.plan([(25, True), (26, True)])
+    real = lake.tables.table
+    compactions: list[Any] = []
+
+    def table_then_compaction(kind: str) -> Any:
+        loaded = real(kind)
+        if kind == "data" and not compactions:
+            compactions.append(None)
+            compactions[0] = compact_table(
+                lake.tables.catalog, "kipside.lake", "2026-11-28", SMALL_TARGET
+            )
+        return loaded
+
+    monkeypatch.setattr(lake.tables, "table", table_then_compaction)
+    lake.commit(planned)
+    assert compactions[0].snapshot is not None
+    table = real("data")
+    snapshot = table.current_snapshot()
+    assert snapshot.parent_snapshot_id == compactions[0].snapshot, "not committed on top"
+    good = {(0, o) for o, g in kinds.items() if g} | {(0, lake.next - 2), (0, lake.next - 1)}
+    _once_each(lake.rows(), good)
+    assert lake.tables.offsets("data").next == {("orders", 0): lake.next}
+
+
 def test_files_replaced_by_someone_else_meanwhile_are_planned_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
