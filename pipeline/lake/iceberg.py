@@ -6,11 +6,16 @@ Who does what:
   file's (pipeline.lake.evolution decides; a refused change stops the job before it writes);
 - each micro-batch, the driver reads the tables' offsets from their snapshot summaries
   (pipeline.lake.ledger), and the executors write Parquet data files under the tables' data
-  locations, only for rows the tables don't hold yet (pipeline.lake.landing splits the rows);
+  locations, only for rows the tables don't hold yet (pipeline.lake.landing splits the rows),
+  each file cut once it reaches the target size or the row limit;
   each task returns its files' paths and the next offset of every partition it read;
 - the driver then commits the quarantine table's files, then the records table's, each in one
   snapshot whose summary carries the offsets. A snapshot is atomic: readers see a whole
   micro-batch or nothing of it.
+
+A commit that loses a race to another writer (`kipside lake compact`, pipeline.lake.compact)
+is retried by pyiceberg on the refreshed table: an append conflicts with nothing, and a
+compaction's snapshot carries no offsets, so the offsets checked before the commit still hold.
 
 A crash after the files are written and before the commit leaves files no snapshot names
 (readers never see them; Iceberg's orphan file clean-up removes them); Spark replays the
@@ -23,6 +28,7 @@ This module moves data and talks to the catalog; it decides nothing the modules 
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import uuid
@@ -308,6 +314,9 @@ class IcebergTables:
     """The lake's two tables in one catalog: created, evolved, read for offsets, committed."""
 
     def __init__(self, catalog: CatalogSpec, data: str, quarantine: str, compression: str) -> None:
+        # A commit retried after a compaction committed first is expected; pyiceberg's warning
+        # about each retry would only interrupt the progress line.
+        logging.getLogger("pyiceberg.table").setLevel(logging.ERROR)
         self.spec = catalog
         self.catalog = catalog.open()
         self.names = {"data": data, "quarantine": quarantine}
