@@ -432,6 +432,12 @@ def register_lake(sub: Any) -> None:
         metavar="NAMESPACE.NAME",
         help="with --format iceberg: the records table (default kipside.lake)",
     )
+    parser.add_argument(
+        "--columnar-key-file",
+        metavar="FILE",
+        help="the key file of columnar topics' encrypted fields (a columnar rule's key_file); "
+        "without it such a topic stops the job",
+    )
     parser.add_argument("--once", action="store_true", help="ingest what is there now, then stop")
     parser.add_argument(
         "--compression",
