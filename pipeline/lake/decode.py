@@ -2,9 +2,9 @@
 
 Records of a columnar topic's carriers come typed already (the source's valueColumns struct,
 read from their Parquet segment with no JSON at all): their fields are taken as they are. Other
-records' JSON values are parsed by Spark's own `from_json` (in the JVM, a whole micro-batch at a time, no Python per
-record) in PERMISSIVE mode: a value that isn't JSON, or whose fields don't convert to the
-schema's types, comes back with the raw text in a corrupt-record column. Null values
+records' JSON values are parsed by Spark's own `from_json` (in the JVM, a whole micro-batch at a
+time, no Python per record) in PERMISSIVE mode: a value that isn't JSON, or whose fields don't
+convert to the schema's types, comes back with the raw text in a corrupt-record column. Null values
 (tombstones) and missing required fields are caught too. Such rows go to quarantine, and only
 for them (a few, normally) a Python function works out the precise reason: not UTF-8, not
 JSON (and where), not an object, or which field has which wrong type.

@@ -34,7 +34,7 @@ from pyspark.sql.streaming.datasource import (
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
-from pyspark.sql.types import DataType, StructType
+from pyspark.sql.types import StructType
 
 from kipside.pipeline.kafka.errors import DataLossError, KafkaError
 from kipside.pipeline.kafka.fetcher import RangeReader
@@ -91,7 +91,7 @@ class KipsideDataSource(DataSource):
         if text is None:
             return None
         try:
-            return value_struct(str(text), _from_ddl)
+            return value_struct(str(text))
         except ValueError as exc:
             raise OptionError(f"option valueSchema: {exc}") from None
 
@@ -145,10 +145,6 @@ def read_range(options: SourceOptions, offset_range: OffsetRange) -> Iterator[pa
     except (KafkaError, OSError):
         drop_client(client)
         raise
-
-
-def _from_ddl(text: str) -> DataType:
-    return StructType.fromDDL(text)
 
 
 @functools.cache
