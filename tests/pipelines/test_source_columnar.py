@@ -60,9 +60,9 @@ def test_a_batch_read_gives_the_producers_records_of_carriers(
     typed = spark.read.format("kipside").options(**options, valueSchema="id BIGINT, name STRING")
     rows = sorted(typed.load().collect(), key=lambda row: row.offset)
     assert [row.key for row in rows] == [key for _, key, _, _ in sent]
-    for row, (offset, _, value, _), carrier in zip(rows, sent, carried, strict=True):
+    for row, (offset, _, value, _), is_carrier in zip(rows, sent, carried, strict=True):
         assert row.offset == offset
-        if carrier:
+        if is_carrier:
             assert row.value is None
             assert row.valueColumns.asDict() == json.loads(value)
         else:
