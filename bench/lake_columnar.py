@@ -10,7 +10,8 @@ the lake's schema, produced to the same partition of a columnar twin topic). Bas
 confluent-kafka, json.loads, pyarrow, zstd Parquet (the JSON topics). kipside: `kipside lake
 --once` of topic a, then of both, for each kind of topic (bench/_steady.py): the steady state
 (both minus a) is what a running lake pays per row. Every run's Parquet rows must equal its
-records.
+records. Apart from Spark: the CPU a source task spends turning topic a's stored batches into
+rows (pipeline.source.record_rows, in this process), JSON values against typed carriers.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,10 @@ from kipside.pipeline.kafka.client import ClientConfig, KafkaClient
 from kipside.pipeline.kafka.fetcher import FetchConfig, RangeReader
 from kipside.pipeline.kafka.offsets import EARLIEST, list_offsets, watermarks
 from kipside.pipeline.kafka.producer import IdempotentProducer, Written
+from kipside.pipeline.lake.schema import load_schema
+from kipside.pipeline.source.ranges import OffsetRange
+from kipside.pipeline.source.record_rows import record_rows
+from kipside.pipeline.source.record_schema import value_arrow_type
 from kipside.protocol import (
     Address,
     ColumnarEncoder,
@@ -90,6 +96,27 @@ def carriers(boot: str, source: str, dest: str) -> int:
     return count
 
 
+def task_rows(boot: str, topic: str, value_type: Any) -> tuple[int, float]:
+    """(rows, CPU seconds) of record_rows over every stored batch of `topic`, as the source's
+    tasks make them (valueSchema's struct given as `value_type`, or None: value bytes)."""
+    address = Address.parse(boot, what="bootstrap")
+    with KafkaClient([address], role="bench", config=ClientConfig()) as client:
+        tps = [(topic, p) for p in range(PARTITIONS)]
+        starts = list_offsets(client, {tp: EARLIEST for tp in tps})
+        ends = watermarks(client, starts)
+        reader = RangeReader(client, FetchConfig(committed_only=False))
+        stored = {
+            tp: (list(reader.read(*tp, starts[tp], ends[tp].high_watermark)), ends[tp])
+            for tp in tps
+        }
+    rows, started = 0, time.process_time()
+    for (name, partition), (batches, end) in stored.items():
+        whole = OffsetRange(name, partition, 0, end.high_watermark)
+        for chunk in record_rows(whole, batches, include_headers=False, value_type=value_type):
+            rows += chunk.num_rows
+    return rows, time.process_time() - started
+
+
 def main() -> int:
     args = parse_args(__doc__, OPTIONS, {"records": 20_000, "reps": 1})
     work = Path(tempfile.mkdtemp(prefix="kipbench-lakecol-"))
@@ -128,6 +155,11 @@ def main() -> int:
                     )
                     parquet(out, n)
         runs["columnar"]["base"] = runs["json"]["base"]
+        struct = load_schema(str(work / "orders.json")).struct
+        tasks = {
+            "JSON topic, value bytes": task_rows(boot, "bench-lcj-a", None),
+            "columnar topic, valueSchema": task_rows(boot, "bench-lcc-a", value_arrow_type(struct)),
+        }
     units = (args.records / 1e6, in_a / 1e6, args.records / 1e6)
     data = f"Data: {args.records:,} JSON order records, {in_a:,} in topic a; as JSON and as "
     data += f"{made:,} carriers of the same batches; median of {args.reps} runs."
@@ -146,6 +178,14 @@ def main() -> int:
                 ["columnar", f"{steady['columnar']:,.0f}", f"{ratio:.2f}x"],
             ],
             "lrr",
+        )
+    )
+    result.tables.append(
+        Table(
+            "A source task's CPU (topic a, record_rows in one process)",
+            ["topic", "rows", "CPU s", "rows per CPU-s"],
+            [[name, f"{n:,}", f"{cpu:.2f}", f"{n / cpu:,.0f}"] for name, (n, cpu) in tasks.items()],
+            "lrrr",
         )
     )
     result.targets.append(
