@@ -462,6 +462,12 @@ def register_lake(sub: Any) -> None:
         "Kafka offsets",
     )
     _add_catalog_options(parser, "with --format iceberg: ")
+    parser.add_argument(
+        "--columnar-key-file",
+        metavar="FILE",
+        help="the key file of columnar topics' encrypted fields (a columnar rule's key_file); "
+        "without it such a topic stops the job",
+    )
     parser.add_argument("--once", action="store_true", help="ingest what is there now, then stop")
     parser.add_argument(
         "--compression",

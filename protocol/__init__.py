@@ -192,7 +192,10 @@ from kipside.protocol.waits import request_allowance_ms
 
 if TYPE_CHECKING:
     from kipside.protocol.columnar_codec import (
+        CarrierColumns,
         ColumnarEncoder,
+        carrier_columns,
+        carrier_positions,
         columnar_decryption_properties,
         columnar_version,
         decode_columnar_batch,
@@ -232,7 +235,10 @@ _RECORD_COLUMNS = frozenset(
 # The columnar codec's, likewise (the columnar extra: pyarrow and the kernels).
 _COLUMNAR_CODEC = frozenset(
     {
+        "CarrierColumns",
         "ColumnarEncoder",
+        "carrier_columns",
+        "carrier_positions",
         "columnar_decryption_properties",
         "columnar_version",
         "decode_columnar_batch",
@@ -292,6 +298,7 @@ __all__ = [
     "AuthenticationFailed",
     "Binary",
     "Buffer",
+    "CarrierColumns",
     "ClientConnection",
     "ColumnarEncoder",
     "ColumnarError",
@@ -357,6 +364,8 @@ __all__ = [
     "blank",
     "build_frame",
     "build_request",
+    "carrier_columns",
+    "carrier_positions",
     "check_columnar_schema",
     "check_reserved_names",
     "columnar_decryption_properties",

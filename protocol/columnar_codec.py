@@ -58,7 +58,10 @@ from .record_columns import Binary, Columns, decode_columns, encode_records
 from .records import Compression, RecordBatchError, RecordBatchView, TimestampType
 
 __all__ = [
+    "CarrierColumns",
     "ColumnarEncoder",
+    "carrier_columns",
+    "carrier_positions",
     "columnar_decryption_properties",
     "columnar_version",
     "decode_columnar_batch",
@@ -481,15 +484,16 @@ class _Decoded:
     headers: pa.Array
 
 
-def _decode_segment(
+def _segment_records(
     segment: bytes,
     keys: ColumnarKeys | None,
     max_bytes: int,
     rows: int | None,
-    base_offset: int,
     timestamps: npt.NDArray[np.int64] | None,
     timestamp_type: TimestampType,
-) -> _Decoded:
+) -> tuple[pa.Table, SegmentMeta, npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The segment's table and metadata, its offset deltas and its records' timestamps (the
+    carrier's own when given, checked against the segment's)."""
     table, meta = read_segment(segment, keys, max_bytes, rows)
     n = table.num_rows
     deltas = table.column("kafka_offset_delta").to_numpy().astype(np.int64)
@@ -500,6 +504,22 @@ def _decode_segment(
         timestamps = stored.astype(np.int64)
     elif timestamp_type == TimestampType.CREATE_TIME and not np.array_equal(stored, timestamps):
         raise ColumnarError("the segment's timestamps disagree with its carrier's records")
+    return table, meta, deltas, timestamps
+
+
+def _decode_segment(
+    segment: bytes,
+    keys: ColumnarKeys | None,
+    max_bytes: int,
+    rows: int | None,
+    base_offset: int,
+    timestamps: npt.NDArray[np.int64] | None,
+    timestamp_type: TimestampType,
+) -> _Decoded:
+    table, meta, deltas, timestamps = _segment_records(
+        segment, keys, max_bytes, rows, timestamps, timestamp_type
+    )
+    n = table.num_rows
     texts = json_texts(table.select(range(meta.value_columns)), meta.styles, meta.omit_nulls)
     values = texts.cast(pa.binary())
     if "kafka_value" in table.column_names:
@@ -556,20 +576,23 @@ def _records(decoded: _Decoded) -> list[ColumnarRecord]:
     ]
 
 
-def _of_carrier(carrier: _Carrier, keys: ColumnarKeys | None, max_bytes: int) -> _Decoded:
+def _carrier_timestamps(carrier: _Carrier) -> npt.NDArray[np.int64]:
     view = carrier.view
     if view.timestamp_type == TimestampType.LOG_APPEND_TIME:
         # The broker stamped the batch: every record has its maxTimestamp, as for any batch.
-        timestamps = np.full(view.records_count, view.max_timestamp, dtype=np.int64)
-    else:
-        timestamps = carrier.columns.timestamp
+        return np.full(view.records_count, view.max_timestamp, dtype=np.int64)
+    return carrier.columns.timestamp
+
+
+def _of_carrier(carrier: _Carrier, keys: ColumnarKeys | None, max_bytes: int) -> _Decoded:
+    view = carrier.view
     return _decode_segment(
         carrier.segment,
         keys,
         max_bytes,
         view.records_count,
         view.base_offset,
-        timestamps,
+        _carrier_timestamps(carrier),
         view.timestamp_type,
     )
 
@@ -689,7 +712,7 @@ def decode_producer_columns(
     (ColumnarKeyError for encrypted columns without their key)."""
     if columns is None:
         columns = decode_columns(batches, max_bytes)
-    carriers = _carriers_among(batches, columns)
+    carriers = carrier_positions(batches, columns)
     if not carriers:
         return columns
     ordinary = [
@@ -701,8 +724,9 @@ def decode_producer_columns(
     return decode_columns(ordinary, max_bytes)
 
 
-def _carriers_among(batches: Sequence[RecordBatchView], columns: Columns) -> set[int]:
-    """The positions of the batches whose first record carries the marker header."""
+def carrier_positions(batches: Sequence[RecordBatchView], columns: Columns) -> set[int]:
+    """The positions among `batches` (whose records are `columns`, as decode_columns gives
+    them) of the carriers: the batches whose first record carries the marker header."""
     header_starts = np.zeros(len(columns) + 1, dtype=np.int64)
     np.cumsum(columns.header_counts, out=header_starts[1:])
     marker = np.frombuffer(COLUMNAR_HEADER.encode(), np.uint8)
@@ -717,6 +741,60 @@ def _carriers_among(batches: Sequence[RecordBatchView], columns: Columns) -> set
                     break
         first += batch.records_count
     return found
+
+
+@dataclass(frozen=True)
+class CarrierColumns:
+    """A carrier's records with their values as the segment's typed columns: no record is
+    rebuilt and no value rendered as JSON. `values` holds the value's fields as written (the
+    rule's schema); `kept` the values kept whole besides (the segment's kafka_value: null for
+    a value its fields render back to, all of them on a lossless topic), or None."""
+
+    base_offset: int
+    offsets: npt.NDArray[np.int64]
+    timestamps: npt.NDArray[np.int64]
+    timestamp_type: TimestampType
+    keys: pa.Array
+    headers: pa.Array
+    values: pa.Table
+    kept: pa.Array | None
+
+
+def carrier_columns(
+    batch: Buffer | RecordBatchView,
+    keys: ColumnarKeys | None = None,
+    *,
+    max_bytes: int = DEFAULT_MAX_DECODED_BYTES,
+) -> CarrierColumns | None:
+    """The records of a carrier as columns, the values' fields as the segment holds them; None
+    for an ordinary batch (or a control batch). Offsets, timestamps (the carrier's: a
+    LogAppendTime batch's maxTimestamp), keys and headers are exact. Encrypted fields need
+    `keys`. Raises ColumnarError (ColumnarKeyError for a missing or wrong key)."""
+    carrier = _open_if_carrier(batch, max_bytes)
+    if carrier is None:
+        return None
+    view = carrier.view
+    table, meta, deltas, timestamps = _segment_records(
+        carrier.segment,
+        keys,
+        max_bytes,
+        view.records_count,
+        _carrier_timestamps(carrier),
+        view.timestamp_type,
+    )
+    n = table.num_rows
+    return CarrierColumns(
+        view.base_offset,
+        view.base_offset + deltas,
+        timestamps,
+        view.timestamp_type,
+        _column_or(table, "kafka_key", pa.nulls(n, pa.binary())),
+        _column_or(table, "kafka_headers", _no_headers(n)),
+        table.select(range(meta.value_columns)),
+        table.column("kafka_value").combine_chunks()
+        if "kafka_value" in table.column_names
+        else None,
+    )
 
 
 def read_columnar_segment(

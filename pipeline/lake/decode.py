@@ -1,8 +1,10 @@
-"""JSON record values to typed columns, and the reason a value doesn't fit.
+"""Record values to typed columns, and the reason a value doesn't fit.
 
-Parsing is Spark's own `from_json` (in the JVM, a whole micro-batch at a time, no Python per
-record) in PERMISSIVE mode: a value that isn't JSON, or whose fields don't convert to the
-schema's types, comes back with the raw text in a corrupt-record column. Null values
+Records of a columnar topic's carriers come typed already (the source's valueColumns struct,
+read from their Parquet segment with no JSON at all): their fields are taken as they are. Other
+records' JSON values are parsed by Spark's own `from_json` (in the JVM, a whole micro-batch at a
+time, no Python per record) in PERMISSIVE mode: a value that isn't JSON, or whose fields don't
+convert to the schema's types, comes back with the raw text in a corrupt-record column. Null values
 (tombstones) and missing required fields are caught too. Such rows go to quarantine, and only
 for them (a few, normally) a Python function works out the precise reason: not UTF-8, not
 JSON (and where), not an object, or which field has which wrong type.
@@ -31,6 +33,8 @@ from pyspark.sql.types import (
     StructType,
     TimestampType,
 )
+
+from kipside.pipeline.source.record_schema import VALUE_COLUMNS
 
 from .landing import ERROR
 from .landing import PARSED as _PARSED
@@ -61,12 +65,21 @@ _NON_NUMERIC: Final = frozenset({"NaN", "Infinity", "+Infinity", "-Infinity", "+
 
 
 def decode(df: DataFrame, schema: LakeSchema) -> DataFrame:
-    """The source's record rows with the parsed value and an error column (null when fine)."""
+    """The source's record rows with the parsed value and an error column (null when fine).
+    Rows with the source's valueColumns (option valueSchema) take it as their parsed value."""
     with_corrupt = StructType([*schema.struct.fields, StructField(_CORRUPT, StringType())])
     options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
     parsed = F.from_json(F.col("value").cast("string"), with_corrupt, options)
+    no_value = F.col("value").isNull()
+    if VALUE_COLUMNS in df.columns:
+        typed = F.struct(
+            *(F.col(f"{VALUE_COLUMNS}.`{f.name}`").alias(f.name) for f in schema.struct.fields),
+            F.lit(None).cast(StringType()).alias(_CORRUPT),
+        )
+        parsed = F.when(F.col(VALUE_COLUMNS).isNotNull(), typed).otherwise(parsed)
+        no_value = no_value & F.col(VALUE_COLUMNS).isNull()
     error: Column = (
-        F.when(F.col("value").isNull(), F.lit(_NULL_VALUE))
+        F.when(no_value, F.lit(_NULL_VALUE))
         .when(F.col(_PARSED).isNull(), F.lit(_NOT_OBJECT))
         .when(F.col(f"{_PARSED}.{_CORRUPT}").isNotNull(), F.lit(_MISMATCH))
     )

@@ -1,9 +1,11 @@
 """`kipside lake`: Kafka topics to Parquet tables, as a Spark Structured Streaming job.
 
 source:  format("kipside") (records, read_committed, from the earliest offsets, at most
-         --max-offsets-per-trigger records per micro-batch), observed
+         --max-offsets-per-trigger records per micro-batch, option valueSchema set to the
+         schema file's struct, so columnar carriers come as typed columns), observed
 each micro-batch (foreachBatch, on the driver):
-         JSON values decoded by Spark's from_json against the schema file (pipeline.lake.decode)
+         carriers' typed values taken as they are, other JSON values decoded by Spark's
+         from_json against the schema file (pipeline.lake.decode)
          -> the table under OUT, partitioned by topic and date (the Kafka timestamp's day, UTC),
             Parquet compressed with --compression, files of about --target-file-size (at
             most --max-records-per-file rows)
@@ -81,6 +83,7 @@ class LakeJob:
     catalog: str | None = None
     table: str = DEFAULT_TABLE
     catalog_properties: Mapping[str, str] = field(default_factory=dict)
+    columnar_key_file: str | None = None
 
     @property
     def files(self) -> JobFiles:
@@ -114,8 +117,14 @@ class LakeJob:
             "kipside.stopMarker": self.files.stop_marker,
             "kipside.noticeFile": self.files.notices,
             "kipside.role": "Kafka cluster",
+            **_key_file(self.columnar_key_file),
             **_from_file(self.source_config),
         }
+
+
+def _key_file(path: str | None) -> dict[str, str]:
+    """--columnar-key-file as the source's option (absolute: tasks read it where they run)."""
+    return {} if path is None else {"columnarKeyFile": os.path.abspath(path)}
 
 
 def _from_file(config: ClientProperties | None) -> dict[str, str]:
@@ -254,6 +263,7 @@ def start_query(
     from pyspark.sql import functions as F
 
     options = job.source_options()
+    options["valueSchema"] = schema.struct.json()
     if starting is not None:
         options["startingOffsets"] = starting
     stream = (

@@ -21,63 +21,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    BooleanType,
-    ByteType,
-    DataType,
-    DateType,
-    DecimalType,
-    DoubleType,
-    FloatType,
-    IntegerType,
-    LongType,
-    MapType,
-    ShortType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampNTZType,
-    TimestampType,
-)
+from pyspark.sql.types import DataType, StructField, StructType
 
+from kipside.pipeline.source.record_schema import spark_type
 from kipside.protocol import (
     SCHEMA_DDL_SUFFIXES,
     SCHEMA_JSON_SUFFIXES,
-    ArrayOf,
-    Atomic,
-    DecimalOf,
-    MapOf,
-    StructOf,
     ValueSchemaError,
-    ValueType,
     check_reserved_names,
     ddl_field_lines,
     ddl_is_empty,
     parse_json_schema,
 )
 
-__all__ = ["DDL_SUFFIXES", "RESERVED", "LakeSchema", "SchemaError", "load_schema"]
+__all__ = [
+    "DDL_SUFFIXES",
+    "RESERVED",
+    "LakeSchema",
+    "SchemaError",
+    "load_schema",
+    "spark_type",
+]
 
 RESERVED: Final = ("topic", "date", "kafka_partition", "kafka_offset", "kafka_timestamp")
 DDL_SUFFIXES: Final = SCHEMA_DDL_SUFFIXES
 JSON_SUFFIXES: Final = SCHEMA_JSON_SUFFIXES
 _PARSE_POSITION: Final = re.compile(r"\(line (\d+), pos (\d+)\)")
-_SPARK_ATOMIC: Final[dict[str, DataType]] = {
-    "boolean": BooleanType(),
-    "tinyint": ByteType(),
-    "smallint": ShortType(),
-    "int": IntegerType(),
-    "bigint": LongType(),
-    "float": FloatType(),
-    "double": DoubleType(),
-    "string": StringType(),
-    "binary": BinaryType(),
-    "date": DateType(),
-    "timestamp": TimestampType(),
-    "timestamp_ntz": TimestampNTZType(),
-}
 _WHO: Final = "the lake"
 
 
@@ -116,26 +85,6 @@ def load_schema(path: str, parse_ddl: Callable[[str], DataType] | None = None) -
         f"{path}: unknown schema file type {suffix or '(none)'!r}: name it .ddl (Spark DDL) "
         "or .json/.yaml (JSON Schema)"
     )
-
-
-def spark_type(kind: ValueType) -> StructType:
-    """A struct value type as Spark's StructType (fields as given, nullable or not)."""
-    converted = _spark(kind)
-    assert isinstance(converted, StructType)
-    return converted
-
-
-def _spark(kind: ValueType) -> DataType:
-    if isinstance(kind, Atomic):
-        return _SPARK_ATOMIC[kind.name]
-    if isinstance(kind, DecimalOf):
-        return DecimalType(kind.precision, kind.scale)
-    if isinstance(kind, ArrayOf):
-        return ArrayType(_spark(kind.element), kind.contains_null)
-    if isinstance(kind, MapOf):
-        return MapType(_spark(kind.key), _spark(kind.value), kind.value_contains_null)
-    assert isinstance(kind, StructOf)
-    return StructType([StructField(f.name, _spark(f.type), f.nullable) for f in kind.fields])
 
 
 def _from_ddl(path: str, text: str, parse_ddl: Callable[[str], DataType]) -> LakeSchema:

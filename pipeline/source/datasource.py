@@ -13,6 +13,8 @@ per-process cache (pipeline.kafka.shared). Nothing here decodes a protocol messa
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -39,9 +41,10 @@ from kipside.pipeline.kafka.fetcher import RangeReader
 from kipside.pipeline.kafka.offsets import Watermarks
 from kipside.pipeline.kafka.shared import drop_client, shared_client
 from kipside.pipeline.notices import post_notice
+from kipside.protocol import ColumnarKeys
 
 from .batch_rows import BATCH_STRUCT, batch_rows
-from .options import OptionError, SourceOptions, parse_source_options
+from .options import OptionError, SourceOptions, load_key_file, parse_source_options
 from .planner import Planner, skip_lost
 from .ranges import (
     OffsetRange,
@@ -53,7 +56,7 @@ from .ranges import (
     plan_ranges,
     rate_limit,
 )
-from .record_schema import record_struct
+from .record_schema import record_struct, value_arrow_type, value_struct
 
 __all__ = ["KipsideDataSource", "RangePartition"]
 
@@ -81,7 +84,16 @@ class KipsideDataSource(DataSource):
         if rows == "batches":
             return BATCH_STRUCT
         headers = str(self.options.get("includeHeaders", "false")).strip().lower() == "true"
-        return record_struct(include_headers=headers)
+        return record_struct(include_headers=headers, value=self._value_struct())
+
+    def _value_struct(self) -> StructType | None:
+        text = self.options.get("valueSchema")
+        if text is None:
+            return None
+        try:
+            return value_struct(str(text))
+        except ValueError as exc:
+            raise OptionError(f"option valueSchema: {exc}") from None
 
     def _options(self, schema: StructType, *, streaming: bool) -> SourceOptions:
         options = parse_source_options(dict(self.options), streaming=streaming)
@@ -91,6 +103,9 @@ class KipsideDataSource(DataSource):
                 "the kipside source has a fixed schema and cannot be set with a custom one: "
                 f"it is {expected.simpleString()}; remove .schema(...)"
             )
+        value = self._value_struct()
+        if value is not None:  # executors get the struct as JSON: no parser needed there
+            options = dataclasses.replace(options, value_schema=value.json())
         return options
 
     def reader(self, schema: StructType) -> DataSourceReader:
@@ -124,10 +139,23 @@ def read_range(options: SourceOptions, offset_range: OffsetRange) -> Iterator[pa
                 include_headers=options.include_headers,
                 max_batch_bytes=options.fetch.receive_message_max_bytes,
                 source=client.where,
+                value_type=_value_type(options.value_schema),
+                keys=_keys(options.columnar_key_file),
             )
     except (KafkaError, OSError):
         drop_client(client)
         raise
+
+
+@functools.cache
+def _value_type(schema_json: str | None) -> pa.StructType | None:
+    return None if schema_json is None else value_arrow_type(value_struct(schema_json))
+
+
+@functools.cache
+def _keys(path: str | None) -> ColumnarKeys | None:
+    """The key file, read once per worker process."""
+    return None if path is None else load_key_file(path)
 
 
 def _ranges(

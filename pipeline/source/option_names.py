@@ -68,6 +68,8 @@ KNOWN: Final = (
         "failondataloss",
         "includeheaders",
         "rows",
+        "valueschema",
+        "columnarkeyfile",
         "path",
         "kipside.stopmarker",
         "kipside.noticefile",
@@ -108,5 +110,7 @@ CANONICAL: Final = {
         "kipside.noticeFile",
         "kipside.role",
         "kipside.settingsHint",
+        "valueSchema",
+        "columnarKeyFile",
     )
 }

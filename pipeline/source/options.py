@@ -23,7 +23,7 @@ from kipside.pipeline.kafka.fetcher import FetchConfig
 from kipside.pipeline.kafka.offsets import EARLIEST, LATEST, TopicPartition
 from kipside.pipeline.kafka.retry import RetryPolicy
 from kipside.pipeline.kafka.security import SECURITY_CONFIGS, SecurityConfigError, parse_security
-from kipside.protocol import Address
+from kipside.protocol import Address, ColumnarKeyFileError, ColumnarKeys
 
 from .option_names import CANONICAL, KNOWN, UNSUPPORTED
 
@@ -34,6 +34,7 @@ __all__ = [
     "OptionError",
     "SourceOptions",
     "Subscription",
+    "load_key_file",
     "parse_source_options",
 ]
 
@@ -96,6 +97,11 @@ class SourceOptions:
     """kipside.noticeFile: where the driver appends warnings for the job's terminal."""
     role: str = "Kafka cluster of option kafka.bootstrap.servers"
     """kipside.role: how errors name the cluster (kipside's jobs say "source cluster")."""
+    value_schema: str | None = None
+    """valueSchema: carriers' values as this struct's typed fields (Spark DDL, or a StructType's
+    JSON; the data source keeps the JSON, which executors read without Spark's parser)."""
+    columnar_key_file: str | None = None
+    """columnarKeyFile: the key file (docs/columnar.md) for carriers' encrypted columns."""
 
     @property
     def committed_only(self) -> bool:
@@ -380,6 +386,15 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
     rows = (raw.get("rows") or "records").strip().lower()
     if rows not in ("records", "batches"):
         raise OptionError(f"option {raw.name('rows')}: {rows!r} must be records or batches")
+    value_schema = raw.get("valueschema")
+    if value_schema is not None and rows == "batches":
+        raise OptionError(
+            f"option {raw.name('valueschema')} types records' values; with "
+            f"{raw.name('rows')}=batches there are none: drop one of the two"
+        )
+    key_file = raw.get("columnarkeyfile")
+    if key_file is not None:
+        _check_key_file(raw.name("columnarkeyfile"), key_file)
     max_offsets = raw.integer("maxoffsetspertrigger", minimum=1)
     max_bytes = raw.integer("maxbytespertrigger", minimum=1)
     if max_offsets is not None and max_bytes is not None:
@@ -403,7 +418,28 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         stop_marker=raw.get("kipside.stopmarker"),
         notice_file=raw.get("kipside.noticefile"),
         role=raw.get("kipside.role") or "Kafka cluster of option kafka.bootstrap.servers",
+        value_schema=value_schema,
+        columnar_key_file=key_file,
     )
+
+
+def _check_key_file(option: str, path: str) -> None:
+    """Read the key file now, so a problem stops the query before it reads (tasks read it again
+    where they run)."""
+    try:
+        load_key_file(path)
+    except OSError as exc:
+        raise OptionError(
+            f"option {option}: cannot read the key file {path}: {exc.strerror or exc}"
+        ) from None
+    except ColumnarKeyFileError as exc:
+        raise OptionError(f"option {option}: {exc}") from None
+
+
+def load_key_file(path: str) -> ColumnarKeys:
+    """A columnar key file (protocol.ColumnarKeys). Raises OSError or ColumnarKeyFileError."""
+    with open(path, encoding="utf-8") as file:
+        return ColumnarKeys.parse(file.read(), path)
 
 
 def _check_batch_offsets(starting: OffsetSpec, ending: OffsetSpec) -> None:

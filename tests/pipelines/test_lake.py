@@ -18,21 +18,11 @@ from typing import Any
 
 import pyarrow.dataset as ds
 import pytest
-from columnar_kit import BASE_TIMESTAMP, ClientBatch, ClientRecord
 from conftest import fresh_topic
 from testkit.broker import Broker
 from testkit.ports import free_port
 
-from kipside.pipeline.kafka.client import ClientConfig, KafkaClient
-from kipside.pipeline.kafka.producer import IdempotentProducer, Written
-from kipside.protocol import (
-    Address,
-    ColumnarEncoder,
-    Encoded,
-    RecordBatchView,
-    parse_value_schema,
-)
-
+from .columnar_topics import ENCRYPTED, Columnar, key_file, produce_columnar
 from .conftest import CliResult, require_java, run_cli, start_cli
 from .kafka_data import JSON_SCHEMA, JsonDataset, consume_all, produce_json_dataset
 
@@ -78,55 +68,6 @@ def _source_offsets(bootstrap: str, topic: str) -> dict[bytes | None, tuple[int,
 
 
 @dataclass(frozen=True)
-class Columnar:
-    """A columnar topic of one partition: carriers as kipside writes them, and an ordinary
-    batch between them."""
-
-    topic: str
-    values: list[dict[str, Any]]
-    timestamps: list[int]
-    """ms, by offset"""
-
-
-def _produce_columnar(bootstrap: str, schema: Path) -> Columnar:
-    topic = fresh_topic(bootstrap, "lake-columnar", 1)
-    encoder = ColumnarEncoder(parse_value_schema(schema.read_text(), schema.name).to_arrow())
-    made = Columnar(topic, [], [])
-    with KafkaClient(
-        [Address.parse(bootstrap, what="bootstrap")], role="test cluster", config=ClientConfig()
-    ) as client:
-        producer: IdempotentProducer[int] = IdempotentProducer(client)
-        for b, count in enumerate((30, 4, 50)):  # a carrier, an ordinary batch, a carrier
-            values: list[dict[str, Any]] = [
-                {
-                    "id": 1_000_000 + len(made.values) + i,
-                    "user": f"u{i % 3}",
-                    "amount": i + 0.5,
-                    "paid": i % 2 == 0,
-                    "at": f"2026-11-0{1 + i % 9}T10:00:0{i % 10}+00:00",
-                    "items": [{"sku": "s", "qty": i}],
-                }
-                for i in range(count)
-            ]
-            records = tuple(
-                ClientRecord(b"k%d" % v["id"], json.dumps(v).encode(), timestamp_delta=i)
-                for i, v in enumerate(values)
-            )
-            batch = ClientBatch(records, codec="zstd").build()
-            if b != 1:
-                carrier = encoder.encode(batch)
-                assert isinstance(carrier, Encoded), carrier
-                batch = carrier.batch
-            producer.add(topic, 0, RecordBatchView.from_buffer(batch), b)
-            made.values.extend(values)
-            made.timestamps.extend(BASE_TIMESTAMP + i for i in range(count))
-        written: list[Written[int]] = []
-        producer.flush(written.extend)
-        producer.close()
-    return made
-
-
-@dataclass(frozen=True)
 class Ingested:
     data: JsonDataset
     columnar: Columnar
@@ -140,13 +81,14 @@ class Ingested:
 
 @pytest.fixture(scope="module")
 def ingested(source_broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ingested]:
-    """One lake run over two topics: JSON records of every kind, and a columnar topic."""
+    """One lake run over two topics: JSON records of every kind, and a columnar topic with
+    encrypted fields (the key file given)."""
     topic = fresh_topic(source_broker.bootstrap, "lake-src", PARTITIONS)
     data = produce_json_dataset(source_broker.bootstrap, topic, PARTITIONS)
     tmp = tmp_path_factory.mktemp("lake")
-    columnar = _produce_columnar(source_broker.bootstrap, _schema_file(tmp))
+    columnar = produce_columnar(source_broker.bootstrap, _schema_file(tmp), ENCRYPTED, misfits=True)
     args = _lake_args(source_broker.bootstrap, topic, tmp, also=columnar.topic)
-    run = run_cli(*args, "--once", timeout=240)
+    run = run_cli(*args, "--columnar-key-file", str(key_file(tmp)), "--once", timeout=240)
     assert run.code == 0, run.explain()
     offsets = _source_offsets(source_broker.bootstrap, topic)
     yield Ingested(data, columnar, run, tmp / "out", offsets)
@@ -176,7 +118,7 @@ def test_parquet_rows_equal_the_committed_input(ingested: Ingested) -> None:
 
 
 def test_malformed_values_land_in_quarantine_with_offset_and_reason(ingested: Ingested) -> None:
-    rows = _table(ingested.out / "_quarantine")
+    rows = [r for r in _table(ingested.out / "_quarantine") if r["topic"] == ingested.data.topic]
     assert len(rows) == len(ingested.data.bad)
     by_offset = {(r["kafka_partition"], r["kafka_offset"]): r for r in rows}
     for partition, raw, reason in ingested.data.bad:
@@ -201,8 +143,8 @@ def test_files_are_few_and_progress_is_reported(ingested: Ingested) -> None:
     table = f"topic={ingested.data.topic}"
     assert len([f for f in files if table in f.parts]) <= 2 * 2  # tasks x dates
     last = ingested.run.stderr.splitlines()[-1]
-    good = len(ingested.data.good) + len(ingested.columnar.values)
-    bad = len(ingested.data.bad)
+    good = len(ingested.data.good) + len(ingested.columnar.good)
+    bad = len(ingested.data.bad) + len(ingested.columnar.bad)
     assert re.search(rf"kipside lake: done: {good:,} rows, {bad:,} quarantined, \d+ files", last), (
         last
     )
@@ -258,14 +200,19 @@ def test_an_unreachable_broker_is_named(tmp_path: Path) -> None:
 
 
 def test_a_columnar_topic_lands_as_its_producers_records(ingested: Ingested) -> None:
-    """Carriers next to an ordinary batch: every record lands once, with the offset and the
-    timestamp its producer's batch gave it, as for any topic."""
+    """Carriers (fields encrypted, read with the key file) next to ordinary batches: every
+    record lands once, with the offset and the timestamp its producer's batch gave it, and the
+    ordinary batch's values that don't fit go to quarantine, as for any topic."""
     columnar = ingested.columnar
     rows = sorted(ingested.rows(columnar.topic), key=lambda row: row["kafka_offset"])
-    assert [row["kafka_offset"] for row in rows] == list(range(len(columnar.values)))
-    for row, value, stamp in zip(rows, columnar.values, columnar.timestamps, strict=True):
+    assert [row["kafka_offset"] for row in rows] == [offset for offset, _, _ in columnar.good]
+    for row, (_, value, stamp) in zip(rows, columnar.good, strict=True):
         assert {k: row[k] for k in value} == value | {"at": dt.datetime.fromisoformat(value["at"])}
         assert row["kafka_timestamp"] == dt.datetime.fromtimestamp(stamp / 1000, dt.UTC)
         assert row["kafka_partition"] == 0
-    quarantined = _table(ingested.out / "_quarantine")
-    assert not [row for row in quarantined if row["topic"] == columnar.topic]
+    quarantined = [r for r in _table(ingested.out / "_quarantine") if r["topic"] == columnar.topic]
+    assert sorted(r["kafka_offset"] for r in quarantined) == [o for o, _, _ in columnar.bad]
+    for row, (_, raw, why) in zip(
+        sorted(quarantined, key=lambda r: r["kafka_offset"]), columnar.bad, strict=True
+    ):
+        assert row["value"] == raw and why in row["error"], (row, why)

@@ -10,6 +10,7 @@ becomes is tested in test_options.py.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -202,6 +203,16 @@ OPTION_ERRORS = [
         "read_committed or read_uncommitted",
     ),
     bad("rows-bad", {"Rows": "messages"}, "'messages'", "records or batches"),
+    bad(
+        "value-schema-with-batches",
+        {"valueSchema": "id BIGINT", "rows": "batches"},
+        "drop one of the two",
+    ),
+    bad(
+        "columnar-key-file-missing",
+        {"columnarKeyFile": "/nonexistent/keys.yaml"},
+        "cannot read the key file /nonexistent/keys.yaml",
+    ),
     bad("kafka-int-not-number", {"kafka.request.timeout.ms": "30s"}, "'30s'", "whole number"),
     bad("kafka-timeout-zero", {"Kafka.Request.Timeout.Ms": "0"}, "below the minimum 1"),
     bad(
@@ -340,3 +351,10 @@ def test_every_error_is_an_option_error_and_a_value_error() -> None:
     assert issubclass(OptionError, ValueError)
     with pytest.raises(ValueError, match="exactly one of"):
         parse_source_options(BOOTSTRAP, streaming=True)
+
+
+def test_a_bad_key_file_is_named_with_its_line(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.yaml"
+    keys.write_text("write_key: a\nkeys:\n  a: not-base64!\n")
+    message = error({**BASE_A, "columnarKeyFile": str(keys)}, streaming=True)
+    assert message.startswith(f"option columnarKeyFile: {keys}:3: key 'a': not valid base64")

@@ -1,8 +1,10 @@
 """`spark.read.format("kipside")` on a columnar topic: carriers give the records their producers
-sent (offsets, keys, values, headers), next to the topic's ordinary batches."""
+sent (offsets, keys, values, headers), next to the topic's ordinary batches; with option
+valueSchema, their values as typed columns instead of JSON."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -23,6 +25,7 @@ def test_a_batch_read_gives_the_producers_records_of_carriers(
     topic = fresh_topic(source_broker.bootstrap, "columnar-source", 1, request)
     encoder = ColumnarEncoder(SCHEMA)
     sent: list[tuple[int, bytes | None, bytes, tuple[tuple[str, bytes | None], ...]]] = []
+    carried: list[bool] = []
     address = Address.parse(source_broker.bootstrap, what="bootstrap")
     with KafkaClient([address], role="test cluster", config=ClientConfig()) as client:
         producer: IdempotentProducer[int] = IdempotentProducer(client)
@@ -40,6 +43,7 @@ def test_a_batch_read_gives_the_producers_records_of_carriers(
                 batch = carrier.batch
             producer.add(topic, 0, RecordBatchView.from_buffer(batch), b)
             sent += [(len(sent) + i, r.key, r.value, r.headers) for i, r in enumerate(records)]
+            carried += [b != 1] * count
         written: list[Written[int]] = []
         producer.flush(written.extend)
         producer.close()
@@ -51,3 +55,15 @@ def test_a_batch_read_gives_the_producers_records_of_carriers(
         for row in rows
     ]
     assert got == sent
+
+    # With valueSchema (Spark DDL here): carriers' values as the struct, ordinary ones as bytes.
+    typed = spark.read.format("kipside").options(**options, valueSchema="id BIGINT, name STRING")
+    rows = sorted(typed.load().collect(), key=lambda row: row.offset)
+    assert [row.key for row in rows] == [key for _, key, _, _ in sent]
+    for row, (offset, _, value, _), is_carrier in zip(rows, sent, carried, strict=True):
+        assert row.offset == offset
+        if is_carrier:
+            assert row.value is None
+            assert row.valueColumns.asDict() == json.loads(value)
+        else:
+            assert (row.value, row.valueColumns) == (value, None)
