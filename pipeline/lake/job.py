@@ -20,6 +20,7 @@ The progress line shows rows and quarantined values written, files, rows/s and t
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
