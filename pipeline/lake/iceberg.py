@@ -28,7 +28,6 @@ This module moves data and talks to the catalog; it decides nothing the modules 
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import uuid
@@ -314,9 +313,6 @@ class IcebergTables:
     """The lake's two tables in one catalog: created, evolved, read for offsets, committed."""
 
     def __init__(self, catalog: CatalogSpec, data: str, quarantine: str, compression: str) -> None:
-        # A commit retried after a compaction committed first is expected; pyiceberg's warning
-        # about each retry would only interrupt the progress line.
-        logging.getLogger("pyiceberg.table").setLevel(logging.ERROR)
         self.spec = catalog
         self.catalog = catalog.open()
         self.names = {"data": data, "quarantine": quarantine}
@@ -384,7 +380,7 @@ class IcebergTables:
 
         properties = planned.advanced(seen).summary(batch_id)
         for attempt in range(_COMMIT_ATTEMPTS):
-            table = self.table(kind)
+            table = _without_retries(self.table(kind))
             planned.check_unchanged(_offsets(table), self.names[kind])
             try:
                 with table.transaction() as tx:
@@ -393,6 +389,17 @@ class IcebergTables:
             except CommitFailedException:
                 if attempt == _COMMIT_ATTEMPTS - 1:
                     raise  # something else commits all the time (maintenance): let Spark retry
+
+
+def _without_retries(table: Any) -> Any:
+    """The table as loaded, but committed without pyiceberg's own retries (a setting of this
+    in-memory copy only, never written to the table). pyiceberg retries a failed commit on top of
+    whatever committed in between without asking kipside again; the loop in commit() re-checks
+    the offsets first, so another job's micro-batch is caught instead of committed on."""
+    metadata = table.metadata
+    properties = {**metadata.properties, "commit.retry.num-retries": "0"}
+    table.metadata = metadata.model_copy(update={"properties": properties})
+    return table
 
 
 def _offsets(table: Any) -> TableOffsets:

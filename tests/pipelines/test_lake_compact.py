@@ -34,6 +34,7 @@ from kipside.pipeline.lake.iceberg import (
     quarantine_arrow_schema,
     write_task,
 )
+from kipside.pipeline.lake.ledger import ConcurrentWriter
 from kipside.proxy.cli import main
 
 MiB = 1 << 20
@@ -380,6 +381,35 @@ def test_a_compaction_committed_under_an_ingestions_commit_is_rebased_on(
     good = {(0, o) for o, g in kinds.items() if g} | {(0, lake.next - 2), (0, lake.next - 1)}
     _once_each(lake.rows(), good)
     assert lake.tables.offsets("data").next == {("orders", 0): lake.next}
+
+
+def test_another_ingestion_committed_under_a_commit_stops_it_instead_of_duplicating(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second job commits the same Kafka offsets after the first job's commit loaded the
+    table and checked its offsets: the first job's commit fails, and its retry finds the offsets
+    moved and stops, instead of being rebased onto the other job's rows."""
+    first = Lake(tmp_path / "out")
+    kinds = _feed(first, 2, [25])
+    start = first.next
+    planned = first.plan([(26, True), (26, True)])
+    second = Lake(tmp_path / "out")
+    second.next = start  # the same records, read by the other job
+    real = first.tables.table
+    raced: list[bool] = []
+
+    def table_then_other_job(kind: str) -> Any:
+        loaded = real(kind)
+        if kind == "data" and not raced:
+            raced.append(True)
+            second.ingest([(26, True), (26, True)])
+        return loaded
+
+    monkeypatch.setattr(first.tables, "table", table_then_other_job)
+    with pytest.raises(ConcurrentWriter, match="another job is ingesting into it"):
+        first.commit(planned)
+    good = {(0, o) for o, g in kinds.items() if g} | {(0, start), (0, start + 1)}
+    _once_each(first.rows(), good)
 
 
 def test_files_replaced_by_someone_else_meanwhile_are_planned_again(
