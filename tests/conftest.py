@@ -305,7 +305,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 # worker, so those start once, and the heavy Spark work runs beside the lighter tests instead of
 # against itself. Every other test is a unit of its own. (xdist's own loadgroup marks a test by
 # rewriting its node id, which this pytest no longer reads; the scheduler below groups by folder.)
+# The SIGKILL tests are the exception: they drive the CLI alone (Spark jobs in subprocesses, the
+# session-scoped brokers each worker starts for itself), so each is a unit of its own and runs on
+# the other worker, beside the Spark group, instead of after it.
 _WORKER_GROUPS: Final = {"tests/pipelines/": "spark", "tests/install/": "install"}
+_OWN_UNITS: Final = (
+    "tests/pipelines/test_lake_kill.py::",
+    "tests/pipelines/test_mirror_exactly_once.py::test_sigkill_",
+)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -318,6 +325,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         """Largest groups first (xdist's scope reordering), so Spark's starts at once."""
 
         def _split_scope(self, nodeid: str) -> str:
+            if nodeid.startswith(_OWN_UNITS):
+                return nodeid
             for folder, group in _WORKER_GROUPS.items():
                 if nodeid.startswith(folder):
                     return group

@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
+from .faults import crash_point
+
 __all__ = ["BatchPublisher", "Published"]
 
 _KEEP_MARKERS: Final = 100  # Spark keeps 100 batches of its checkpoint by default
@@ -124,7 +126,9 @@ class BatchPublisher:
                 final = f"{prefix}part-b{batch_id:012d}-{n:05d}.{suffix}"
                 moves.append((path, final, size))
         self._write(f"{self.meta}/manifests/{batch_id}", "\n".join(f for _, f, _ in moves) + "\n")
-        for source, final, _size in moves:
+        for n, (source, final, _size) in enumerate(moves):
+            if n == 1:
+                crash_point(batch_id)  # part of the batch visible, the rest staged: the worst
             target = self._path(final)
             fs = self._fs(target)
             fs.mkdirs(target.getParent())

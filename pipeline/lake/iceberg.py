@@ -29,7 +29,6 @@ This module moves data and talks to the catalog; it decides nothing the modules 
 from __future__ import annotations
 
 import os
-import signal
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -45,7 +44,6 @@ from .landing import Landing, split_batch
 from .ledger import TableOffsets, TopicPartition
 
 __all__ = [
-    "CRASH_BEFORE_COMMIT",
     "DEFAULT_TABLE",
     "DEFAULT_TARGET_FILE_SIZE",
     "RESULT_DDL",
@@ -57,9 +55,6 @@ __all__ = [
     "write_task",
 ]
 
-# A fault-injection point for the crash tests: the driver kills itself with SIGKILL once the
-# micro-batch with this id has written its data files, before anything is committed.
-CRASH_BEFORE_COMMIT: Final = "KIPSIDE_LAKE_CRASH_BEFORE_COMMIT"
 RESULT_DDL: Final = (
     "kind STRING, path STRING, topic STRING, kafka_partition INT, next_offset BIGINT, rows BIGINT, "
     "bytes BIGINT"
@@ -409,9 +404,3 @@ def _offsets(table: Any) -> TableOffsets:
         s.summary.additional_properties if s.summary else {}
         for s in ancestors_of(table.current_snapshot(), table.metadata)
     )
-
-
-def crash_point(batch_id: int) -> None:
-    """The crash tests' fault-injection point (CRASH_BEFORE_COMMIT)."""
-    if os.environ.get(CRASH_BEFORE_COMMIT) == str(batch_id):
-        os.kill(os.getpid(), signal.SIGKILL)

@@ -40,6 +40,7 @@ from .commit import BatchPublisher
 from .compaction import RowsPerFile
 from .decode import ERROR, decode, good_rows, landing_rows, quarantine_rows, table_struct
 from .evolution import SchemaChangeRefused
+from .faults import crash_point
 from .iceberg import (
     DEFAULT_TABLE,
     DEFAULT_TARGET_FILE_SIZE,
@@ -48,7 +49,6 @@ from .iceberg import (
     CatalogSpec,
     IcebergTables,
     TaskPlan,
-    crash_point,
     write_task,
 )
 from .schema import DDL_SUFFIXES, LakeSchema, SchemaError, load_schema

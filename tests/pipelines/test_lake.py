@@ -1,16 +1,12 @@
 """`kipside lake` end to end: JSON records produced by real clients, Parquet read back with
-pyarrow outside Spark, quarantine checked value by value, a columnar topic's carriers, restarts,
-bad input."""
+pyarrow outside Spark, quarantine checked value by value, a columnar topic's carriers, bad
+input (restarts and kills: test_lake_kill.py)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
 import re
-import signal
-import subprocess
-import time
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +19,7 @@ from testkit.broker import Broker
 from testkit.ports import free_port
 
 from .columnar_topics import ENCRYPTED, Columnar, key_file, produce_columnar
-from .conftest import CliResult, require_java, run_cli, start_cli
+from .conftest import CliResult, run_cli
 from .kafka_data import JSON_SCHEMA, JsonDataset, consume_all, produce_json_dataset
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -149,32 +145,6 @@ def test_files_are_few_and_progress_is_reported(ingested: Ingested) -> None:
         last
     )
     assert "lag 0" in last
-
-
-@pytest.mark.hard_limit(400)  # two Spark jobs, one after the other
-def test_restart_mid_stream_writes_every_record_once(source_broker: Broker, tmp_path: Path) -> None:
-    require_java()
-    topic = fresh_topic(source_broker.bootstrap, "lake-restart", PARTITIONS)
-    data = produce_json_dataset(source_broker.bootstrap, topic, PARTITIONS, per_codec=600)
-    args = _lake_args(source_broker.bootstrap, topic, tmp_path)
-    limits = ["--max-offsets-per-trigger", "300", "--trigger-interval", "0"]
-    live = start_cli(*args, *limits, stdout=subprocess.DEVNULL)
-    commits = tmp_path / "ck" / "commits"
-    deadline = time.monotonic() + 180
-    while len([f for f in commits.glob("[0-9]*")] if commits.exists() else []) < 2:
-        assert live.poll() is None, live.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "no two micro-batches committed in 180 s"
-        time.sleep(0.05)
-    live.send_signal(signal.SIGKILL)
-    live.communicate(timeout=60)
-    run = _lake(source_broker.bootstrap, topic, tmp_path, "--once")
-    assert run.code == 0, run.explain()
-    rows = _table(tmp_path / "out")
-    places = Counter((r["kafka_partition"], r["kafka_offset"]) for r in rows)
-    assert not [k for k, n in places.items() if n > 1], "a record was written twice"
-    assert sorted(r["id"] for r in rows) == sorted(v["id"] for _, v, _ in data.good)
-    assert len(_table(tmp_path / "out" / "_quarantine")) == len(data.bad)
-    assert not list((tmp_path / "out" / "_kipside").glob("staging/*")), "staging left behind"
 
 
 def test_a_schema_error_names_its_line(source_broker: Broker, tmp_path: Path) -> None:
