@@ -13,8 +13,8 @@ import statistics
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from _chart import Panel
 from _harness import HarnessError, Managed
@@ -137,3 +137,35 @@ def report(kind: Kind, runs: dict[str, list[TreeRun]], units: Sequence[float], d
     chart = (f"{kind.title} (median of {reps} runs, loopback)", panels)
     tables = [Table("Runs", headers, table)]
     return Report(kind.section, kind.title, facts(data), tables, targets, notes, chart)
+
+
+def merged(reports: Mapping[str, Report]) -> Report:
+    """Reports of one pipeline in several modes, measured against the same baseline runs, as
+    one: a table of runs with the baseline once, each mode's targets and notes named by its
+    mode, and the chart's bars grouped by mode."""
+    (_, first), *_rest = reports.items()
+    runs = first.tables[0]
+    rows = [row for i, r in enumerate(reports.values()) for row in r.tables[0].rows[i > 0 :]]
+    targets = [
+        Target(f"{mode}: {t.name}", t.ok, t.detail)
+        for mode, r in reports.items()
+        for t in r.targets
+    ]
+    notes = [f"{mode}: {n}" for mode, r in reports.items() for n in r.notes]
+    chart = first.chart
+    if chart is not None:
+        panels = [
+            replace(
+                panel,
+                series={mode: r.chart[1][i].series[""] for mode, r in reports.items() if r.chart},
+            )
+            for i, panel in enumerate(chart[1])
+        ]
+        chart = (chart[0], panels)
+    return replace(
+        first,
+        tables=[replace(runs, rows=rows), *first.tables[1:]],
+        targets=targets,
+        notes=notes,
+        chart=chart,
+    )
