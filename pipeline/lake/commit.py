@@ -15,7 +15,8 @@ micro-batch id that Spark's checkpoint keeps:
 5. the commit marker is written and the staging directory and manifest are removed.
 
 A crash at any step leaves either nothing visible or files the manifest lists, which the next
-attempt of the same batch removes before writing it again: every record lands once. Between a
+attempt of the same batch removes before writing it again: every record lands once. The crash
+tests' fault point (pipeline.lake.faults) is in step 4, after the first rename. Between a
 crash and the restart, readers may see part of the interrupted batch. Names starting with `_`
 are hidden from Spark and pyarrow readers of OUT. Paths go through Hadoop's FileSystem (the
 JVM's), so OUT can be a local directory, HDFS or an object store.
