@@ -6,7 +6,8 @@ written by Spark into a staging directory and then published by this module, key
 micro-batch id that Spark's checkpoint keeps:
 
 1. if `OUT/_kipside/commits/<id>` exists, the batch was published (Spark re-runs the last
-   micro-batch after a crash that came before its own commit): nothing to do;
+   micro-batch after a crash that came before its own commit): nothing is written, and what
+   step 5 had not yet removed (a crash right after the marker) is removed;
 2. otherwise whatever an earlier attempt left is removed: its staging directory, and the
    published files its manifest lists;
 3. Spark writes the batch under `OUT/_kipside/staging/<id>/`;
@@ -104,6 +105,11 @@ class BatchPublisher:
     def done(self, batch_id: int) -> bool:
         return self.exists(f"{self.meta}/commits/{batch_id}")
 
+    def tidy(self, batch_id: int) -> None:
+        """Remove a published batch's staging directory and manifest (never its files)."""
+        self.delete(f"{self.meta}/staging/{batch_id}")
+        self.delete(f"{self.meta}/manifests/{batch_id}")
+
     def clean(self, batch_id: int) -> None:
         """Undo what an interrupted attempt of this batch left behind."""
         manifest = f"{self.meta}/manifests/{batch_id}"
@@ -136,8 +142,7 @@ class BatchPublisher:
             if not fs.rename(self._path(source), target):
                 raise OSError(f"could not move {source} to {final}")
         self._write(f"{self.meta}/commits/{batch_id}", "")
-        self.delete(f"{self.meta}/staging/{batch_id}")
-        self.delete(f"{self.meta}/manifests/{batch_id}")
+        self.tidy(batch_id)
         old = batch_id - _KEEP_MARKERS
         if old >= 0:
             self.delete(f"{self.meta}/commits/{old}")

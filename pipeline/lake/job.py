@@ -167,6 +167,7 @@ class BatchWriter:
         from pyspark.sql import functions as F
 
         if self.publisher.done(batch_id):
+            self.publisher.tidy(batch_id)  # the crash may have come before the clean-up too
             return  # published before a crash that came ahead of Spark's own commit
         started = time.monotonic()
         self.publisher.clean(batch_id)

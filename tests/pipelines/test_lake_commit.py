@@ -165,6 +165,27 @@ def test_clean_undoes_an_interrupted_attempt_and_nothing_else(
     assert ids(quarantine) == [2, 11]
 
 
+def test_tidy_removes_what_a_crash_after_the_commit_marker_left_and_keeps_the_batch(
+    publisher: BatchPublisher, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    stage(publisher, 5, {f"data/{A1}/{SPARK_NAME.format(n=0)}": [1], f"data/{B1}/x.parquet": [2]})
+    published = publisher.publish(5)
+    # Killed after the marker, before the clean-up: the staging directory and manifest remain.
+    manifest = Path(publisher.meta) / "manifests" / "5"
+    manifest.parent.mkdir(parents=True, exist_ok=True)
+    manifest.write_text("\n".join(published.files) + "\n")
+    (Path(publisher.staging(5, "data")) / "_SUCCESS").parent.mkdir(parents=True, exist_ok=True)
+    (Path(publisher.staging(5, "data")) / "_SUCCESS").write_text("")
+
+    publisher.tidy(5)
+
+    assert publisher.done(5)
+    assert not manifest.exists()
+    assert not Path(publisher.staging(5, "data")).parent.exists()
+    assert table(out) == [("a", "2026-01-01", 1), ("b", "2026-01-01", 2)]
+
+
 def test_clean_without_leftovers_changes_nothing(publisher: BatchPublisher, tmp_path: Path) -> None:
     stage(publisher, 3, {f"data/{A1}/{SPARK_NAME.format(n=0)}": [1]})
     publisher.publish(3)
