@@ -17,6 +17,7 @@ are built (the decompressed batches, then the columns).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
@@ -94,26 +95,17 @@ def record_rows(
         yield from emit(pending)
 
 
+@dataclass(frozen=True)
 class _Emit:
     """Turns a chunk of scanned batches into the range's rows."""
 
-    def __init__(
-        self,
-        r: OffsetRange,
-        schema: pa.Schema,
-        include_headers: bool,
-        value_type: pa.StructType | None,
-        keys: ColumnarKeys | None,
-        max_bytes: int,
-        source: str,
-    ) -> None:
-        self.r = r
-        self.schema = schema
-        self.include_headers = include_headers
-        self.value_type = value_type
-        self.keys = keys
-        self.max_bytes = max_bytes
-        self.source = source
+    r: OffsetRange
+    schema: pa.Schema
+    include_headers: bool
+    value_type: pa.StructType | None
+    keys: ColumnarKeys | None
+    max_bytes: int
+    source: str
 
     def __call__(self, scanned: list[ScannedBatch]) -> Iterator[pa.RecordBatch]:
         r = self.r

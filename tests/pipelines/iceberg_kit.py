@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.table import Table
 
@@ -20,6 +21,18 @@ from .kafka_data import JSON_SCHEMA
 TABLE = "kipside.lake"
 QUARANTINE = "kipside.lake_quarantine"
 OFFSETS_KEY = "kipside.kafka-offsets"  # the snapshot summary property, as documented
+
+# A records table with one value field, for tests that write the tables without Spark.
+DATA_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.int64()),
+        pa.field("kafka_partition", pa.int32()),
+        pa.field("kafka_offset", pa.int64()),
+        pa.field("kafka_timestamp", pa.timestamp("us", tz="UTC")),
+        pa.field("topic", pa.string()),
+        pa.field("date", pa.date32()),
+    ]
+)
 
 
 def schema_file(tmp: Path, schema: dict[str, Any] | None = None, name: str = "orders.json") -> Path:

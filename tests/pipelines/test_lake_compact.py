@@ -37,6 +37,8 @@ from kipside.pipeline.lake.iceberg import (
 from kipside.pipeline.lake.ledger import ConcurrentWriter
 from kipside.proxy.cli import main
 
+from .iceberg_kit import DATA_SCHEMA
+
 MiB = 1 << 20
 TARGET = 128 * MiB
 
@@ -130,16 +132,6 @@ def test_rows_per_file_follow_the_bytes_per_row_seen() -> None:
 
 # The compaction shell on real tables --------------------------------------------------------
 
-DATA_SCHEMA = pa.schema(
-    [
-        pa.field("id", pa.int64()),
-        pa.field("kafka_partition", pa.int32()),
-        pa.field("kafka_offset", pa.int64()),
-        pa.field("kafka_timestamp", pa.timestamp("us", tz="UTC")),
-        pa.field("topic", pa.string()),
-        pa.field("date", pa.date32()),
-    ]
-)
 VALUE = pa.struct([("id", pa.int64())])
 SMALL_TARGET = 64 << 10
 TODAY = dt.date(2026, 11, 28)

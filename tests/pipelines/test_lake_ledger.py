@@ -21,6 +21,8 @@ from kipside.pipeline.lake.ledger import (
     TableOffsets,
 )
 
+from .iceberg_kit import DATA_SCHEMA
+
 # Ledger ---------------------------------------------------------------------------------------
 
 
@@ -138,16 +140,6 @@ def test_unsafe_changes_are_refused_together() -> None:
 
 VALUE = pa.struct([("id", pa.int64())])
 UTC = dt.UTC
-DATA_SCHEMA = pa.schema(
-    [
-        pa.field("id", pa.int64()),
-        pa.field("kafka_partition", pa.int32()),
-        pa.field("kafka_offset", pa.int64()),
-        pa.field("kafka_timestamp", pa.timestamp("us", tz="UTC")),
-        pa.field("topic", pa.string()),
-        pa.field("date", pa.date32()),
-    ]
-)
 
 
 def _decoded(rows: list[tuple[int, int, str | None, int]]) -> pa.RecordBatch:
