@@ -47,6 +47,13 @@ HARD_LIMIT = float(os.environ.get("KIPSIDE_TEST_HARD_LIMIT", "180"))
 DIRECT = os.environ.get("KIPSIDE_TEST_DIRECT", "") not in ("", "0")
 ONE_TO_ONE = "--one-to-one" in shlex.split(os.environ.get("KIPSIDE_TEST_SERVE_ARGS", ""))
 
+# Every JVM the suite starts (the Spark session, each CLI job's driver, executors, standalone
+# workers) compiles with the JIT's first tier only: the suite starts dozens of short-lived
+# Spark JVMs, and the optimising compiler spends more CPU on each than it saves on test-sized
+# data. The java launcher reads this variable and notes it on the JVM's stderr, which kipside
+# sends to the Spark log. Benchmarks do not load this file, so their JVMs run as users' do.
+os.environ.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
+
 # --------------------------------------------------------------------------- broker
 
 
