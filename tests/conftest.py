@@ -329,24 +329,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
 
     class FolderGroups(LoadScopeScheduling):  # type: ignore[misc]
-        """Largest groups first (xdist's scope reordering), so Spark's starts at once; then the
-        SIGKILL tests, the longest single units, so that the many short units are what is left
-        to share out at the end."""
-
-        def schedule(self) -> None:
-            if self.collection is None and self.collection_is_completed:
-                self._kill_tests_next = True
-            super().schedule()
-
-        def _assign_work_unit(self, node: Any) -> None:
-            if getattr(self, "_kill_tests_next", False):
-                self._kill_tests_next = False
-                scopes = list(self.workqueue)
-                own = [s for s in scopes[1:] if s.startswith(_OWN_UNITS)]
-                for scope in reversed(own):
-                    self.workqueue.move_to_end(scope, last=False)
-                self.workqueue.move_to_end(scopes[0], last=False)
-            super()._assign_work_unit(node)
+        """Largest groups first (xdist's scope reordering), so Spark's starts at once."""
 
         def _split_scope(self, nodeid: str) -> str:
             if nodeid.startswith(_OWN_UNITS):
